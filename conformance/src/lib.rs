@@ -1,0 +1,3 @@
+//! The anylock conformance suite (work in progress).
+
+pub mod proxy;
