@@ -1,0 +1,137 @@
+//! The [`LockBackend`] trait every backend implements.
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures_core::Stream;
+
+use crate::error::Result;
+use crate::guarantees::Guarantees;
+use crate::name::LockName;
+use crate::types::{Acquire, AcquireRequest, FenceToken, HolderInfo, Lease};
+
+/// A stream that yields an item whenever a lock *may* have been released.
+///
+/// Spurious items are allowed (waiters simply retry); missed items are tolerated because
+/// waiters also poll with bounded backoff. The stream ending means notifications stopped
+/// (connection lost); waiters then fall back to polling.
+pub type ReleaseEvents = Pin<Box<dyn Stream<Item = ()> + Send + 'static>>;
+
+/// One lease-lock backend: single attempts against one coordination system.
+///
+/// A backend performs exactly one attempt per call: no loops, no sleeps, no retries.
+/// [`Locker`](crate::Locker) owns waiting, backoff, deadlines, refresh cadence and health.
+/// The trait is object safe; `Arc<dyn LockBackend>` is the currency.
+///
+/// Every method names the lock in its errors through
+/// [`Error::with_lock`](crate::Error::with_lock) and the backend through
+/// [`Error::with_backend`](crate::Error::with_backend) (the [`Locker`](crate::Locker) fills
+/// in both when a backend forgets).
+#[async_trait]
+pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
+    /// A short lowercase backend name for messages: `"redis"`, `"postgres"`, `"memory"`.
+    fn backend_name(&self) -> &str;
+
+    /// Makes one attempt to take `request.name`.
+    ///
+    /// # Contract
+    /// - Returns `Acquired` only if, at the server's linearization point, no other owner held
+    ///   an unexpired lease on the name; the new lease expires `request.ttl` later on the
+    ///   server's clock (or the client's, where
+    ///   [`Guarantees::expiry_clock`](crate::Guarantees::expiry_clock) says so).
+    /// - Returns `Held` with the holder's identity (and remaining TTL when known) otherwise.
+    /// - If the stored owner equals `request.owner` and
+    ///   [`Guarantees::same_owner_retake`](crate::Guarantees::same_owner_retake) is claimed,
+    ///   takes the lock over at once with a new grant (and a new, greater fence token).
+    /// - The lease reports the TTL actually set, never more than the server will honour.
+    /// - When the request was sent but the reply was lost, returns
+    ///   [`ErrorKind::OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown); a later attempt with
+    ///   the same owner must recognise the lock as its own.
+    /// - One attempt: never loops or sleeps.
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire>;
+
+    /// Extends `lease` by its TTL from now.
+    ///
+    /// # Contract
+    /// - Succeeds only if the server still holds exactly this grant (same owner, same grant
+    ///   state); returns the possibly updated lease.
+    /// - Fails with [`ErrorKind::Lost`](crate::ErrorKind::Lost) when the lock was deleted,
+    ///   expired and taken, or its owner changed. Never re-creates a deleted lock.
+    /// - Fails with a temporary error on network problems, timeouts and 5xx/429.
+    async fn refresh(&self, lease: &Lease) -> Result<Lease>;
+
+    /// Releases `lease`.
+    ///
+    /// # Contract
+    /// - Compare-and-delete: removes the lock only if it still holds exactly this grant.
+    ///   Never removes another owner's lock.
+    /// - Releasing a lease that is already gone (expired, released, taken over) is `Ok`.
+    /// - Wakes waiters where the backend supports notification.
+    async fn release(&self, lease: &Lease) -> Result<()>;
+
+    /// The fencing token of `lease`.
+    ///
+    /// # Contract
+    /// - Strictly greater than the token of every earlier grant of the same name, including
+    ///   grants after expiry and after release.
+    /// - `None` only for backends whose
+    ///   [`Guarantees::fencing`](crate::Guarantees::fencing) is `Fencing::None`.
+    fn fence_token(&self, lease: &Lease) -> Option<FenceToken> {
+        lease.token()
+    }
+
+    /// Who holds `name` right now.
+    ///
+    /// # Contract
+    /// - `None` when the name is free (never held, released, or expired).
+    /// - Otherwise the holder's identity, and its token and remaining TTL where known.
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>>;
+
+    /// What this backend promises. Every promise is checked by the conformance suite.
+    fn guarantees(&self) -> Guarantees;
+
+    /// Subscribes to release notifications for `name`.
+    ///
+    /// # Contract
+    /// - `Ok(None)`: the backend has no notifications; waiters poll.
+    /// - The stream yields after every release of `name` that happens after this call
+    ///   returns (spurious extra items are allowed).
+    /// - Must be called *before* the attempt it is meant to wake, so no release is missed.
+    async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
+        let _ = name;
+        Ok(None)
+    }
+}
+
+#[async_trait]
+impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
+    fn backend_name(&self) -> &str {
+        (**self).backend_name()
+    }
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        (**self).acquire(request).await
+    }
+    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        (**self).refresh(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        (**self).release(lease).await
+    }
+    fn fence_token(&self, lease: &Lease) -> Option<FenceToken> {
+        (**self).fence_token(lease)
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        (**self).inspect(name).await
+    }
+    fn guarantees(&self) -> Guarantees {
+        (**self).guarantees()
+    }
+    async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
+        (**self).subscribe(name).await
+    }
+}
+
+/// Compile-time guard: `LockBackend` must stay object safe.
+const _: fn(&dyn LockBackend) = |_| {};

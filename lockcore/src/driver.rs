@@ -1,0 +1,216 @@
+//! The lease refresher: the task that owns a held lease's timers and backend calls.
+//!
+//! It alternates between an idle phase (waiting for the next refresh, the validity
+//! deadline, or a command from the guard) and a refresh phase (one backend call raced
+//! against the same deadline and commands). Every outcome becomes an
+//! [`Event`](crate::state::Event) fed to the pure [`transition`](crate::state::transition).
+//! The validity deadline is checked in both phases, so a refresh that never returns cannot
+//! keep the guard Healthy past its validity.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::{Instant, sleep_until, timeout, timeout_at};
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::LockBackend;
+use crate::error::{Error, ErrorKind, Result};
+use crate::options::LockOptions;
+use crate::state::{Event, Health, LostReason, transition};
+use crate::types::Lease;
+
+/// State the guard reads and the driver writes.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    lease: Mutex<Lease>,
+    validity: Mutex<Instant>,
+    pub(crate) cancel: CancellationToken,
+}
+
+impl Shared {
+    pub(crate) fn new(lease: Lease, validity: Instant) -> Self {
+        Self {
+            lease: Mutex::new(lease),
+            validity: Mutex::new(validity),
+            cancel: CancellationToken::new(),
+        }
+    }
+
+    pub(crate) fn lease(&self) -> Lease {
+        self.lease.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    pub(crate) fn validity(&self) -> Instant {
+        *self.validity.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn update(&self, lease: Lease, validity: Instant) {
+        *self.lease.lock().unwrap_or_else(PoisonError::into_inner) = lease;
+        *self.validity.lock().unwrap_or_else(PoisonError::into_inner) = validity;
+    }
+}
+
+/// What the guard asks of the driver.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// Release and report the outcome.
+    Release(oneshot::Sender<Result<()>>),
+    /// The guard was dropped: release best-effort.
+    Abandon,
+}
+
+/// The refresher task's state.
+#[derive(Debug)]
+pub(crate) struct Driver {
+    pub(crate) backend: Arc<dyn LockBackend>,
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) options: LockOptions,
+    pub(crate) health: watch::Sender<Health>,
+    pub(crate) commands: mpsc::UnboundedReceiver<Command>,
+}
+
+/// What ended a phase.
+enum Step {
+    Refresh,
+    Refreshed(Instant, Result<Lease>),
+    Expired,
+    Command(Option<Command>),
+}
+
+impl Driver {
+    /// Runs until the lease is released, abandoned, or lost and the guard is gone.
+    pub(crate) async fn run(mut self, first_refresh: Instant) {
+        let mut next_refresh = first_refresh;
+        loop {
+            let step = self.idle(next_refresh).await;
+            let step = match step {
+                Step::Refresh => self.refresh().await,
+                other => other,
+            };
+            match step {
+                Step::Refreshed(sent, result) => next_refresh = self.on_refreshed(sent, result),
+                Step::Expired => self.apply(Event::ValidityExpired),
+                Step::Command(cmd) => return self.finish(cmd).await,
+                Step::Refresh => {}
+            }
+            if let Health::Lost(reason) = self.current() {
+                return self.after_lost(reason).await;
+            }
+        }
+    }
+
+    async fn idle(&mut self, next_refresh: Instant) -> Step {
+        let validity = self.shared.validity();
+        tokio::select! {
+            biased;
+            cmd = self.commands.recv() => Step::Command(cmd),
+            () = sleep_until(validity) => Step::Expired,
+            () = sleep_until(next_refresh) => Step::Refresh,
+        }
+    }
+
+    async fn refresh(&mut self) -> Step {
+        let validity = self.shared.validity();
+        let lease = self.shared.lease();
+        let sent = Instant::now();
+        let limit = (sent + self.options.refresh_timeout()).min(validity);
+        let call = timeout_at(limit, self.backend.refresh(&lease));
+        tokio::select! {
+            biased;
+            cmd = self.commands.recv() => Step::Command(cmd),
+            () = sleep_until(validity) => Step::Expired,
+            result = call => Step::Refreshed(sent, result.unwrap_or_else(|_| {
+                Err(Error::new(ErrorKind::OutcomeUnknown, format!(
+                    "refresh got no reply within {:?}", limit.saturating_duration_since(sent)
+                )))
+            })),
+        }
+    }
+
+    fn on_refreshed(&mut self, sent: Instant, result: Result<Lease>) -> Instant {
+        let old = self.shared.lease();
+        let event = match result {
+            Ok(lease) if lease.token() != old.token() => Event::PermanentFailure(format!(
+                "backend changed the fence token on refresh ({:?} -> {:?})",
+                old.token(),
+                lease.token()
+            )),
+            Ok(lease) => {
+                let ttl = lease.ttl().min(self.options.ttl());
+                let validity = (sent + ttl).checked_sub(self.options.drift()).unwrap_or(sent);
+                self.shared.update(lease, validity);
+                Event::Refreshed
+            }
+            Err(err) => {
+                let err = err.in_context(self.backend.backend_name(), old.name());
+                tracing::debug!(error = %err, "lease refresh failed");
+                Event::from_refresh_error(&err)
+            }
+        };
+        self.apply(event);
+        sent + self.options.refresh_interval()
+    }
+
+    fn current(&self) -> Health {
+        self.health.borrow().clone()
+    }
+
+    fn apply(&mut self, event: Event) {
+        let next = transition(&self.current(), event, self.options.max_refresh_failures());
+        if next != self.current() {
+            if let Health::Lost(reason) = &next {
+                let name = self.shared.lease().name().clone();
+                tracing::warn!(lock = %name, %reason, "lease lost");
+            }
+            self.health.send_replace(next);
+        }
+    }
+
+    async fn finish(mut self, cmd: Option<Command>) {
+        let lease = self.shared.lease();
+        self.apply(Event::Released);
+        self.shared.cancel.cancel();
+        let result = self.release_bounded(&lease).await;
+        match cmd {
+            Some(Command::Release(reply)) => {
+                let _ = reply.send(result);
+            }
+            Some(Command::Abandon) | None => {
+                if let Err(err) = result {
+                    tracing::debug!(error = %err, "best-effort release on drop failed");
+                }
+            }
+        }
+    }
+
+    async fn after_lost(mut self, reason: LostReason) {
+        self.shared.cancel.cancel();
+        let lease = self.shared.lease();
+        if reason.may_still_be_held() {
+            // Compare-and-delete: safe even if someone else holds the lock by now.
+            let _ = self.release_bounded(&lease).await;
+        }
+        while let Some(cmd) = self.commands.recv().await {
+            if let Command::Release(reply) = cmd {
+                let err = Error::lost(format!("the lease was lost before release: {reason}"))
+                    .in_context(self.backend.backend_name(), lease.name());
+                let _ = reply.send(Err(err));
+                return;
+            }
+        }
+    }
+
+    async fn release_bounded(&self, lease: &Lease) -> Result<()> {
+        let limit = self.options.acquire_timeout().min(Duration::from_secs(30));
+        let name = lease.name();
+        match timeout(limit, self.backend.release(lease)).await {
+            Ok(result) => result.map_err(|e| e.in_context(self.backend.backend_name(), name)),
+            Err(_) => Err(Error::new(
+                ErrorKind::OutcomeUnknown,
+                format!("release got no reply within {limit:?}; the lease expires by its TTL"),
+            )
+            .in_context(self.backend.backend_name(), name)),
+        }
+    }
+}

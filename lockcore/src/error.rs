@@ -1,0 +1,298 @@
+//! The one error type every anylock crate returns.
+//!
+//! An [`Error`] carries a [`ErrorKind`] (what went wrong), a [`RetryStatus`] (whether trying
+//! again can help), the backend and lock it concerns, a human-readable message and an
+//! optional source. Backends map their client errors to it in one place each; the acquire
+//! loop and the lease refresher decide what to do from the kind and status alone.
+//!
+//! Messages never contain secrets: backends build them from redacted URLs and never from
+//! credentials or server replies that may echo them.
+
+use std::borrow::Cow;
+use std::error::Error as StdError;
+use std::fmt;
+
+use crate::name::LockName;
+use crate::types::HolderInfo;
+
+/// What went wrong, in terms a caller can act on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// The backend could not be reached or did not answer in time (network, timeout, 5xx,
+    /// rate limiting). Usually worth retrying.
+    Unavailable,
+    /// A conditional write was sent but its outcome is unknown (timed out after sending,
+    /// connection dropped before the reply). The write may have taken effect: the next
+    /// attempt must be able to recognise its own lock, which same-identity retake does.
+    OutcomeUnknown,
+    /// The lease is no longer ours: deleted, expired and taken, or owner changed. Abort the
+    /// critical section; do not release.
+    Lost,
+    /// The lock is held by someone else and the caller asked not to wait.
+    Held,
+    /// The wait deadline passed before the lock could be acquired.
+    Timeout,
+    /// Bad input: a lock name, TTL, option combination or URL that can never work.
+    InvalidInput,
+    /// The backend refused our credentials or we lack a permission.
+    PermissionDenied,
+    /// The backend or client is misconfigured (missing setting, disabled feature).
+    Config,
+    /// The backend does not support this operation.
+    Unsupported,
+    /// The backend answered something the protocol does not allow (malformed reply).
+    Protocol,
+    /// The lease was already released through this guard.
+    Released,
+}
+
+impl ErrorKind {
+    /// A short lowercase description used in messages.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unavailable => "backend unavailable",
+            Self::OutcomeUnknown => "outcome unknown",
+            Self::Lost => "lock lost",
+            Self::Held => "lock held by another owner",
+            Self::Timeout => "timed out waiting for the lock",
+            Self::InvalidInput => "invalid input",
+            Self::PermissionDenied => "permission denied",
+            Self::Config => "configuration error",
+            Self::Unsupported => "unsupported",
+            Self::Protocol => "protocol error",
+            Self::Released => "already released",
+        }
+    }
+
+    /// The retry status an error of this kind gets unless a backend says otherwise.
+    pub fn default_status(self) -> RetryStatus {
+        match self {
+            Self::Unavailable | Self::OutcomeUnknown => RetryStatus::Temporary,
+            _ => RetryStatus::Permanent,
+        }
+    }
+}
+
+impl fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Whether retrying the same operation can succeed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RetryStatus {
+    /// Retrying may succeed (network blip, timeout, 5xx, 429).
+    Temporary,
+    /// Retrying the same input will fail the same way.
+    Permanent,
+    /// The error was temporary but retries were exhausted (for example the refresher gave up
+    /// after its maximum number of consecutive failures).
+    Persistent,
+}
+
+/// The anylock error: a kind, a retry status, context and an optional source.
+pub struct Error {
+    kind: ErrorKind,
+    status: RetryStatus,
+    backend: Option<Cow<'static, str>>,
+    lock: Option<LockName>,
+    message: Cow<'static, str>,
+    holder: Option<Box<HolderInfo>>,
+    source: Option<Box<dyn StdError + Send + Sync + 'static>>,
+}
+
+/// The result type used throughout anylock.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Creates an error of `kind` with a message; the retry status is the kind's default.
+    pub fn new(kind: ErrorKind, message: impl Into<Cow<'static, str>>) -> Self {
+        Self {
+            kind,
+            status: kind.default_status(),
+            backend: None,
+            lock: None,
+            message: message.into(),
+            holder: None,
+            source: None,
+        }
+    }
+
+    /// Shorthand for an [`ErrorKind::InvalidInput`] error.
+    pub fn invalid_input(message: impl Into<Cow<'static, str>>) -> Self {
+        Self::new(ErrorKind::InvalidInput, message)
+    }
+
+    /// Shorthand for an [`ErrorKind::Unavailable`] error.
+    pub fn unavailable(message: impl Into<Cow<'static, str>>) -> Self {
+        Self::new(ErrorKind::Unavailable, message)
+    }
+
+    /// Shorthand for an [`ErrorKind::Lost`] error.
+    pub fn lost(message: impl Into<Cow<'static, str>>) -> Self {
+        Self::new(ErrorKind::Lost, message)
+    }
+
+    /// Sets the backend name (`"redis"`, `"memory"`, …).
+    pub fn with_backend(mut self, backend: impl Into<Cow<'static, str>>) -> Self {
+        self.backend = Some(backend.into());
+        self
+    }
+
+    /// Sets the lock the error concerns.
+    pub fn with_lock(mut self, lock: &LockName) -> Self {
+        self.lock = Some(lock.clone());
+        self
+    }
+
+    /// Overrides the retry status.
+    pub fn with_status(mut self, status: RetryStatus) -> Self {
+        self.status = status;
+        self
+    }
+
+    /// Attaches the current holder (for [`ErrorKind::Held`] and [`ErrorKind::Timeout`]).
+    pub fn with_holder(mut self, holder: HolderInfo) -> Self {
+        self.holder = Some(Box::new(holder));
+        self
+    }
+
+    /// Attaches the underlying cause. The source's `Display` must not contain secrets.
+    pub fn with_source(mut self, source: impl StdError + Send + Sync + 'static) -> Self {
+        self.source = Some(Box::new(source));
+        self
+    }
+
+    /// What went wrong.
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// Whether retrying can help.
+    pub fn status(&self) -> RetryStatus {
+        self.status
+    }
+
+    /// `true` when the status is [`RetryStatus::Temporary`].
+    pub fn is_temporary(&self) -> bool {
+        self.status == RetryStatus::Temporary
+    }
+
+    /// The backend name, when known.
+    pub fn backend(&self) -> Option<&str> {
+        self.backend.as_deref()
+    }
+
+    /// The lock the error concerns, when known.
+    pub fn lock(&self) -> Option<&LockName> {
+        self.lock.as_ref()
+    }
+
+    /// The message without context.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// Who held the lock, for [`ErrorKind::Held`] and [`ErrorKind::Timeout`].
+    pub fn holder(&self) -> Option<&HolderInfo> {
+        self.holder.as_deref()
+    }
+
+    /// Fills in backend and lock when the error does not name them yet.
+    pub(crate) fn in_context(mut self, backend: &str, lock: &LockName) -> Self {
+        if self.backend.is_none() {
+            self.backend = Some(Cow::Owned(backend.to_owned()));
+        }
+        if self.lock.is_none() {
+            self.lock = Some(lock.clone());
+        }
+        self
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(backend) = &self.backend {
+            write!(f, "{backend}: ")?;
+        }
+        if let Some(lock) = &self.lock {
+            write!(f, "lock {lock:?}: ")?;
+        }
+        write!(f, "{}: {}", self.kind, self.message)?;
+        if self.status == RetryStatus::Persistent {
+            f.write_str(" (retries exhausted)")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &self.kind)
+            .field("status", &self.status)
+            .field("backend", &self.backend)
+            .field("lock", &self.lock)
+            .field("message", &self.message);
+        if let Some(holder) = &self.holder {
+            d.field("holder", holder);
+        }
+        if let Some(source) = &self.source {
+            d.field("source", &format_args!("{source}"));
+        }
+        d.finish()
+    }
+}
+
+impl StdError for Error {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn StdError + 'static))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_names_backend_lock_and_kind() {
+        let name = LockName::new("deploy").expect("valid");
+        let err = Error::unavailable("connection refused")
+            .with_backend("redis")
+            .with_lock(&name);
+        assert_eq!(
+            err.to_string(),
+            "redis: lock \"deploy\": backend unavailable: connection refused"
+        );
+        assert!(err.is_temporary());
+    }
+
+    #[test]
+    fn kinds_have_sensible_default_status() {
+        assert_eq!(ErrorKind::Unavailable.default_status(), RetryStatus::Temporary);
+        assert_eq!(ErrorKind::OutcomeUnknown.default_status(), RetryStatus::Temporary);
+        assert_eq!(ErrorKind::Lost.default_status(), RetryStatus::Permanent);
+        assert_eq!(ErrorKind::InvalidInput.default_status(), RetryStatus::Permanent);
+    }
+
+    #[test]
+    fn persistent_status_is_visible() {
+        let err = Error::unavailable("timeout").with_status(RetryStatus::Persistent);
+        assert!(err.to_string().ends_with("(retries exhausted)"));
+        assert!(!err.is_temporary());
+    }
+
+    #[test]
+    fn source_is_exposed() {
+        let io = std::io::Error::other("boom");
+        let err = Error::unavailable("read failed").with_source(io);
+        assert_eq!(
+            StdError::source(&err).map(|s| s.to_string()),
+            Some("boom".into())
+        );
+    }
+}

@@ -1,0 +1,62 @@
+//! The anylock contract and the machinery every backend shares.
+//!
+//! An application builds a [`Locker`] over an `Arc<dyn LockBackend>` and calls
+//! [`Locker::acquire`]; it gets a [`LockGuard`] whose lease a background task refreshes
+//! every TTL/8 and whose [`Health`] turns `Lost` when the lease can no longer be trusted.
+//!
+//! ```
+//! use std::{sync::Arc, time::Duration};
+//! use lockcore::{LockOptions, Locker, MemoryBackend};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lockcore::Error> {
+//! let locker = Locker::new(Arc::new(MemoryBackend::new()))
+//!     .with_options(LockOptions::new(Duration::from_secs(30)));
+//! let guard = locker.acquire("nightly-report").await?;
+//! println!("holding with fence token {:?}", guard.fence_token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Crate map
+//! - [`LockBackend`]: the object-safe trait every backend implements (single attempts).
+//! - [`Locker`]: the shared acquire loop (waiting, backoff, deadlines, cancel safety).
+//! - [`LockGuard`]: a held lease with its [`Health`], refreshed in the background.
+//! - [`state`]: the pure health state machine; the refresher drives it.
+//! - [`MemoryBackend`]: the in-process reference backend.
+//! - [`Error`]: one error type with an [`ErrorKind`] and a [`RetryStatus`].
+
+mod backend;
+mod backoff;
+mod driver;
+mod error;
+mod guarantees;
+mod guard;
+mod identity;
+mod locker;
+mod memory;
+mod name;
+mod options;
+pub mod state;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
+#[cfg(test)]
+mod tests;
+mod types;
+
+/// The workspace README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
+pub use backend::{LockBackend, ReleaseEvents};
+pub use backoff::{Backoff, Jitter, MAX_BACKOFF_CAP};
+pub use error::{Error, ErrorKind, Result, RetryStatus};
+pub use guarantees::{Durability, Exclusion, ExpiryClock, Fairness, Fencing, Guarantees, Waiting};
+pub use guard::LockGuard;
+pub use identity::{Identity, MAX_TASK_LEN};
+pub use locker::Locker;
+pub use memory::{Defect, MemoryBackend};
+pub use name::{LockName, MAX_NAME_LEN};
+pub use options::{LockOptions, MAX_REFRESH_FAILURES, MAX_TTL, MIN_TTL, WaitMode};
+pub use state::{Health, LostReason};
+pub use types::{Acquire, AcquireRequest, FenceToken, HolderInfo, Lease};

@@ -1,0 +1,340 @@
+//! [`Locker`]: the shared acquire loop over any [`LockBackend`].
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::{Instant, sleep_until, timeout_at};
+
+use crate::backend::{LockBackend, ReleaseEvents};
+use crate::backoff::JitterRng;
+use crate::driver::{Driver, Shared};
+use crate::error::{Error, ErrorKind, Result};
+use crate::guard::LockGuard;
+use crate::identity::Identity;
+use crate::name::LockName;
+use crate::options::{LockOptions, WaitMode};
+use crate::state::Health;
+use crate::types::{Acquire, AcquireRequest, HolderInfo, Lease};
+
+/// Acquires locks on one backend and hands out [`LockGuard`]s.
+///
+/// Cheap to clone; clones share the backend and the jitter generator.
+///
+/// ```
+/// use std::{sync::Arc, time::Duration};
+/// use lockcore::{Locker, LockOptions, MemoryBackend, WaitMode};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockcore::Error> {
+/// let locker = Locker::new(Arc::new(MemoryBackend::new()))
+///     .with_options(LockOptions::new(Duration::from_secs(10)));
+/// let guard = locker.acquire("report").await?;
+/// assert!(locker.try_acquire("report").await?.is_none(), "held by the guard");
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Locker {
+    backend: Arc<dyn LockBackend>,
+    identity: Option<Identity>,
+    options: LockOptions,
+    rng: Arc<Mutex<JitterRng>>,
+}
+
+impl Locker {
+    /// A locker on `backend` with default [`LockOptions`]. Each acquisition gets its own
+    /// identity ([`Identity::unique`]), so tasks of one process exclude each other.
+    pub fn new(backend: Arc<dyn LockBackend>) -> Self {
+        Self {
+            backend,
+            identity: None,
+            options: LockOptions::default(),
+            rng: Arc::new(Mutex::new(JitterRng::from_entropy())),
+        }
+    }
+
+    /// Sets the options [`acquire`](Self::acquire) uses.
+    pub fn with_options(mut self, options: LockOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Uses one fixed identity for every acquisition. Where the backend supports it, a lock
+    /// still stored under this identity (abandoned by a crash of this same owner) is retaken
+    /// at once instead of waiting for its TTL. Share an identity only between code paths
+    /// that never run the critical section concurrently: two holders with one identity can
+    /// both "retake" the lock.
+    pub fn with_identity(mut self, identity: Identity) -> Self {
+        self.identity = Some(identity);
+        self
+    }
+
+    /// Seeds the backoff jitter, for reproducible tests.
+    pub fn with_jitter_seed(self, seed: u64) -> Self {
+        *self.rng.lock().unwrap_or_else(PoisonError::into_inner) = JitterRng::seeded(seed);
+        self
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &Arc<dyn LockBackend> {
+        &self.backend
+    }
+
+    /// The default options.
+    pub fn options(&self) -> &LockOptions {
+        &self.options
+    }
+
+    /// Acquires `name` with the locker's options (by default waiting forever).
+    ///
+    /// # Errors
+    /// See [`acquire_with`](Self::acquire_with).
+    ///
+    /// # Cancel safety
+    /// See [`acquire_with`](Self::acquire_with).
+    pub async fn acquire(&self, name: impl AsRef<str>) -> Result<LockGuard> {
+        self.acquire_with(name, &self.options).await
+    }
+
+    /// One attempt: `Ok(None)` when someone else holds `name`.
+    ///
+    /// # Errors
+    /// As [`acquire_with`](Self::acquire_with), except that a held lock is `Ok(None)`.
+    pub async fn try_acquire(&self, name: impl AsRef<str>) -> Result<Option<LockGuard>> {
+        let options = self.options.clone().with_wait(WaitMode::TryOnce);
+        match self.acquire_with(name, &options).await {
+            Ok(guard) => Ok(Some(guard)),
+            Err(err) if err.kind() == ErrorKind::Held => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Acquires `name` with `options`: one attempt, then (unless
+    /// [`WaitMode::TryOnce`]) bounded exponential backoff with jitter, never sleeping past
+    /// the holder's reported remaining TTL, woken early by the backend's release
+    /// notification, until the lock is ours or the deadline passes. Transient backend
+    /// errors are retried while waiting.
+    ///
+    /// # Errors
+    /// - [`ErrorKind::InvalidInput`] for a bad name or options (never retried);
+    /// - [`ErrorKind::Held`] with the holder in `TryOnce` mode;
+    /// - [`ErrorKind::Timeout`] with the last holder when the deadline passes;
+    /// - the backend's error when it is permanent, or in `TryOnce` mode.
+    ///
+    /// # Cancel safety
+    /// Dropping the future never leaves a lock held by nobody: each attempt runs in its own
+    /// task, and a lease that attempt obtains after the caller has gone is released at once.
+    pub async fn acquire_with(
+        &self,
+        name: impl AsRef<str>,
+        options: &LockOptions,
+    ) -> Result<LockGuard> {
+        let context = |e: Error| e.with_backend(self.backend.backend_name().to_owned());
+        let name = LockName::new(name).map_err(context)?;
+        options
+            .validate()
+            .map_err(|e| e.in_context(self.backend.backend_name(), &name))?;
+        let owner = self.identity.clone().unwrap_or_else(Identity::unique);
+        let request = AcquireRequest::new(name, owner, options.ttl());
+        self.acquire_loop(&request, options)
+            .await
+            .map_err(|e| e.in_context(self.backend.backend_name(), &request.name))
+    }
+
+    /// Who holds `name` right now.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a bad name; the backend's error otherwise.
+    pub async fn inspect(&self, name: impl AsRef<str>) -> Result<Option<HolderInfo>> {
+        let name = LockName::new(name)?;
+        self.backend
+            .inspect(&name)
+            .await
+            .map_err(|e| e.in_context(self.backend.backend_name(), &name))
+    }
+
+    async fn acquire_loop(&self, request: &AcquireRequest, options: &LockOptions) -> Result<LockGuard> {
+        let mut wait = Wait::start(self, request, options).await;
+        loop {
+            let sent = Instant::now();
+            match self.attempt(request, options, wait.deadline).await {
+                Ok(Acquire::Acquired(lease)) => {
+                    if let Some(guard) = self.start_guard(lease, sent, options) {
+                        return Ok(guard);
+                    }
+                    wait.holder = None;
+                }
+                Ok(Acquire::Held(holder)) if options.wait() == WaitMode::TryOnce => {
+                    return Err(held_error(holder));
+                }
+                Ok(Acquire::Held(holder)) => wait.holder = Some(holder),
+                Err(err) if err.kind() == ErrorKind::Timeout => return Err(wait.timed_out(Some(err))),
+                Err(err) if err.is_temporary() && options.wait() != WaitMode::TryOnce => {
+                    tracing::debug!(error = %err, "acquire attempt failed; retrying");
+                    wait.last_error = Some(err);
+                }
+                Err(err) => return Err(err),
+            }
+            let unit = self.rng.lock().unwrap_or_else(PoisonError::into_inner).next_unit();
+            wait.pause(unit).await?;
+        }
+    }
+
+    /// One backend attempt in its own task, bounded by the attempt timeout and the wait
+    /// deadline. If this future is dropped, or times out, and the attempt later succeeds,
+    /// the task releases the lease it got.
+    async fn attempt(
+        &self,
+        request: &AcquireRequest,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+    ) -> Result<Acquire> {
+        let (tx, rx) = oneshot::channel();
+        let backend = Arc::clone(&self.backend);
+        let req = request.clone();
+        tokio::spawn(async move {
+            let outcome = backend.acquire(&req).await;
+            if let Err(Ok(Acquire::Acquired(lease))) = tx.send(outcome) {
+                if let Err(err) = backend.release(&lease).await {
+                    tracing::debug!(error = %err, "releasing an abandoned acquisition failed");
+                }
+            }
+        });
+        let sent = Instant::now();
+        let own_limit = sent + options.acquire_timeout();
+        let limit = deadline.map_or(own_limit, |d| d.min(own_limit));
+        match timeout_at(limit, rx).await {
+            Ok(Ok(outcome)) => outcome,
+            Ok(Err(_)) => Err(Error::unavailable("the acquire attempt task ended without a result")),
+            Err(_) if deadline.is_some_and(|d| limit == d) => Err(Error::new(
+                ErrorKind::Timeout,
+                "the wait deadline passed while an attempt was in flight",
+            )),
+            Err(_) => Err(Error::new(
+                ErrorKind::OutcomeUnknown,
+                format!("acquire got no reply within {:?}", options.acquire_timeout()),
+            )),
+        }
+    }
+
+    /// Wraps a fresh lease in a guard and starts its refresher, unless its validity is
+    /// already gone (the reply was too slow), in which case it is released.
+    fn start_guard(&self, lease: Lease, sent: Instant, options: &LockOptions) -> Option<LockGuard> {
+        let ttl = lease.ttl().min(options.ttl());
+        let validity = (sent + ttl).checked_sub(options.drift()).unwrap_or(sent);
+        if validity <= Instant::now() {
+            tracing::debug!(lock = %lease.name(), "lease arrived with no validity left; releasing");
+            let backend = Arc::clone(&self.backend);
+            tokio::spawn(async move {
+                let _ = backend.release(&lease).await;
+            });
+            return None;
+        }
+        let shared = Arc::new(Shared::new(lease, validity));
+        let (health_tx, health_rx) = watch::channel(Health::Healthy);
+        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        let driver = Driver {
+            backend: Arc::clone(&self.backend),
+            shared: Arc::clone(&shared),
+            options: options.clone(),
+            health: health_tx,
+            commands: cmd_rx,
+        };
+        tokio::spawn(driver.run(sent + options.refresh_interval()));
+        Some(LockGuard::new(shared, health_rx, cmd_tx))
+    }
+}
+
+fn held_error(holder: HolderInfo) -> Error {
+    let mut message = format!("held by {}", holder.owner());
+    if let Some(left) = holder.expires_in() {
+        message.push_str(&format!(", expires in {left:?} unless refreshed"));
+    }
+    Error::new(ErrorKind::Held, message).with_holder(holder)
+}
+
+/// The waiting side of the acquire loop: deadline, backoff, notifications.
+struct Wait {
+    started: Instant,
+    deadline: Option<Instant>,
+    events: Option<ReleaseEvents>,
+    attempt: u32,
+    backoff: crate::backoff::Backoff,
+    holder: Option<HolderInfo>,
+    last_error: Option<Error>,
+}
+
+impl Wait {
+    async fn start(locker: &Locker, request: &AcquireRequest, options: &LockOptions) -> Self {
+        let started = Instant::now();
+        let deadline = match options.wait() {
+            WaitMode::Timeout(d) => Some(started + d),
+            WaitMode::TryOnce | WaitMode::Forever => None,
+        };
+        let events = match options.wait() {
+            WaitMode::TryOnce => None,
+            _ => match locker.backend.subscribe(&request.name).await {
+                Ok(events) => events,
+                Err(err) => {
+                    tracing::debug!(error = %err, "release notifications unavailable; polling");
+                    None
+                }
+            },
+        };
+        Self {
+            started,
+            deadline,
+            events,
+            attempt: 0,
+            backoff: options.backoff().clone(),
+            holder: None,
+            last_error: None,
+        }
+    }
+
+    /// Sleeps before the next attempt: the jittered backoff delay, cut to the holder's
+    /// remaining TTL and the deadline, and cut short by a release notification.
+    async fn pause(&mut self, unit: f64) -> Result<()> {
+        let mut delay = self.backoff.delay(self.attempt, unit);
+        self.attempt = self.attempt.saturating_add(1);
+        if let Some(left) = self.holder.as_ref().and_then(HolderInfo::expires_in) {
+            delay = delay.min(left);
+        }
+        let now = Instant::now();
+        let mut wake = now + delay.max(Duration::from_millis(1));
+        if let Some(deadline) = self.deadline {
+            if now >= deadline {
+                return Err(self.timed_out(None));
+            }
+            wake = wake.min(deadline);
+        }
+        let Some(events) = self.events.as_mut() else {
+            sleep_until(wake).await;
+            return Ok(());
+        };
+        tokio::select! {
+            () = sleep_until(wake) => {}
+            item = events.next() => if item.is_none() {
+                tracing::debug!("release notifications ended; polling");
+                self.events = None;
+            },
+        }
+        Ok(())
+    }
+
+    fn timed_out(&mut self, cause: Option<Error>) -> Error {
+        let waited = self.started.elapsed();
+        let mut message = format!("gave up after {waited:?}");
+        if let Some(holder) = &self.holder {
+            message.push_str(&format!("; held by {}", holder.owner()));
+        }
+        let mut err = Error::new(ErrorKind::Timeout, message);
+        if let Some(holder) = self.holder.take() {
+            err = err.with_holder(holder);
+        }
+        match cause.or_else(|| self.last_error.take()) {
+            Some(cause) => err.with_source(cause),
+            None => err,
+        }
+    }
+}

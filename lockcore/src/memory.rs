@@ -1,0 +1,325 @@
+//! [`MemoryBackend`]: the in-process reference implementation of the whole contract.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use futures_util::stream;
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+
+use crate::backend::{LockBackend, ReleaseEvents};
+use crate::error::{Error, Result};
+use crate::guarantees::{
+    Durability, Exclusion, ExpiryClock, Fairness, Fencing, Guarantees, Waiting,
+};
+use crate::identity::Identity;
+use crate::name::LockName;
+use crate::types::{Acquire, AcquireRequest, FenceToken, HolderInfo, Lease};
+
+/// An in-process lock table: monotonic fence tokens, TTL expiry on tokio's clock (so paused
+/// test clocks work), release notification and same-identity instant retake.
+///
+/// It is the reference the conformance suite checks itself against, and the backend for
+/// examples and unit tests. Locks exist only inside one process.
+#[derive(Debug, Clone, Default)]
+pub struct MemoryBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    table: Mutex<Table>,
+    released: broadcast::Sender<LockName>,
+    defect: Option<Defect>,
+}
+
+impl Default for Inner {
+    fn default() -> Self {
+        Self {
+            table: Mutex::default(),
+            released: broadcast::channel(1024).0,
+            defect: None,
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    locks: HashMap<LockName, Entry>,
+    /// Fence counters; never removed, so tokens stay monotonic across releases.
+    counters: HashMap<LockName, u64>,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    owner: Identity,
+    token: u64,
+    acquired_at: SystemTime,
+    expires: Instant,
+}
+
+/// Deliberate bugs for [`MemoryBackend::with_defect`], so the conformance suite can prove
+/// that each of its cases is able to fail. Never use them outside tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Defect {
+    /// `release` deletes the lock whoever holds it.
+    ReleaseIgnoresOwner,
+    /// Leases never expire.
+    NeverExpires,
+    /// Every grant gets fence token 1.
+    NonMonotonicTokens,
+    /// `refresh` succeeds even after the lock was stolen or deleted (and re-creates it).
+    RefreshIgnoresOwner,
+    /// `acquire` checks, yields, then writes: two contenders can both win.
+    RacyAcquire,
+}
+
+impl MemoryBackend {
+    /// An empty lock table.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A backend with a deliberate bug (only with the `testing` feature).
+    #[cfg(feature = "testing")]
+    pub fn with_defect(defect: Defect) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                defect: Some(defect),
+                ..Inner::default()
+            }),
+        }
+    }
+
+    /// Deletes `name` the way an operator would (no notification). Returns whether a lock
+    /// was there.
+    pub fn admin_delete(&self, name: &LockName) -> bool {
+        self.table().locks.remove(name).is_some()
+    }
+
+    /// Overwrites `name` with a new owner and grant, the way an operator or a buggy client
+    /// would. The new grant gets a fresh fence token.
+    pub fn admin_steal(&self, name: &LockName, owner: Identity, ttl: Duration) {
+        let mut table = self.table();
+        let token = self.next_token(&mut table, name);
+        table.locks.insert(name.clone(), Entry::new(owner, token, ttl));
+    }
+
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.inner.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn has(&self, defect: Defect) -> bool {
+        self.inner.defect == Some(defect)
+    }
+
+    fn next_token(&self, table: &mut Table, name: &LockName) -> u64 {
+        if self.has(Defect::NonMonotonicTokens) {
+            return 1;
+        }
+        let counter = table.counters.entry(name.clone()).or_insert(0);
+        *counter += 1;
+        *counter
+    }
+
+    /// The live entry for `name`, dropping it if expired.
+    fn live<'t>(&self, table: &'t mut Table, name: &LockName) -> Option<&'t mut Entry> {
+        let expired = table
+            .locks
+            .get(name)
+            .is_some_and(|e| e.expires <= Instant::now() && !self.has(Defect::NeverExpires));
+        if expired {
+            table.locks.remove(name);
+        }
+        table.locks.get_mut(name)
+    }
+
+    fn grant(&self, table: &mut Table, request: &AcquireRequest) -> Lease {
+        let token = self.next_token(table, &request.name);
+        let entry = Entry::new(request.owner.clone(), token, request.ttl);
+        table.locks.insert(request.name.clone(), entry);
+        Lease::new(
+            request.name.clone(),
+            request.owner.clone(),
+            request.ttl,
+            token.to_string(),
+        )
+        .with_token(FenceToken::new(token))
+    }
+
+    fn notify(&self, name: &LockName) {
+        // No receivers is fine: nobody is waiting.
+        let _ = self.inner.released.send(name.clone());
+    }
+}
+
+impl Entry {
+    fn new(owner: Identity, token: u64, ttl: Duration) -> Self {
+        Self {
+            owner,
+            token,
+            acquired_at: SystemTime::now(),
+            expires: Instant::now() + ttl,
+        }
+    }
+
+    fn holder(&self) -> HolderInfo {
+        HolderInfo::new(self.owner.clone())
+            .with_acquired_at(self.acquired_at)
+            .with_expires_in(self.expires.saturating_duration_since(Instant::now()))
+            .with_token(FenceToken::new(self.token))
+    }
+
+    fn is_grant_of(&self, lease: &Lease) -> bool {
+        self.owner == *lease.owner() && self.token.to_string() == lease.grant()
+    }
+}
+
+#[async_trait]
+impl LockBackend for MemoryBackend {
+    fn backend_name(&self) -> &str {
+        "memory"
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        if self.has(Defect::RacyAcquire) {
+            let free = self.live(&mut self.table(), &request.name).is_none();
+            tokio::task::yield_now().await;
+            if !free {
+                return Ok(Acquire::Held(HolderInfo::new(Identity::from_stored("?"))));
+            }
+            return Ok(Acquire::Acquired(self.grant(&mut self.table(), request)));
+        }
+        let mut table = self.table();
+        if let Some(entry) = self.live(&mut table, &request.name) {
+            if entry.owner != request.owner {
+                return Ok(Acquire::Held(entry.holder()));
+            }
+        }
+        Ok(Acquire::Acquired(self.grant(&mut table, request)))
+    }
+
+    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        let mut table = self.table();
+        if self.has(Defect::RefreshIgnoresOwner) {
+            let token = lease.token().map_or(0, FenceToken::get);
+            let entry = Entry::new(lease.owner().clone(), token, lease.ttl());
+            table.locks.insert(lease.name().clone(), entry);
+            return Ok(lease.clone());
+        }
+        match self.live(&mut table, lease.name()) {
+            Some(entry) if entry.is_grant_of(lease) => {
+                entry.expires = Instant::now() + lease.ttl();
+                Ok(lease.clone())
+            }
+            Some(entry) => Err(Error::lost(format!("taken over by {}", entry.owner))),
+            None => Err(Error::lost("the lock was deleted or expired")),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let mut table = self.table();
+        let ours = match table.locks.get(lease.name()) {
+            Some(entry) => entry.is_grant_of(lease) || self.has(Defect::ReleaseIgnoresOwner),
+            None => false,
+        };
+        if ours {
+            table.locks.remove(lease.name());
+            drop(table);
+            self.notify(lease.name());
+        }
+        Ok(())
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        Ok(self.live(&mut self.table(), name).map(|e| e.holder()))
+    }
+
+    fn guarantees(&self) -> Guarantees {
+        Guarantees::new(Exclusion::InProcess, Fencing::Monotonic, ExpiryClock::Server)
+            .with_waiting(Waiting::Notified)
+            .with_fairness(Fairness::None)
+            .with_same_owner_retake(true)
+            .with_durability(Durability::LostOnRestart)
+            .with_notes("Reference backend: locks live in one process and vanish with it.")
+    }
+
+    async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
+        let rx = self.inner.released.subscribe();
+        let name = name.clone();
+        let events = stream::unfold((rx, name), |(mut rx, name)| async move {
+            loop {
+                match rx.recv().await {
+                    Ok(released) if released == name => return Some(((), (rx, name))),
+                    Ok(_) => continue,
+                    // Lagged: we may have missed ours; a spurious wake-up is allowed.
+                    Err(broadcast::error::RecvError::Lagged(_)) => return Some(((), (rx, name))),
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                }
+            }
+        });
+        Ok(Some(Box::pin(events)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(name: &str, owner: &Identity, ttl_ms: u64) -> AcquireRequest {
+        let name = LockName::new(name).expect("valid");
+        AcquireRequest::new(name, owner.clone(), Duration::from_millis(ttl_ms))
+    }
+
+    fn acquired(outcome: Acquire) -> Lease {
+        match outcome {
+            Acquire::Acquired(lease) => lease,
+            Acquire::Held(h) => panic!("expected Acquired, held by {}", h.owner()),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn grants_exclusively_and_reports_the_holder() {
+        let backend = MemoryBackend::new();
+        let (a, b) = (Identity::unique(), Identity::unique());
+        let lease = acquired(backend.acquire(&request("x", &a, 1000)).await.expect("ok"));
+        assert_eq!(lease.token(), Some(FenceToken::new(1)));
+        match backend.acquire(&request("x", &b, 1000)).await.expect("ok") {
+            Acquire::Held(h) => {
+                assert_eq!(h.owner(), &a);
+                assert_eq!(h.expires_in(), Some(Duration::from_millis(1000)));
+            }
+            Acquire::Acquired(_) => panic!("double grant"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expiry_frees_the_lock_and_tokens_keep_increasing() {
+        let backend = MemoryBackend::new();
+        let (a, b) = (Identity::unique(), Identity::unique());
+        let first = acquired(backend.acquire(&request("x", &a, 100)).await.expect("ok"));
+        tokio::time::advance(Duration::from_millis(100)).await;
+        let second = acquired(backend.acquire(&request("x", &b, 100)).await.expect("ok"));
+        assert!(second.token() > first.token());
+        let err = backend.refresh(&first).await.expect_err("stale lease");
+        assert_eq!(err.kind(), crate::ErrorKind::Lost);
+        backend.release(&first).await.expect("stale release is ok");
+        assert_eq!(
+            backend.inspect(second.name()).await.expect("ok").map(|h| h.owner().clone()),
+            Some(b)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn same_identity_retakes_with_a_new_token() {
+        let backend = MemoryBackend::new();
+        let a = Identity::unique();
+        let first = acquired(backend.acquire(&request("x", &a, 1000)).await.expect("ok"));
+        let again = acquired(backend.acquire(&request("x", &a, 1000)).await.expect("ok"));
+        assert!(again.token() > first.token());
+        assert!(backend.refresh(&first).await.is_err(), "old grant is superseded");
+    }
+}

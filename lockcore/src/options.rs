@@ -1,0 +1,280 @@
+//! Lock options: TTL, refresh cadence, failure limit, drift, waiting and backoff.
+
+use std::time::Duration;
+
+use crate::backoff::Backoff;
+use crate::error::Error;
+
+/// The shortest TTL accepted.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+/// The longest TTL accepted (one year).
+pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The largest accepted value for the maximum number of consecutive refresh failures.
+pub const MAX_REFRESH_FAILURES: u32 = 100;
+
+/// How long [`Locker::acquire`](crate::Locker::acquire) waits for a held lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitMode {
+    /// One attempt; a held lock is an [`ErrorKind::Held`](crate::ErrorKind::Held) error.
+    TryOnce,
+    /// Retry until the lock is ours or this much time has passed, then fail with
+    /// [`ErrorKind::Timeout`](crate::ErrorKind::Timeout).
+    Timeout(Duration),
+    /// Retry until the lock is ours.
+    Forever,
+}
+
+/// Options for one acquisition and the lease it produces.
+///
+/// Defaults (seed 000, scaled to the TTL): TTL 60 s, refresh every TTL/8, Lost after 3
+/// consecutive refresh failures, drift allowance TTL×1% + 2 ms, wait forever, backoff from
+/// 20 ms doubling up to 1 s with full jitter, each backend call bounded by the TTL.
+///
+/// ```
+/// use std::time::Duration;
+/// use lockcore::{LockOptions, WaitMode};
+/// let options = LockOptions::new(Duration::from_secs(30))
+///     .with_wait(WaitMode::Timeout(Duration::from_secs(5)));
+/// options.validate()?;
+/// assert_eq!(options.refresh_interval(), Duration::from_millis(3750));
+/// # Ok::<(), lockcore::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct LockOptions {
+    ttl: Duration,
+    refresh_interval: Option<Duration>,
+    max_refresh_failures: u32,
+    drift: Option<Duration>,
+    wait: WaitMode,
+    backoff: Backoff,
+    attempt_timeout: Option<Duration>,
+}
+
+impl Default for LockOptions {
+    fn default() -> Self {
+        Self::new(Duration::from_secs(60))
+    }
+}
+
+impl LockOptions {
+    /// Options with `ttl` and every other setting at its default.
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            ttl,
+            refresh_interval: None,
+            max_refresh_failures: 3,
+            drift: None,
+            wait: WaitMode::Forever,
+            backoff: Backoff::default(),
+            attempt_timeout: None,
+        }
+    }
+
+    /// Sets the lease TTL.
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Sets the refresh interval (default TTL/8).
+    pub fn with_refresh_interval(mut self, interval: Duration) -> Self {
+        self.refresh_interval = Some(interval);
+        self
+    }
+
+    /// Sets how many consecutive transient refresh failures turn the lease Lost (default 3).
+    pub fn with_max_refresh_failures(mut self, failures: u32) -> Self {
+        self.max_refresh_failures = failures;
+        self
+    }
+
+    /// Sets the clock-drift allowance subtracted from local validity (default TTL×1% + 2 ms).
+    pub fn with_drift(mut self, drift: Duration) -> Self {
+        self.drift = Some(drift);
+        self
+    }
+
+    /// Sets the wait mode (default [`WaitMode::Forever`]).
+    pub fn with_wait(mut self, wait: WaitMode) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Sets the backoff between attempts while waiting.
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Bounds each backend call made by the acquire loop and the refresher (default: the
+    /// TTL for acquire, the refresh interval for refresh).
+    pub fn with_attempt_timeout(mut self, timeout: Duration) -> Self {
+        self.attempt_timeout = Some(timeout);
+        self
+    }
+
+    /// The lease TTL.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The refresh interval (explicit or TTL/8).
+    pub fn refresh_interval(&self) -> Duration {
+        self.refresh_interval.unwrap_or(self.ttl / 8)
+    }
+
+    /// The maximum number of consecutive transient refresh failures.
+    pub fn max_refresh_failures(&self) -> u32 {
+        self.max_refresh_failures
+    }
+
+    /// The drift allowance (explicit or TTL×1% + 2 ms, seed 001).
+    pub fn drift(&self) -> Duration {
+        self.drift
+            .unwrap_or_else(|| self.ttl / 100 + Duration::from_millis(2))
+    }
+
+    /// The wait mode.
+    pub fn wait(&self) -> WaitMode {
+        self.wait
+    }
+
+    /// The backoff.
+    pub fn backoff(&self) -> &Backoff {
+        &self.backoff
+    }
+
+    /// The bound on one acquire call.
+    pub fn acquire_timeout(&self) -> Duration {
+        self.attempt_timeout.unwrap_or(self.ttl)
+    }
+
+    /// The bound on one refresh call.
+    pub fn refresh_timeout(&self) -> Duration {
+        self.attempt_timeout
+            .unwrap_or(self.refresh_interval())
+            .min(self.refresh_interval())
+    }
+
+    /// Checks every setting and their combinations.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) naming the offending
+    /// setting, when the TTL is outside [`MIN_TTL`]..=[`MAX_TTL`], the refresh interval is
+    /// zero, the failure limit is 0 or above [`MAX_REFRESH_FAILURES`], refresh interval ×
+    /// failure limit exceeds half the TTL (the lease must turn Lost well before it expires,
+    /// seed 000), the drift is half the TTL or more, or the backoff is invalid.
+    pub fn validate(&self) -> Result<(), Error> {
+        self.validate_ttl()?;
+        self.validate_refresh()?;
+        let drift = self.drift();
+        if drift >= self.ttl / 2 {
+            return Err(Error::invalid_input(format!(
+                "drift allowance {drift:?} must be less than half the TTL ({:?})",
+                self.ttl
+            )));
+        }
+        if self.attempt_timeout == Some(Duration::ZERO) {
+            return Err(Error::invalid_input("attempt timeout must be greater than zero"));
+        }
+        self.backoff.validate()
+    }
+
+    fn validate_ttl(&self) -> Result<(), Error> {
+        if self.ttl < MIN_TTL || self.ttl > MAX_TTL {
+            return Err(Error::invalid_input(format!(
+                "TTL {:?} is outside the accepted range {MIN_TTL:?} to {MAX_TTL:?}",
+                self.ttl
+            )));
+        }
+        Ok(())
+    }
+
+    fn validate_refresh(&self) -> Result<(), Error> {
+        let interval = self.refresh_interval();
+        let failures = self.max_refresh_failures;
+        if interval.is_zero() {
+            return Err(Error::invalid_input("refresh interval must be greater than zero"));
+        }
+        if failures == 0 || failures > MAX_REFRESH_FAILURES {
+            return Err(Error::invalid_input(format!(
+                "max refresh failures must be 1 to {MAX_REFRESH_FAILURES}, got {failures}"
+            )));
+        }
+        let budget = interval.saturating_mul(failures);
+        if budget > self.ttl / 2 {
+            return Err(Error::invalid_input(format!(
+                "refresh interval {interval:?} x {failures} failures = {budget:?} does not fit \
+                 in half the TTL ({:?}): the lease could expire before the refresher gives up; \
+                 shorten the interval, allow fewer failures or lengthen the TTL",
+                self.ttl / 2
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn defaults_follow_seed_000() {
+        let o = LockOptions::new(Duration::from_secs(300));
+        o.validate().expect("defaults are valid");
+        assert_eq!(o.refresh_interval(), ms(37_500));
+        assert_eq!(o.max_refresh_failures(), 3);
+        assert_eq!(o.drift(), ms(3_002));
+        assert_eq!(o.wait(), WaitMode::Forever);
+        assert_eq!(o.acquire_timeout(), Duration::from_secs(300));
+        assert_eq!(o.refresh_timeout(), ms(37_500));
+        LockOptions::default().validate().expect("default is valid");
+    }
+
+    #[test]
+    fn rejects_invalid_combinations_with_actionable_messages() {
+        let ttl = Duration::from_secs(8);
+        let cases = [
+            (LockOptions::new(ms(1)), "outside the accepted range"),
+            (LockOptions::new(MAX_TTL + ms(1)), "outside the accepted range"),
+            (
+                LockOptions::new(ttl).with_refresh_interval(Duration::ZERO),
+                "greater than zero",
+            ),
+            (LockOptions::new(ttl).with_max_refresh_failures(0), "1 to 100"),
+            (LockOptions::new(ttl).with_max_refresh_failures(101), "1 to 100"),
+            (
+                LockOptions::new(ttl).with_refresh_interval(ms(1500)),
+                "does not fit in half the TTL",
+            ),
+            (LockOptions::new(ttl).with_drift(ms(4000)), "less than half the TTL"),
+            (LockOptions::new(ttl).with_attempt_timeout(Duration::ZERO), "attempt timeout"),
+        ];
+        for (options, expected) in cases {
+            let err = options.validate().expect_err(expected);
+            assert_eq!(err.kind(), ErrorKind::InvalidInput);
+            assert!(err.to_string().contains(expected), "{err}");
+        }
+    }
+
+    #[test]
+    fn budget_boundary_is_inclusive() {
+        let ttl = Duration::from_secs(6);
+        let ok = LockOptions::new(ttl).with_refresh_interval(ms(1000));
+        ok.validate().expect("3 x 1 s fits in 3 s");
+        let bad = LockOptions::new(ttl).with_refresh_interval(ms(1001));
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn refresh_timeout_never_exceeds_interval() {
+        let o = LockOptions::new(Duration::from_secs(8)).with_attempt_timeout(Duration::from_secs(5));
+        assert_eq!(o.refresh_timeout(), Duration::from_secs(1));
+        assert_eq!(o.acquire_timeout(), Duration::from_secs(5));
+    }
+}

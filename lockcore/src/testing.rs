@@ -1,0 +1,137 @@
+//! Test helpers (feature `testing`): a backend wrapper that injects scripted faults.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use async_trait::async_trait;
+
+use crate::backend::{LockBackend, ReleaseEvents};
+use crate::error::{Error, ErrorKind, Result};
+use crate::guarantees::Guarantees;
+use crate::name::LockName;
+use crate::types::{Acquire, AcquireRequest, HolderInfo, Lease};
+
+/// A backend operation, for scripting faults per operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// [`LockBackend::acquire`].
+    Acquire,
+    /// [`LockBackend::refresh`].
+    Refresh,
+    /// [`LockBackend::release`].
+    Release,
+    /// [`LockBackend::inspect`].
+    Inspect,
+}
+
+/// What a faulty call does instead of (or before) reaching the inner backend.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// Forward to the inner backend.
+    Pass,
+    /// Fail with this error kind without reaching the backend.
+    Fail(ErrorKind),
+    /// Never return (a blackholed connection).
+    Hang,
+    /// Forward to the backend, then report [`ErrorKind::OutcomeUnknown`] (reply lost).
+    LoseReply,
+}
+
+/// Wraps a backend and injects faults: a standing fault per operation, plus a script of
+/// one-shot faults consumed first. Counts calls per operation.
+#[derive(Debug, Clone)]
+pub struct FaultyBackend {
+    inner: Arc<dyn LockBackend>,
+    state: Arc<Mutex<FaultState>>,
+}
+
+#[derive(Debug, Default)]
+struct FaultState {
+    standing: HashMap<Op, Fault>,
+    script: HashMap<Op, VecDeque<Fault>>,
+    calls: HashMap<Op, usize>,
+}
+
+impl FaultyBackend {
+    /// Wraps `inner`, passing every call through until told otherwise.
+    pub fn new(inner: Arc<dyn LockBackend>) -> Self {
+        Self {
+            inner,
+            state: Arc::default(),
+        }
+    }
+
+    /// Sets the standing fault for `op`.
+    pub fn set(&self, op: Op, fault: Fault) {
+        self.state().standing.insert(op, fault);
+    }
+
+    /// Sets the standing fault for every operation.
+    pub fn set_all(&self, fault: Fault) {
+        for op in [Op::Acquire, Op::Refresh, Op::Release, Op::Inspect] {
+            self.set(op, fault.clone());
+        }
+    }
+
+    /// Queues one-shot faults for `op`, consumed before the standing fault.
+    pub fn script(&self, op: Op, faults: impl IntoIterator<Item = Fault>) {
+        self.state().script.entry(op).or_default().extend(faults);
+    }
+
+    /// How many times `op` was called.
+    pub fn calls(&self, op: Op) -> usize {
+        self.state().calls.get(&op).copied().unwrap_or(0)
+    }
+
+    fn state(&self) -> MutexGuard<'_, FaultState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn next_fault(&self, op: Op) -> Fault {
+        let mut state = self.state();
+        *state.calls.entry(op).or_insert(0) += 1;
+        if let Some(fault) = state.script.get_mut(&op).and_then(VecDeque::pop_front) {
+            return fault;
+        }
+        state.standing.get(&op).cloned().unwrap_or(Fault::Pass)
+    }
+
+    async fn run<T>(&self, op: Op, call: impl Future<Output = Result<T>>) -> Result<T> {
+        match self.next_fault(op) {
+            Fault::Pass => call.await,
+            Fault::Fail(kind) => Err(Error::new(kind, format!("injected {kind} on {op:?}"))
+                .with_backend("faulty")),
+            Fault::Hang => std::future::pending().await,
+            Fault::LoseReply => {
+                let _ = call.await;
+                Err(Error::new(ErrorKind::OutcomeUnknown, format!("injected lost reply on {op:?}")))
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for FaultyBackend {
+    fn backend_name(&self) -> &str {
+        self.inner.backend_name()
+    }
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.run(Op::Acquire, self.inner.acquire(request)).await
+    }
+    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        self.run(Op::Refresh, self.inner.refresh(lease)).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.run(Op::Release, self.inner.release(lease)).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        self.run(Op::Inspect, self.inner.inspect(name)).await
+    }
+    fn guarantees(&self) -> Guarantees {
+        self.inner.guarantees()
+    }
+    async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
+        self.inner.subscribe(name).await
+    }
+}
