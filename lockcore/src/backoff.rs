@@ -86,7 +86,9 @@ impl Backoff {
     /// the base exceeds the cap, or the cap exceeds [`MAX_BACKOFF_CAP`].
     pub fn validate(&self) -> Result<(), Error> {
         if self.base.is_zero() {
-            return Err(Error::invalid_input("backoff base must be greater than zero"));
+            return Err(Error::invalid_input(
+                "backoff base must be greater than zero",
+            ));
         }
         if self.base > self.cap {
             return Err(Error::invalid_input(format!(
@@ -145,7 +147,16 @@ mod tests {
         let delays: Vec<_> = (0..8).map(|a| b.delay(a, 0.5)).collect();
         assert_eq!(
             delays,
-            [ms(10), ms(20), ms(40), ms(80), ms(160), ms(300), ms(300), ms(300)]
+            [
+                ms(10),
+                ms(20),
+                ms(40),
+                ms(80),
+                ms(160),
+                ms(300),
+                ms(300),
+                ms(300)
+            ]
         );
         assert_eq!(b.delay(u32::MAX, 0.9), ms(300), "huge attempts saturate");
     }
@@ -183,9 +194,15 @@ mod tests {
     #[test]
     fn validation_messages() {
         assert!(Backoff::new(Duration::ZERO, ms(1)).validate().is_err());
-        let err = Backoff::new(ms(2), ms(1)).validate().expect_err("base > cap");
+        let err = Backoff::new(ms(2), ms(1))
+            .validate()
+            .expect_err("base > cap");
         assert!(err.to_string().contains("exceeds its cap"));
-        assert!(Backoff::new(ms(1), MAX_BACKOFF_CAP + ms(1)).validate().is_err());
+        assert!(
+            Backoff::new(ms(1), MAX_BACKOFF_CAP + ms(1))
+                .validate()
+                .is_err()
+        );
         Backoff::default().validate().expect("default valid");
     }
 }

@@ -38,7 +38,10 @@ impl Shared {
     }
 
     pub(crate) fn lease(&self) -> Lease {
-        self.lease.lock().unwrap_or_else(PoisonError::into_inner).clone()
+        self.lease
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     pub(crate) fn validity(&self) -> Instant {
@@ -138,7 +141,9 @@ impl Driver {
             )),
             Ok(lease) => {
                 let ttl = lease.ttl().min(self.options.ttl());
-                let validity = (sent + ttl).checked_sub(self.options.drift()).unwrap_or(sent);
+                let validity = (sent + ttl)
+                    .checked_sub(self.options.drift())
+                    .unwrap_or(sent);
                 self.shared.update(lease, validity);
                 Event::Refreshed
             }

@@ -273,10 +273,19 @@ mod tests {
 
     #[test]
     fn kinds_have_sensible_default_status() {
-        assert_eq!(ErrorKind::Unavailable.default_status(), RetryStatus::Temporary);
-        assert_eq!(ErrorKind::OutcomeUnknown.default_status(), RetryStatus::Temporary);
+        assert_eq!(
+            ErrorKind::Unavailable.default_status(),
+            RetryStatus::Temporary
+        );
+        assert_eq!(
+            ErrorKind::OutcomeUnknown.default_status(),
+            RetryStatus::Temporary
+        );
         assert_eq!(ErrorKind::Lost.default_status(), RetryStatus::Permanent);
-        assert_eq!(ErrorKind::InvalidInput.default_status(), RetryStatus::Permanent);
+        assert_eq!(
+            ErrorKind::InvalidInput.default_status(),
+            RetryStatus::Permanent
+        );
     }
 
     #[test]

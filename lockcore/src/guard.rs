@@ -148,8 +148,11 @@ impl LockGuard {
     }
 
     fn stopped(&self) -> Error {
-        Error::lost(format!("the lease was lost before release: {}", LostReason::RefresherStopped))
-            .with_lock(&self.name)
+        Error::lost(format!(
+            "the lease was lost before release: {}",
+            LostReason::RefresherStopped
+        ))
+        .with_lock(&self.name)
     }
 }
 

@@ -153,7 +153,11 @@ impl Locker {
             .map_err(|e| e.in_context(self.backend.backend_name(), &name))
     }
 
-    async fn acquire_loop(&self, request: &AcquireRequest, options: &LockOptions) -> Result<LockGuard> {
+    async fn acquire_loop(
+        &self,
+        request: &AcquireRequest,
+        options: &LockOptions,
+    ) -> Result<LockGuard> {
         let mut wait = Wait::start(self, request, options).await;
         loop {
             let sent = Instant::now();
@@ -168,14 +172,20 @@ impl Locker {
                     return Err(held_error(holder));
                 }
                 Ok(Acquire::Held(holder)) => wait.holder = Some(holder),
-                Err(err) if err.kind() == ErrorKind::Timeout => return Err(wait.timed_out(Some(err))),
+                Err(err) if err.kind() == ErrorKind::Timeout => {
+                    return Err(wait.timed_out(Some(err)));
+                }
                 Err(err) if err.is_temporary() && options.wait() != WaitMode::TryOnce => {
                     tracing::debug!(error = %err, "acquire attempt failed; retrying");
                     wait.last_error = Some(err);
                 }
                 Err(err) => return Err(err),
             }
-            let unit = self.rng.lock().unwrap_or_else(PoisonError::into_inner).next_unit();
+            let unit = self
+                .rng
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .next_unit();
             wait.pause(unit).await?;
         }
     }
@@ -194,10 +204,10 @@ impl Locker {
         let req = request.clone();
         tokio::spawn(async move {
             let outcome = backend.acquire(&req).await;
-            if let Err(Ok(Acquire::Acquired(lease))) = tx.send(outcome) {
-                if let Err(err) = backend.release(&lease).await {
-                    tracing::debug!(error = %err, "releasing an abandoned acquisition failed");
-                }
+            if let Err(Ok(Acquire::Acquired(lease))) = tx.send(outcome)
+                && let Err(err) = backend.release(&lease).await
+            {
+                tracing::debug!(error = %err, "releasing an abandoned acquisition failed");
             }
         });
         let sent = Instant::now();
@@ -205,14 +215,19 @@ impl Locker {
         let limit = deadline.map_or(own_limit, |d| d.min(own_limit));
         match timeout_at(limit, rx).await {
             Ok(Ok(outcome)) => outcome,
-            Ok(Err(_)) => Err(Error::unavailable("the acquire attempt task ended without a result")),
+            Ok(Err(_)) => Err(Error::unavailable(
+                "the acquire attempt task ended without a result",
+            )),
             Err(_) if deadline.is_some_and(|d| limit == d) => Err(Error::new(
                 ErrorKind::Timeout,
                 "the wait deadline passed while an attempt was in flight",
             )),
             Err(_) => Err(Error::new(
                 ErrorKind::OutcomeUnknown,
-                format!("acquire got no reply within {:?}", options.acquire_timeout()),
+                format!(
+                    "acquire got no reply within {:?}",
+                    options.acquire_timeout()
+                ),
             )),
         }
     }

@@ -105,11 +105,16 @@ impl MemoryBackend {
     pub fn admin_steal(&self, name: &LockName, owner: Identity, ttl: Duration) {
         let mut table = self.table();
         let token = self.next_token(&mut table, name);
-        table.locks.insert(name.clone(), Entry::new(owner, token, ttl));
+        table
+            .locks
+            .insert(name.clone(), Entry::new(owner, token, ttl));
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
-        self.inner.table.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner
+            .table
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn has(&self, defect: Defect) -> bool {
@@ -194,10 +199,10 @@ impl LockBackend for MemoryBackend {
             return Ok(Acquire::Acquired(self.grant(&mut self.table(), request)));
         }
         let mut table = self.table();
-        if let Some(entry) = self.live(&mut table, &request.name) {
-            if entry.owner != request.owner {
-                return Ok(Acquire::Held(entry.holder()));
-            }
+        if let Some(entry) = self.live(&mut table, &request.name)
+            && entry.owner != request.owner
+        {
+            return Ok(Acquire::Held(entry.holder()));
         }
         Ok(Acquire::Acquired(self.grant(&mut table, request)))
     }
@@ -239,12 +244,16 @@ impl LockBackend for MemoryBackend {
     }
 
     fn guarantees(&self) -> Guarantees {
-        Guarantees::new(Exclusion::InProcess, Fencing::Monotonic, ExpiryClock::Server)
-            .with_waiting(Waiting::Notified)
-            .with_fairness(Fairness::None)
-            .with_same_owner_retake(true)
-            .with_durability(Durability::LostOnRestart)
-            .with_notes("Reference backend: locks live in one process and vanish with it.")
+        Guarantees::new(
+            Exclusion::InProcess,
+            Fencing::Monotonic,
+            ExpiryClock::Server,
+        )
+        .with_waiting(Waiting::Notified)
+        .with_fairness(Fairness::None)
+        .with_same_owner_retake(true)
+        .with_durability(Durability::LostOnRestart)
+        .with_notes("Reference backend: locks live in one process and vanish with it.")
     }
 
     async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
@@ -308,7 +317,11 @@ mod tests {
         assert_eq!(err.kind(), crate::ErrorKind::Lost);
         backend.release(&first).await.expect("stale release is ok");
         assert_eq!(
-            backend.inspect(second.name()).await.expect("ok").map(|h| h.owner().clone()),
+            backend
+                .inspect(second.name())
+                .await
+                .expect("ok")
+                .map(|h| h.owner().clone()),
             Some(b)
         );
     }
@@ -320,6 +333,9 @@ mod tests {
         let first = acquired(backend.acquire(&request("x", &a, 1000)).await.expect("ok"));
         let again = acquired(backend.acquire(&request("x", &a, 1000)).await.expect("ok"));
         assert!(again.token() > first.token());
-        assert!(backend.refresh(&first).await.is_err(), "old grant is superseded");
+        assert!(
+            backend.refresh(&first).await.is_err(),
+            "old grant is superseded"
+        );
     }
 }

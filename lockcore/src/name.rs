@@ -97,7 +97,13 @@ mod tests {
 
     #[test]
     fn accepts_ordinary_names() {
-        for ok in ["a", "publish-repo", "team/ci/deploy", "ünïcødé", &"x".repeat(MAX_NAME_LEN)] {
+        for ok in [
+            "a",
+            "publish-repo",
+            "team/ci/deploy",
+            "ünïcødé",
+            &"x".repeat(MAX_NAME_LEN),
+        ] {
             assert_eq!(LockName::new(ok).expect(ok).as_str(), ok);
         }
     }

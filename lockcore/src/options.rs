@@ -175,7 +175,9 @@ impl LockOptions {
             )));
         }
         if self.attempt_timeout == Some(Duration::ZERO) {
-            return Err(Error::invalid_input("attempt timeout must be greater than zero"));
+            return Err(Error::invalid_input(
+                "attempt timeout must be greater than zero",
+            ));
         }
         self.backoff.validate()
     }
@@ -194,7 +196,9 @@ impl LockOptions {
         let interval = self.refresh_interval();
         let failures = self.max_refresh_failures;
         if interval.is_zero() {
-            return Err(Error::invalid_input("refresh interval must be greater than zero"));
+            return Err(Error::invalid_input(
+                "refresh interval must be greater than zero",
+            ));
         }
         if failures == 0 || failures > MAX_REFRESH_FAILURES {
             return Err(Error::invalid_input(format!(
@@ -241,19 +245,34 @@ mod tests {
         let ttl = Duration::from_secs(8);
         let cases = [
             (LockOptions::new(ms(1)), "outside the accepted range"),
-            (LockOptions::new(MAX_TTL + ms(1)), "outside the accepted range"),
+            (
+                LockOptions::new(MAX_TTL + ms(1)),
+                "outside the accepted range",
+            ),
             (
                 LockOptions::new(ttl).with_refresh_interval(Duration::ZERO),
                 "greater than zero",
             ),
-            (LockOptions::new(ttl).with_max_refresh_failures(0), "1 to 100"),
-            (LockOptions::new(ttl).with_max_refresh_failures(101), "1 to 100"),
+            (
+                LockOptions::new(ttl).with_max_refresh_failures(0),
+                "1 to 100",
+            ),
+            (
+                LockOptions::new(ttl).with_max_refresh_failures(101),
+                "1 to 100",
+            ),
             (
                 LockOptions::new(ttl).with_refresh_interval(ms(1500)),
                 "does not fit in half the TTL",
             ),
-            (LockOptions::new(ttl).with_drift(ms(4000)), "less than half the TTL"),
-            (LockOptions::new(ttl).with_attempt_timeout(Duration::ZERO), "attempt timeout"),
+            (
+                LockOptions::new(ttl).with_drift(ms(4000)),
+                "less than half the TTL",
+            ),
+            (
+                LockOptions::new(ttl).with_attempt_timeout(Duration::ZERO),
+                "attempt timeout",
+            ),
         ];
         for (options, expected) in cases {
             let err = options.validate().expect_err(expected);
@@ -273,7 +292,8 @@ mod tests {
 
     #[test]
     fn refresh_timeout_never_exceeds_interval() {
-        let o = LockOptions::new(Duration::from_secs(8)).with_attempt_timeout(Duration::from_secs(5));
+        let o =
+            LockOptions::new(Duration::from_secs(8)).with_attempt_timeout(Duration::from_secs(5));
         assert_eq!(o.refresh_timeout(), Duration::from_secs(1));
         assert_eq!(o.acquire_timeout(), Duration::from_secs(5));
     }

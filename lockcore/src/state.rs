@@ -197,7 +197,10 @@ mod tests {
     #[test]
     fn a_limit_of_one_loses_on_the_first_failure() {
         let h = transition(&Health::Healthy, transient(), 1);
-        assert!(matches!(h, Health::Lost(LostReason::TooManyFailures { failures: 1, .. })));
+        assert!(matches!(
+            h,
+            Health::Lost(LostReason::TooManyFailures { failures: 1, .. })
+        ));
     }
 
     #[test]
@@ -227,7 +230,10 @@ mod tests {
     #[test]
     fn release_is_terminal_from_live_states() {
         assert_eq!(t(&Health::Healthy, Event::Released), Health::Released);
-        assert_eq!(t(&Health::Degraded { failures: 1 }, Event::Released), Health::Released);
+        assert_eq!(
+            t(&Health::Degraded { failures: 1 }, Event::Released),
+            Health::Released
+        );
     }
 
     #[test]
@@ -250,13 +256,25 @@ mod tests {
     #[test]
     fn refresh_errors_are_classified() {
         let lost = Error::lost("stolen");
-        assert!(matches!(Event::from_refresh_error(&lost), Event::NotOwner(_)));
+        assert!(matches!(
+            Event::from_refresh_error(&lost),
+            Event::NotOwner(_)
+        ));
         let net = Error::unavailable("reset");
-        assert!(matches!(Event::from_refresh_error(&net), Event::TransientFailure(_)));
+        assert!(matches!(
+            Event::from_refresh_error(&net),
+            Event::TransientFailure(_)
+        ));
         let unknown = Error::new(ErrorKind::OutcomeUnknown, "timeout after send");
-        assert!(matches!(Event::from_refresh_error(&unknown), Event::TransientFailure(_)));
+        assert!(matches!(
+            Event::from_refresh_error(&unknown),
+            Event::TransientFailure(_)
+        ));
         let denied = Error::new(ErrorKind::PermissionDenied, "no");
-        assert!(matches!(Event::from_refresh_error(&denied), Event::PermanentFailure(_)));
+        assert!(matches!(
+            Event::from_refresh_error(&denied),
+            Event::PermanentFailure(_)
+        ));
     }
 
     #[test]
@@ -268,7 +286,14 @@ mod tests {
 
     #[test]
     fn health_display_is_readable() {
-        assert_eq!(Health::Degraded { failures: 2 }.to_string(), "degraded (2 refresh failures)");
-        assert!(Health::Lost(LostReason::ValidityExpired).to_string().starts_with("lost: "));
+        assert_eq!(
+            Health::Degraded { failures: 2 }.to_string(),
+            "degraded (2 refresh failures)"
+        );
+        assert!(
+            Health::Lost(LostReason::ValidityExpired)
+                .to_string()
+                .starts_with("lost: ")
+        );
     }
 }

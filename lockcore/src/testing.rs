@@ -2,6 +2,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -25,7 +26,7 @@ pub enum Op {
 }
 
 /// What a faulty call does instead of (or before) reaching the inner backend.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Fault {
     /// Forward to the inner backend.
@@ -36,6 +37,8 @@ pub enum Fault {
     Hang,
     /// Forward to the backend, then report [`ErrorKind::OutcomeUnknown`] (reply lost).
     LoseReply,
+    /// Forward to the backend after this delay (a slow network).
+    Delay(Duration),
 }
 
 /// Wraps a backend and injects faults: a standing fault per operation, plus a script of
@@ -51,6 +54,7 @@ struct FaultState {
     standing: HashMap<Op, Fault>,
     script: HashMap<Op, VecDeque<Fault>>,
     calls: HashMap<Op, usize>,
+    no_notifications: bool,
 }
 
 impl FaultyBackend {
@@ -70,13 +74,18 @@ impl FaultyBackend {
     /// Sets the standing fault for every operation.
     pub fn set_all(&self, fault: Fault) {
         for op in [Op::Acquire, Op::Refresh, Op::Release, Op::Inspect] {
-            self.set(op, fault.clone());
+            self.set(op, fault);
         }
     }
 
     /// Queues one-shot faults for `op`, consumed before the standing fault.
     pub fn script(&self, op: Op, faults: impl IntoIterator<Item = Fault>) {
         self.state().script.entry(op).or_default().extend(faults);
+    }
+
+    /// Hides the inner backend's release notifications, so waiters must poll.
+    pub fn disable_notifications(&self) {
+        self.state().no_notifications = true;
     }
 
     /// How many times `op` was called.
@@ -94,18 +103,26 @@ impl FaultyBackend {
         if let Some(fault) = state.script.get_mut(&op).and_then(VecDeque::pop_front) {
             return fault;
         }
-        state.standing.get(&op).cloned().unwrap_or(Fault::Pass)
+        state.standing.get(&op).copied().unwrap_or(Fault::Pass)
     }
 
     async fn run<T>(&self, op: Op, call: impl Future<Output = Result<T>>) -> Result<T> {
         match self.next_fault(op) {
             Fault::Pass => call.await,
-            Fault::Fail(kind) => Err(Error::new(kind, format!("injected {kind} on {op:?}"))
-                .with_backend("faulty")),
+            Fault::Fail(kind) => {
+                Err(Error::new(kind, format!("injected {kind} on {op:?}")).with_backend("faulty"))
+            }
             Fault::Hang => std::future::pending().await,
+            Fault::Delay(delay) => {
+                tokio::time::sleep(delay).await;
+                call.await
+            }
             Fault::LoseReply => {
                 let _ = call.await;
-                Err(Error::new(ErrorKind::OutcomeUnknown, format!("injected lost reply on {op:?}")))
+                Err(Error::new(
+                    ErrorKind::OutcomeUnknown,
+                    format!("injected lost reply on {op:?}"),
+                ))
             }
         }
     }
@@ -132,6 +149,9 @@ impl LockBackend for FaultyBackend {
         self.inner.guarantees()
     }
     async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
+        if self.state().no_notifications {
+            return Ok(None);
+        }
         self.inner.subscribe(name).await
     }
 }

@@ -222,7 +222,12 @@ mod tests {
     #[test]
     fn lease_debug_hides_grant() {
         let name = LockName::new("x").expect("valid");
-        let lease = Lease::new(name, Identity::unique(), Duration::from_secs(1), "s3cr3t-nonce");
+        let lease = Lease::new(
+            name,
+            Identity::unique(),
+            Duration::from_secs(1),
+            "s3cr3t-nonce",
+        );
         assert!(!format!("{lease:?}").contains("s3cr3t"));
     }
 }
