@@ -1,0 +1,191 @@
+//! Expiry, refresh, stale leases and fencing.
+
+use std::time::Duration;
+
+use lockcore::{Backoff, ErrorKind, Fencing, Identity, LockOptions, Locker, WaitMode};
+use tokio::time::Instant;
+
+use super::{fresh, grant, locker, millis};
+use crate::harness::Harness;
+use crate::report::Report;
+
+/// A locker that polls finely, so expiry is observed close to when it happens.
+fn fine_locker(h: &dyn Harness, ttl: Duration, wait: Duration) -> Locker {
+    let backoff = Backoff::new(Duration::from_millis(5), Duration::from_millis(50));
+    let options = LockOptions::new(ttl)
+        .with_wait(WaitMode::Timeout(wait))
+        .with_backoff(backoff);
+    Locker::new(h.backend()).with_options(options)
+}
+
+/// A crashed holder (no refresh, no release) stops blocking others once its TTL passes, and
+/// not before.
+///
+/// Checks: `acquire` contract, "the new lease expires `ttl` later". Guards against seed
+/// 000's stuck locks (a crash holds the lock forever) and early expiry (a TTL unit bug, such
+/// as seconds read as milliseconds).
+pub async fn expiry_frees_a_crashed_holder(h: &dyn Harness) -> Report {
+    let timing = h.timing();
+    let name = fresh("expiry");
+    let sent = Instant::now();
+    grant(&*h.backend(), &name, &Identity::unique(), timing.ttl).await;
+    let rival = fine_locker(h, Duration::from_secs(30), timing.ttl + timing.slack);
+    let guard = rival
+        .acquire(&name)
+        .await
+        .expect("freed within TTL + slack");
+    let took = sent.elapsed();
+    assert!(
+        took + timing.expiry_resolution >= timing.ttl,
+        "a {:?} lease expired after only {took:?}",
+        timing.ttl
+    );
+    guard.release().await.expect("release");
+    Report::new().metric("expiry_overrun_ms", millis(took.saturating_sub(timing.ttl)))
+}
+
+/// Refreshing keeps a lease alive for three TTLs, and nobody else can take it meanwhile.
+///
+/// Checks: `refresh` contract and the refresher cadence (TTL/8). Guards against refresh
+/// that does not extend the server-side expiry (a PATCH that changes nothing, PEXPIRE on the
+/// wrong key), which would hand the lock to a second holder mid-job.
+pub async fn refresh_keeps_the_lease_beyond_its_ttl(h: &dyn Harness) -> Report {
+    let ttl = h.timing().ttl;
+    let name = fresh("refresh");
+    let guard = locker(h.backend(), ttl, Duration::ZERO)
+        .acquire(&name)
+        .await
+        .expect("free");
+    let rival = locker(h.backend(), ttl, Duration::ZERO);
+    let until = Instant::now() + ttl * 3;
+    while Instant::now() < until {
+        tokio::time::sleep(ttl / 2).await;
+        assert!(
+            rival.try_acquire(&name).await.expect("call").is_none(),
+            "lease lapsed"
+        );
+    }
+    assert!(guard.is_held(), "guard is {}", guard.state());
+    let holder = h
+        .backend()
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(holder.owner(), guard.lease().owner());
+    guard.release().await.expect("release");
+    Report::new()
+}
+
+/// A holder whose lease expired and was taken over, then calls `release`.
+///
+/// Checks: `release` contract, "never removes another owner's lock". Guards against seed
+/// 000's unintended releases: a slow process deleting the lock its successor now holds.
+pub async fn stale_lease_cannot_release(h: &dyn Harness) -> Report {
+    let timing = h.timing();
+    let name = fresh("stale-release");
+    let stale = grant(&*h.backend(), &name, &Identity::unique(), timing.ttl).await;
+    let newer = fine_locker(h, Duration::from_secs(30), timing.ttl + timing.slack)
+        .acquire(&name)
+        .await
+        .expect("taken over after expiry");
+    h.backend()
+        .release(&stale)
+        .await
+        .expect("releasing a gone lease is not an error");
+    let holder = h.backend().inspect(&name).await.expect("inspect");
+    let holder = holder.expect("the stale release deleted the newer holder's lock");
+    assert_eq!(holder.owner(), newer.lease().owner());
+    assert!(newer.is_held(), "newer holder is {}", newer.state());
+    newer.release().await.expect("release");
+    Report::new()
+}
+
+/// A holder whose lease expired and was taken over, then calls `refresh`.
+///
+/// Checks: `refresh` contract, "fails with Lost when the owner changed; never re-creates".
+/// Guards against a paused process (seed 003) refreshing its way back into a lock someone
+/// else holds.
+pub async fn stale_lease_cannot_refresh(h: &dyn Harness) -> Report {
+    let timing = h.timing();
+    let name = fresh("stale-refresh");
+    let stale = grant(&*h.backend(), &name, &Identity::unique(), timing.ttl).await;
+    let newer = fine_locker(h, Duration::from_secs(30), timing.ttl + timing.slack)
+        .acquire(&name)
+        .await
+        .expect("taken over after expiry");
+    let err = h
+        .backend()
+        .refresh(&stale)
+        .await
+        .expect_err("a stale lease was refreshed");
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+    let holder = h
+        .backend()
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(
+        holder.owner(),
+        newer.lease().owner(),
+        "the stale refresh took the lock"
+    );
+    newer.release().await.expect("release");
+    Report::new()
+}
+
+/// Fence tokens strictly increase over 100+ grants of one name: after release, after
+/// same-owner retake where claimed, and after expiry. Backends without fencing must
+/// return `None`, never a fake token.
+///
+/// Checks: `fence_token` contract. Guards against counters that reset when the lock key
+/// is deleted or expires (seed 003: the storage would then accept a stale writer).
+pub async fn fence_tokens_strictly_increase(h: &dyn Harness) -> Report {
+    let backend = h.backend();
+    let guarantees = backend.guarantees();
+    let name = fresh("fence");
+    let long = Duration::from_secs(30);
+    if guarantees.fencing == Fencing::None {
+        let lease = grant(&*backend, &name, &Identity::unique(), long).await;
+        assert_eq!(
+            backend.fence_token(&lease),
+            None,
+            "unclaimed fencing returned a token"
+        );
+        backend.release(&lease).await.expect("release");
+        return Report::not_claimed("no fencing claimed; verified that no token is issued");
+    }
+    let mut tokens = Vec::new();
+    for round in 0..100 {
+        let owner = Identity::unique();
+        let mut lease = grant(&*backend, &name, &owner, long).await;
+        tokens.push(backend.fence_token(&lease));
+        if guarantees.same_owner_retake && round % 10 == 5 {
+            lease = grant(&*backend, &name, &owner, long).await;
+            tokens.push(backend.fence_token(&lease));
+        }
+        backend.release(&lease).await.expect("release");
+    }
+    let timing = h.timing();
+    for _ in 0..2 {
+        let crashed = grant(&*backend, &name, &Identity::unique(), timing.ttl).await;
+        tokens.push(backend.fence_token(&crashed));
+        let after = fine_locker(h, long, timing.ttl + timing.slack);
+        let guard = after.acquire(&name).await.expect("free after expiry");
+        tokens.push(guard.fence_token());
+        guard.release().await.expect("release");
+    }
+    let tokens: Vec<_> = tokens
+        .into_iter()
+        .map(|t| t.expect("fencing claimed"))
+        .collect();
+    if let Some(at) = tokens.windows(2).position(|w| w[1] <= w[0]) {
+        panic!(
+            "fence token did not increase at grant {}: {:?}",
+            at + 1,
+            &tokens[at..at + 2]
+        );
+    }
+    Report::new().metric("grants", tokens.len() as f64)
+}

@@ -1,0 +1,102 @@
+//! Proof that the suite can fail: each deliberately broken `MemoryBackend` variant must fail
+//! the case written to catch it, while an unrelated basic case still passes (so the failure
+//! is the defect being caught, not a variant broken across the board).
+
+use std::panic::AssertUnwindSafe;
+
+use conformance::{Harness, MemoryHarness, Report, cases};
+use futures_util::FutureExt;
+use lockcore::Defect;
+
+/// Runs `case` on a harness with `defect` and returns its failure message.
+async fn failure_of<F>(defect: Defect, case: F) -> String
+where
+    F: AsyncFnOnce(&dyn Harness) -> Report,
+{
+    let harness = MemoryHarness::with_defect(defect);
+    let limit = harness.timing().case_limit;
+    let run = AssertUnwindSafe(case(&harness)).catch_unwind();
+    match tokio::time::timeout(limit, run).await {
+        Ok(Ok(_)) => panic!("{defect:?} passed the case meant to catch it"),
+        Ok(Err(panic)) => panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_default(),
+        Err(_) => panic!("{defect:?}: the case hung instead of failing"),
+    }
+}
+
+/// The variant is otherwise a working lock.
+async fn still_basically_works(defect: Defect) {
+    let harness = MemoryHarness::with_defect(defect);
+    cases::acquire_release_reacquire(&harness).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_ignoring_the_owner_is_caught() {
+    let message = failure_of(
+        Defect::ReleaseIgnoresOwner,
+        cases::stale_lease_cannot_release,
+    )
+    .await;
+    assert!(
+        message.contains("deleted the newer holder's lock"),
+        "{message}"
+    );
+    still_basically_works(Defect::ReleaseIgnoresOwner).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_that_never_expire_are_caught() {
+    let message = failure_of(Defect::NeverExpires, cases::expiry_frees_a_crashed_holder).await;
+    assert!(message.contains("freed within TTL + slack"), "{message}");
+    still_basically_works(Defect::NeverExpires).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn non_monotonic_fence_tokens_are_caught() {
+    let message = failure_of(
+        Defect::NonMonotonicTokens,
+        cases::fence_tokens_strictly_increase,
+    )
+    .await;
+    assert!(
+        message.contains("fence token did not increase"),
+        "{message}"
+    );
+    still_basically_works(Defect::NonMonotonicTokens).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refresh_after_a_steal_is_caught() {
+    let message = failure_of(
+        Defect::RefreshIgnoresOwner,
+        cases::stale_lease_cannot_refresh,
+    )
+    .await;
+    assert!(message.contains("a stale lease was refreshed"), "{message}");
+    let message = failure_of(
+        Defect::RefreshIgnoresOwner,
+        cases::stolen_lock_turns_the_guard_lost,
+    )
+    .await;
+    assert!(message.contains("not Lost"), "{message}");
+    still_basically_works(Defect::RefreshIgnoresOwner).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_racy_acquire_is_caught() {
+    let message = failure_of(Defect::RacyAcquire, cases::canary_conditional_create).await;
+    assert!(
+        message.contains("2 of 2 simultaneous conditional creates won"),
+        "{message}"
+    );
+    let message = failure_of(
+        Defect::RacyAcquire,
+        cases::mutual_exclusion_under_contention,
+    )
+    .await;
+    assert!(message.contains("overlapping holders"), "{message}");
+    still_basically_works(Defect::RacyAcquire).await;
+}
