@@ -16,6 +16,7 @@
 //! [`CLAIMS`] maps every promise a descriptor can make to the cases that verify it.
 
 pub mod cases;
+pub mod env;
 mod harness;
 pub mod proxy;
 pub mod report;
