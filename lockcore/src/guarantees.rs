@@ -28,9 +28,9 @@ pub struct Guarantees {
 }
 
 impl Guarantees {
-    /// A descriptor; fill it in with struct-update syntax is not possible outside this crate
-    /// (the struct is non-exhaustive), so backends use this constructor and the `with_*`
-    /// methods.
+    /// A descriptor with the three fields every backend must state; the rest default to the
+    /// weakest promise (polled, unfair, no retake, lost on restart) until a `with_*` method
+    /// says otherwise. (The struct is non-exhaustive, so backends build it this way.)
     pub fn new(exclusion: Exclusion, fencing: Fencing, expiry_clock: ExpiryClock) -> Self {
         Self {
             exclusion,

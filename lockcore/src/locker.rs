@@ -115,6 +115,11 @@ impl Locker {
     /// notification, until the lock is ours or the deadline passes. Transient backend
     /// errors are retried while waiting.
     ///
+    /// The first attempt always completes (bounded by the attempt timeout, see
+    /// [`LockOptions::with_attempt_timeout`]), so `WaitMode::Timeout(Duration::ZERO)` is one
+    /// real try; an attempt after the first that is still in flight at the deadline is
+    /// abandoned (and released if it later succeeds).
+    ///
     /// # Errors
     /// - [`ErrorKind::InvalidInput`] for a bad name or options (never retried);
     /// - [`ErrorKind::Held`] with the holder in `TryOnce` mode;
@@ -159,9 +164,14 @@ impl Locker {
         options: &LockOptions,
     ) -> Result<LockGuard> {
         let mut wait = Wait::start(self, request, options).await;
+        // The first attempt always runs to completion (bounded by the attempt timeout), so
+        // a zero or tiny wait still means "one real try"; later ones stop at the deadline.
+        let mut deadline = None;
         loop {
             let sent = Instant::now();
-            match self.attempt(request, options, wait.deadline).await {
+            let outcome = self.attempt(request, options, deadline).await;
+            deadline = wait.deadline;
+            match outcome {
                 Ok(Acquire::Acquired(lease)) => {
                     if let Some(guard) = self.start_guard(lease, sent, options) {
                         return Ok(guard);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use futures_util::{StreamExt, stream};
 use lockcore::{Acquire, AcquireRequest, ErrorKind, Identity, LockOptions, Locker, WaitMode};
 
-use super::{fresh, locker};
+use super::{fresh, hold, holder_of, locker};
 use crate::harness::Harness;
 use crate::report::Report;
 
@@ -84,11 +84,7 @@ pub async fn acquire_release_reacquire(h: &dyn Harness) -> Report {
 /// lock?" going unanswered (seed 000's stuck locks are diagnosed this way).
 pub async fn inspect_shows_the_holder(h: &dyn Harness) -> Report {
     let ttl = Duration::from_secs(30);
-    let name = fresh("inspect");
-    let guard = locker(h.backend(), ttl, Duration::ZERO)
-        .acquire(&name)
-        .await
-        .expect("free name");
+    let (name, guard) = hold(h, "inspect", ttl).await;
     let holder = h
         .backend()
         .inspect(&name)
@@ -110,7 +106,7 @@ pub async fn inspect_shows_the_holder(h: &dyn Harness) -> Report {
         );
     }
     guard.release().await.expect("release");
-    assert!(h.backend().inspect(&name).await.expect("inspect").is_none());
+    assert_eq!(holder_of(h, &name).await, None, "still held after release");
     Report::new()
 }
 

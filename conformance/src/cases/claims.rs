@@ -12,7 +12,7 @@ use lockcore::{
 use tokio::sync::Mutex;
 use tokio::time::{Instant, timeout};
 
-use super::{fresh, grant, locker, millis};
+use super::{fresh, grant, hold, locker, millis, spawn_acquire};
 use crate::harness::Harness;
 use crate::report::Report;
 
@@ -66,22 +66,14 @@ pub async fn notification_claim(h: &dyn Harness) -> Report {
     if h.backend().guarantees().waiting != Waiting::Notified {
         return Report::not_claimed("waiters poll; notification not claimed");
     }
-    let name = fresh("notify");
     let ttl = Duration::from_secs(300);
-    let holder = locker(h.backend(), ttl, Duration::ZERO)
-        .acquire(&name)
-        .await
-        .expect("free");
+    let (name, holder) = hold(h, "notify", ttl).await;
     let sleepy =
         Backoff::new(Duration::from_secs(60), Duration::from_secs(60)).with_jitter(Jitter::None);
     let options = LockOptions::new(ttl)
         .with_backoff(sleepy)
         .with_wait(WaitMode::Timeout(Duration::from_secs(120)));
-    let waiter = Locker::new(h.backend()).with_options(options);
-    let task = tokio::spawn({
-        let name = name.clone();
-        async move { waiter.acquire(&name).await.map(|g| (Instant::now(), g)) }
-    });
+    let task = spawn_acquire(Locker::new(h.backend()).with_options(options), &name);
     tokio::time::sleep(Duration::from_millis(500)).await;
     let released = Instant::now();
     holder.release().await.expect("release");
@@ -103,12 +95,8 @@ pub async fn fifo_claim(h: &dyn Harness) -> Report {
     if h.backend().guarantees().fairness != Fairness::Fifo {
         return Report::not_claimed("FIFO fairness not claimed");
     }
-    let name = fresh("fifo");
     let ttl = Duration::from_secs(30);
-    let holder = locker(h.backend(), ttl, Duration::ZERO)
-        .acquire(&name)
-        .await
-        .expect("free");
+    let (name, holder) = hold(h, "fifo", ttl).await;
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for index in 0..3 {

@@ -8,7 +8,7 @@ use lockcore::{ErrorKind, Fencing, LockOptions, Locker, WaitMode};
 use tokio::sync::Mutex;
 use tokio::time::Instant;
 
-use super::{eventually, fresh, locker, millis, quantile};
+use super::{eventually, fresh, hold, locker, millis, quantile, spawn_acquire};
 use crate::harness::Harness;
 use crate::report::Report;
 
@@ -75,21 +75,13 @@ pub async fn mutual_exclusion_under_contention(h: &dyn Harness) -> Report {
 /// Checks: the acquire loop's wait mode over this backend's `Held` replies. Guards against
 /// waiters that give up early or never notice the release.
 pub async fn waiting_acquire_gets_the_lock_after_release(h: &dyn Harness) -> Report {
-    let name = fresh("wait");
     let ttl = Duration::from_secs(30);
-    let holder = locker(h.backend(), ttl, Duration::ZERO)
-        .acquire(&name)
-        .await
-        .expect("free");
-    let waiter = locker(h.backend(), ttl, Duration::from_secs(60));
-    let task = tokio::spawn({
-        let name = name.clone();
-        async move { waiter.acquire(&name).await }
-    });
+    let (name, holder) = hold(h, "wait", ttl).await;
+    let task = spawn_acquire(locker(h.backend(), ttl, Duration::from_secs(60)), &name);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!task.is_finished(), "the waiter got a held lock");
     holder.release().await.expect("release");
-    let guard = task.await.expect("join").expect("the waiter gets the lock");
+    let (_, guard) = task.await.expect("join").expect("the waiter gets the lock");
     guard.release().await.expect("release");
     Report::new()
 }
@@ -99,12 +91,8 @@ pub async fn waiting_acquire_gets_the_lock_after_release(h: &dyn Harness) -> Rep
 /// Checks: deadline handling. Guards against waits that overrun their deadline (a CI job
 /// that hangs instead of failing) or return the wrong error.
 pub async fn waiting_acquire_times_out(h: &dyn Harness) -> Report {
-    let name = fresh("timeout");
     let ttl = Duration::from_secs(30);
-    let holder = locker(h.backend(), ttl, Duration::ZERO)
-        .acquire(&name)
-        .await
-        .expect("free");
+    let (name, holder) = hold(h, "timeout", ttl).await;
     let wait = Duration::from_millis(500);
     let start = Instant::now();
     let err = locker(h.backend(), ttl, wait)
@@ -167,16 +155,8 @@ pub async fn handoff_latency(h: &dyn Harness) -> Report {
     let ttl = Duration::from_secs(30);
     let mut samples = Vec::new();
     for _ in 0..20 {
-        let name = fresh("handoff");
-        let holder = locker(h.backend(), ttl, Duration::ZERO)
-            .acquire(&name)
-            .await
-            .expect("free");
-        let waiter = locker(h.backend(), ttl, Duration::from_secs(60));
-        let task = tokio::spawn({
-            let name = name.clone();
-            async move { waiter.acquire(&name).await.map(|g| (Instant::now(), g)) }
-        });
+        let (name, holder) = hold(h, "handoff", ttl).await;
+        let task = spawn_acquire(locker(h.backend(), ttl, Duration::from_secs(60)), &name);
         tokio::time::sleep(Duration::from_millis(100)).await;
         let released = Instant::now();
         holder.release().await.expect("release");

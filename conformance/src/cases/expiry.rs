@@ -2,10 +2,12 @@
 
 use std::time::Duration;
 
-use lockcore::{Backoff, ErrorKind, Fencing, Identity, LockOptions, Locker, WaitMode};
+use lockcore::{
+    Backoff, ErrorKind, Fencing, Identity, Lease, LockGuard, LockOptions, Locker, WaitMode,
+};
 use tokio::time::Instant;
 
-use super::{fresh, grant, locker, millis};
+use super::{fresh, grant, hold, holder_of, millis};
 use crate::harness::Harness;
 use crate::report::Report;
 
@@ -51,12 +53,8 @@ pub async fn expiry_frees_a_crashed_holder(h: &dyn Harness) -> Report {
 /// wrong key), which would hand the lock to a second holder mid-job.
 pub async fn refresh_keeps_the_lease_beyond_its_ttl(h: &dyn Harness) -> Report {
     let ttl = h.timing().ttl;
-    let name = fresh("refresh");
-    let guard = locker(h.backend(), ttl, Duration::ZERO)
-        .acquire(&name)
-        .await
-        .expect("free");
-    let rival = locker(h.backend(), ttl, Duration::ZERO);
+    let (name, guard) = hold(h, "refresh", ttl).await;
+    let rival = super::locker(h.backend(), ttl, Duration::ZERO);
     let until = Instant::now() + ttl * 3;
     while Instant::now() < until {
         tokio::time::sleep(ttl / 2).await;
@@ -66,15 +64,25 @@ pub async fn refresh_keeps_the_lease_beyond_its_ttl(h: &dyn Harness) -> Report {
         );
     }
     assert!(guard.is_held(), "guard is {}", guard.state());
-    let holder = h
-        .backend()
-        .inspect(&name)
-        .await
-        .expect("inspect")
-        .expect("held");
-    assert_eq!(holder.owner(), guard.lease().owner());
+    assert_eq!(
+        holder_of(h, &name).await.as_ref(),
+        Some(guard.lease().owner())
+    );
     guard.release().await.expect("release");
     Report::new()
+}
+
+/// A lease granted straight from the backend with the short TTL, left to expire, and the
+/// newer holder that took the name over after it expired.
+async fn expired_and_taken_over(h: &dyn Harness, case: &str) -> (Lease, LockGuard) {
+    let timing = h.timing();
+    let name = fresh(case);
+    let stale = grant(&*h.backend(), &name, &Identity::unique(), timing.ttl).await;
+    let newer = fine_locker(h, Duration::from_secs(30), timing.ttl + timing.slack)
+        .acquire(&name)
+        .await
+        .expect("taken over after expiry");
+    (stale, newer)
 }
 
 /// A holder whose lease expired and was taken over, then calls `release`.
@@ -82,20 +90,12 @@ pub async fn refresh_keeps_the_lease_beyond_its_ttl(h: &dyn Harness) -> Report {
 /// Checks: `release` contract, "never removes another owner's lock". Guards against seed
 /// 000's unintended releases: a slow process deleting the lock its successor now holds.
 pub async fn stale_lease_cannot_release(h: &dyn Harness) -> Report {
-    let timing = h.timing();
-    let name = fresh("stale-release");
-    let stale = grant(&*h.backend(), &name, &Identity::unique(), timing.ttl).await;
-    let newer = fine_locker(h, Duration::from_secs(30), timing.ttl + timing.slack)
-        .acquire(&name)
-        .await
-        .expect("taken over after expiry");
-    h.backend()
-        .release(&stale)
-        .await
-        .expect("releasing a gone lease is not an error");
-    let holder = h.backend().inspect(&name).await.expect("inspect");
+    let (stale, newer) = expired_and_taken_over(h, "stale-release").await;
+    let released = h.backend().release(&stale).await;
+    released.expect("releasing a gone lease is not an error");
+    let holder = holder_of(h, newer.name()).await;
     let holder = holder.expect("the stale release deleted the newer holder's lock");
-    assert_eq!(holder.owner(), newer.lease().owner());
+    assert_eq!(&holder, newer.lease().owner());
     assert!(newer.is_held(), "newer holder is {}", newer.state());
     newer.release().await.expect("release");
     Report::new()
@@ -107,28 +107,14 @@ pub async fn stale_lease_cannot_release(h: &dyn Harness) -> Report {
 /// Guards against a paused process (seed 003) refreshing its way back into a lock someone
 /// else holds.
 pub async fn stale_lease_cannot_refresh(h: &dyn Harness) -> Report {
-    let timing = h.timing();
-    let name = fresh("stale-refresh");
-    let stale = grant(&*h.backend(), &name, &Identity::unique(), timing.ttl).await;
-    let newer = fine_locker(h, Duration::from_secs(30), timing.ttl + timing.slack)
-        .acquire(&name)
-        .await
-        .expect("taken over after expiry");
-    let err = h
-        .backend()
-        .refresh(&stale)
-        .await
-        .expect_err("a stale lease was refreshed");
+    let (stale, newer) = expired_and_taken_over(h, "stale-refresh").await;
+    let refreshed = h.backend().refresh(&stale).await;
+    let err = refreshed.expect_err("a stale lease was refreshed");
     assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
-    let holder = h
-        .backend()
-        .inspect(&name)
-        .await
-        .expect("inspect")
-        .expect("held");
+    let holder = holder_of(h, newer.name()).await;
     assert_eq!(
-        holder.owner(),
-        newer.lease().owner(),
+        holder.as_ref(),
+        Some(newer.lease().owner()),
         "the stale refresh took the lock"
     );
     newer.release().await.expect("release");

@@ -12,9 +12,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::{
-    Acquire, AcquireRequest, Identity, Lease, LockBackend, LockName, LockOptions, Locker, WaitMode,
+    Acquire, AcquireRequest, Identity, Lease, LockBackend, LockGuard, LockName, LockOptions,
+    Locker, Result, WaitMode,
 };
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
+
+use crate::harness::Harness;
 
 pub use basic::{
     acquire_release_reacquire, bad_names_and_options_are_rejected, canary_conditional_create,
@@ -57,6 +61,31 @@ pub(crate) async fn grant(
 /// A locker over `backend` with `ttl` and a bounded wait.
 pub(crate) fn locker(backend: Arc<dyn LockBackend>, ttl: Duration, wait: Duration) -> Locker {
     Locker::new(backend).with_options(LockOptions::new(ttl).with_wait(WaitMode::Timeout(wait)))
+}
+
+/// Takes a fresh name for `case` with `ttl`; the name must be free.
+pub(crate) async fn hold(h: &dyn Harness, case: &str, ttl: Duration) -> (LockName, LockGuard) {
+    let name = fresh(case);
+    let guard = locker(h.backend(), ttl, Duration::ZERO)
+        .acquire(&name)
+        .await
+        .expect("a fresh name is free");
+    (name, guard)
+}
+
+/// The identity holding `name`, per `inspect`.
+pub(crate) async fn holder_of(h: &dyn Harness, name: &LockName) -> Option<Identity> {
+    let holder = h.backend().inspect(name).await.expect("inspect");
+    holder.map(|info| info.owner().clone())
+}
+
+/// Starts `locker.acquire(name)` in a task that reports when it got the lock.
+pub(crate) fn spawn_acquire(
+    locker: Locker,
+    name: &LockName,
+) -> JoinHandle<Result<(Instant, LockGuard)>> {
+    let name = name.clone();
+    tokio::spawn(async move { locker.acquire(&name).await.map(|g| (Instant::now(), g)) })
 }
 
 /// Polls `check` every 10 ms until it is true or `limit` passes; returns the time taken.
