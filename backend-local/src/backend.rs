@@ -1,0 +1,218 @@
+//! [`LocalBackend`]: the [`LockBackend`] implementation over the SQLite lease table.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use lockcore::{
+    Acquire, AcquireRequest, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
+    FenceToken, Fencing, Guarantees, HolderInfo, Identity, Lease, LockBackend, LockName, Result,
+    Waiting,
+};
+
+use crate::client::{Claim, Client, Row};
+use crate::config::LocalConfig;
+use crate::host::{self, Liveness};
+
+/// Cross-process locks on one machine, with no server: a lease table in a SQLite file.
+///
+/// - Expiry is judged on the machine's boot clock (`CLOCK_BOOTTIME`), which every process
+///   shares and which NTP cannot step; leases from an earlier boot are expired.
+/// - Each lease records its holder's pid and process start time. A contender that finds
+///   the holder dead (exited, killed, a zombie, or its pid reused) takes the lock over at
+///   once instead of waiting for the TTL.
+/// - Rows are kept on release, so fence tokens only grow, across restarts and reboots.
+/// - Waiters poll (there is no cross-process notification).
+#[derive(Debug, Clone)]
+pub struct LocalBackend {
+    client: Client,
+    config: LocalConfig,
+}
+
+impl LocalBackend {
+    /// Opens the database in `config`, creating the file and table if needed.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] when the directory or file cannot be created or opened;
+    /// [`ErrorKind::PermissionDenied`] when it is read-only.
+    pub async fn open(config: LocalConfig) -> Result<Self> {
+        let client = Client::open(&config)
+            .await
+            .map_err(|e| e.with_backend("local"))?;
+        Ok(Self { client, config })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &LocalConfig {
+        &self.config
+    }
+
+    /// Forcibly releases `name` whoever holds it (an operator's `anylock break`); returns
+    /// the holder that was removed. The fence counter is kept.
+    ///
+    /// # Errors
+    /// Database errors, as for every call.
+    pub async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        let removed = self.client.break_lock(name.as_str()).await;
+        let removed = removed.map_err(|e| e.with_lock(name))?;
+        Ok(removed.and_then(|row| holder_info(&row, host::now_ms())))
+    }
+
+    /// Overwrites `name` so that `owner` holds it for `ttl`, with a new token, whoever
+    /// holds it now. For tests and emergencies; prefer [`break_lock`](Self::break_lock).
+    ///
+    /// # Errors
+    /// Database errors, as for every call.
+    #[doc(hidden)]
+    pub async fn force_owner(
+        &self,
+        name: &LockName,
+        owner: &Identity,
+        ttl: Duration,
+    ) -> Result<()> {
+        let claim = claim(name, owner, ttl);
+        self.client
+            .force(&claim)
+            .await
+            .map_err(|e| e.with_lock(name))
+    }
+
+    /// Closes the connection pool.
+    pub async fn close(&self) {
+        self.client.close().await;
+    }
+}
+
+fn claim<'a>(name: &'a LockName, owner: &'a Identity, ttl: Duration) -> Claim<'a> {
+    Claim {
+        name: name.as_str(),
+        owner: owner.as_str(),
+        boot_id: host::boot_id(),
+        process: host::this_process(),
+        now_ms: host::now_ms(),
+        ttl,
+        wall_ms: host::wall_ms(),
+    }
+}
+
+/// The holder described by `row`, or `None` when the row is free at `now`.
+fn holder_info(row: &Row, now: i64) -> Option<HolderInfo> {
+    let owner = row.owner.as_ref()?;
+    let expires = row.expires_ms?;
+    if row.boot_id.as_deref() != Some(host::boot_id()) || expires <= now {
+        return None;
+    }
+    let left = Duration::from_millis(u64::try_from(expires - now).unwrap_or(0));
+    let mut info = HolderInfo::new(Identity::from_stored(owner.as_str()))
+        .with_expires_in(left)
+        .with_token(FenceToken::new(u64::try_from(row.token).unwrap_or(0)));
+    if let Some(ms) = row.acquired_ms.and_then(|ms| u64::try_from(ms).ok()) {
+        info = info.with_acquired_at(UNIX_EPOCH + Duration::from_millis(ms));
+    }
+    Some(info)
+}
+
+fn token_of(lease: &Lease) -> Result<i64> {
+    lease.grant().parse().map_err(|_| {
+        Error::new(
+            ErrorKind::InvalidInput,
+            "this lease was not issued by the local backend",
+        )
+        .with_lock(lease.name())
+    })
+}
+
+fn lease(request: &AcquireRequest, token: i64) -> Lease {
+    let fence = FenceToken::new(u64::try_from(token).unwrap_or(0));
+    Lease::new(
+        request.name.clone(),
+        request.owner.clone(),
+        request.ttl,
+        token.to_string(),
+    )
+    .with_token(fence)
+}
+
+#[async_trait]
+impl LockBackend for LocalBackend {
+    fn backend_name(&self) -> &str {
+        "local"
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let ctx = |e: Error| e.with_lock(&request.name);
+        let claim = claim(&request.name, &request.owner, request.ttl);
+        if let Some(token) = self.client.grant(&claim).await.map_err(ctx)? {
+            return Ok(Acquire::Acquired(lease(request, token)));
+        }
+        let row = self.client.read(claim.name).await.map_err(ctx)?;
+        let Some(row) = row else {
+            return Err(ctx(Error::unavailable(
+                "the lock row vanished during the attempt",
+            )));
+        };
+        let Some(holder) = holder_info(&row, claim.now_ms) else {
+            // Freed between the two statements: say so, the caller retries at once.
+            return Err(ctx(Error::unavailable(
+                "the lock was released during the attempt",
+            )));
+        };
+        if row.process.map(host::liveness) == Some(Liveness::Dead)
+            && let Some(token) = self.client.take_over(&claim, &row).await.map_err(ctx)?
+        {
+            tracing::info!(lock = %request.name, dead = %holder.owner(), "took over from a dead holder");
+            return Ok(Acquire::Acquired(lease(request, token)));
+        }
+        Ok(Acquire::Held(holder))
+    }
+
+    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        let token = token_of(lease)?;
+        let claim = claim(lease.name(), lease.owner(), lease.ttl());
+        let extended = self.client.extend(&claim, token).await;
+        if extended.map_err(|e| e.with_lock(lease.name()))? {
+            return Ok(lease.clone());
+        }
+        Err(
+            Error::lost("the lease expired, was broken, or was taken over")
+                .with_backend("local")
+                .with_lock(lease.name()),
+        )
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let token = token_of(lease)?;
+        let name = lease.name();
+        let cleared = self
+            .client
+            .clear(name.as_str(), lease.owner().as_str(), token)
+            .await;
+        cleared.map_err(|e| e.with_lock(name))
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        let row = self
+            .client
+            .read(name.as_str())
+            .await
+            .map_err(|e| e.with_lock(name))?;
+        Ok(row.and_then(|row| holder_info(&row, host::now_ms())))
+    }
+
+    fn guarantees(&self) -> Guarantees {
+        Guarantees::new(
+            Exclusion::SingleStore,
+            Fencing::Monotonic,
+            ExpiryClock::Server,
+        )
+        .with_waiting(Waiting::Polled)
+        .with_fairness(Fairness::None)
+        .with_same_owner_retake(true)
+        .with_durability(Durability::SurvivesRestart)
+        .with_notes(
+            "One machine only (a SQLite file on a local filesystem). Expiry uses the \
+                 machine's boot clock, shared by every process; a dead holder process is \
+                 detected and its lock taken over at once. Leases end with a reboot; fence \
+                 counters survive it.",
+        )
+    }
+}

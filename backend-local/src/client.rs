@@ -1,0 +1,325 @@
+//! The SQLite lease table: schema, one statement per operation, and the one place where
+//! database errors become lockcore errors.
+//!
+//! Rows are never deleted: release clears the owner and keeps the row, so each name's
+//! `token` counter only ever grows (durable, monotonic fencing).
+
+use std::time::Duration;
+
+use lockcore::{Error, ErrorKind, RetryStatus};
+use sqlx::Row as _;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
+    SqliteSynchronous,
+};
+
+use crate::config::LocalConfig;
+use crate::host::ProcessId;
+
+const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS anylock_leases (
+    name        TEXT PRIMARY KEY NOT NULL,
+    owner       TEXT,
+    token       INTEGER NOT NULL,
+    boot_id     TEXT,
+    pid         INTEGER,
+    pid_start   INTEGER,
+    acquired_ms INTEGER,
+    expires_ms  INTEGER
+) STRICT";
+
+/// Takes the name when it is free, expired, from another boot, or already ours.
+const GRANT: &str = "INSERT INTO anylock_leases
+        (name, owner, token, boot_id, pid, pid_start, acquired_ms, expires_ms)
+    VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6, ?7)
+    ON CONFLICT (name) DO UPDATE SET
+        owner = excluded.owner, token = anylock_leases.token + 1,
+        boot_id = excluded.boot_id, pid = excluded.pid, pid_start = excluded.pid_start,
+        acquired_ms = excluded.acquired_ms, expires_ms = excluded.expires_ms
+    WHERE anylock_leases.owner IS NULL
+       OR anylock_leases.owner = excluded.owner
+       OR anylock_leases.boot_id IS NOT excluded.boot_id
+       OR anylock_leases.expires_ms <= ?8
+    RETURNING token";
+
+/// Takes the name from a holder seen dead, only if nothing changed since it was seen.
+const TAKE_OVER: &str = "UPDATE anylock_leases SET
+        owner = ?2, token = token + 1, boot_id = ?3, pid = ?4, pid_start = ?5,
+        acquired_ms = ?6, expires_ms = ?7
+    WHERE name = ?1 AND token = ?8 AND owner = ?9
+    RETURNING token";
+
+const READ: &str = "SELECT owner, token, boot_id, pid, pid_start, acquired_ms, expires_ms
+    FROM anylock_leases WHERE name = ?1";
+
+const EXTEND: &str = "UPDATE anylock_leases SET expires_ms = ?5
+    WHERE name = ?1 AND owner = ?2 AND token = ?3 AND boot_id = ?4 AND expires_ms > ?6
+    RETURNING token";
+
+const CLEAR: &str = "UPDATE anylock_leases
+    SET owner = NULL, pid = NULL, pid_start = NULL, expires_ms = NULL
+    WHERE name = ?1 AND owner = ?2 AND token = ?3";
+
+const BREAK: &str = "UPDATE anylock_leases
+    SET owner = NULL, pid = NULL, pid_start = NULL, expires_ms = NULL
+    WHERE name = ?1 AND owner IS NOT NULL
+    RETURNING owner, token, boot_id, pid, pid_start, acquired_ms, expires_ms";
+
+const FORCE: &str = "INSERT INTO anylock_leases
+        (name, owner, token, boot_id, pid, pid_start, acquired_ms, expires_ms)
+    VALUES (?1, ?2, 1, ?3, NULL, NULL, ?4, ?5)
+    ON CONFLICT (name) DO UPDATE SET
+        owner = excluded.owner, token = anylock_leases.token + 1, boot_id = excluded.boot_id,
+        pid = NULL, pid_start = NULL, acquired_ms = excluded.acquired_ms,
+        expires_ms = excluded.expires_ms";
+
+/// A lease row as stored.
+#[derive(Debug, Clone)]
+pub(crate) struct Row {
+    pub(crate) owner: Option<String>,
+    pub(crate) token: i64,
+    pub(crate) boot_id: Option<String>,
+    pub(crate) process: Option<ProcessId>,
+    pub(crate) acquired_ms: Option<i64>,
+    pub(crate) expires_ms: Option<i64>,
+}
+
+/// Who asks, on which boot, with which expiry.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Claim<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) owner: &'a str,
+    pub(crate) boot_id: &'a str,
+    pub(crate) process: Option<ProcessId>,
+    pub(crate) now_ms: i64,
+    pub(crate) ttl: Duration,
+    pub(crate) wall_ms: i64,
+}
+
+impl Claim<'_> {
+    fn expires_ms(&self) -> i64 {
+        self.now_ms
+            .saturating_add(i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX))
+    }
+}
+
+/// A pool on the lock database.
+#[derive(Debug, Clone)]
+pub(crate) struct Client {
+    pool: SqlitePool,
+}
+
+impl Client {
+    /// Opens (creating if needed) the database and its table.
+    pub(crate) async fn open(config: &LocalConfig) -> Result<Self, Error> {
+        if let Some(dir) = config.path().parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                Error::new(
+                    ErrorKind::Config,
+                    format!("cannot create {}", dir.display()),
+                )
+                .with_source(e)
+            })?;
+        }
+        let options = SqliteConnectOptions::new()
+            .filename(config.path())
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            // FULL: a committed grant survives power loss, so fence tokens never go back.
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(config.busy_timeout());
+        let pool = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(config.busy_timeout() + Duration::from_secs(1))
+            .connect_with(options)
+            .await
+            .map_err(map_error)?;
+        sqlx::query(SCHEMA)
+            .execute(&pool)
+            .await
+            .map_err(map_error)?;
+        Ok(Self { pool })
+    }
+
+    /// One atomic upsert; `Some(token)` when granted.
+    pub(crate) async fn grant(&self, claim: &Claim<'_>) -> Result<Option<i64>, Error> {
+        let row = self
+            .bind_claim(sqlx::query(GRANT), claim)
+            .bind(claim.now_ms)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_error)?;
+        row.map(|r| r.try_get::<i64, _>(0))
+            .transpose()
+            .map_err(map_error)
+    }
+
+    /// Compare-and-swap takeover of a dead holder's row.
+    pub(crate) async fn take_over(
+        &self,
+        claim: &Claim<'_>,
+        seen: &Row,
+    ) -> Result<Option<i64>, Error> {
+        let row = self
+            .bind_claim(sqlx::query(TAKE_OVER), claim)
+            .bind(seen.token)
+            .bind(seen.owner.as_deref())
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_error)?;
+        row.map(|r| r.try_get::<i64, _>(0))
+            .transpose()
+            .map_err(map_error)
+    }
+
+    fn bind_claim<'q>(
+        &self,
+        query: sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments>,
+        claim: &Claim<'q>,
+    ) -> sqlx::query::Query<'q, sqlx::Sqlite, sqlx::sqlite::SqliteArguments> {
+        query
+            .bind(claim.name)
+            .bind(claim.owner)
+            .bind(claim.boot_id)
+            .bind(claim.process.map(|p| i64::from(p.pid)))
+            .bind(claim.process.and_then(|p| i64::try_from(p.start).ok()))
+            .bind(claim.wall_ms)
+            .bind(claim.expires_ms())
+    }
+
+    /// The row for `name`, if it was ever taken.
+    pub(crate) async fn read(&self, name: &str) -> Result<Option<Row>, Error> {
+        let row = sqlx::query(READ)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_error)?;
+        row.map(|r| decode(&r)).transpose()
+    }
+
+    /// Extends our unexpired lease; `false` when it is not ours any more.
+    pub(crate) async fn extend(&self, claim: &Claim<'_>, token: i64) -> Result<bool, Error> {
+        let row = sqlx::query(EXTEND)
+            .bind(claim.name)
+            .bind(claim.owner)
+            .bind(token)
+            .bind(claim.boot_id)
+            .bind(claim.expires_ms())
+            .bind(claim.now_ms)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_error)?;
+        Ok(row.is_some())
+    }
+
+    /// Clears the owner if it is still exactly this grant.
+    pub(crate) async fn clear(&self, name: &str, owner: &str, token: i64) -> Result<(), Error> {
+        sqlx::query(CLEAR)
+            .bind(name)
+            .bind(owner)
+            .bind(token)
+            .execute(&self.pool)
+            .await
+            .map_err(map_error)?;
+        Ok(())
+    }
+
+    /// Clears whoever holds `name`; returns what was removed.
+    pub(crate) async fn break_lock(&self, name: &str) -> Result<Option<Row>, Error> {
+        let row = sqlx::query(BREAK)
+            .bind(name)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_error)?;
+        row.map(|r| decode(&r)).transpose()
+    }
+
+    /// Overwrites `name` with `claim.owner` and a new token, whoever holds it.
+    pub(crate) async fn force(&self, claim: &Claim<'_>) -> Result<(), Error> {
+        sqlx::query(FORCE)
+            .bind(claim.name)
+            .bind(claim.owner)
+            .bind(claim.boot_id)
+            .bind(claim.wall_ms)
+            .bind(claim.expires_ms())
+            .execute(&self.pool)
+            .await
+            .map_err(map_error)?;
+        Ok(())
+    }
+
+    /// Closes the pool.
+    pub(crate) async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+fn decode(row: &SqliteRow) -> Result<Row, Error> {
+    let pid: Option<i64> = row.try_get("pid").map_err(map_error)?;
+    let start: Option<i64> = row.try_get("pid_start").map_err(map_error)?;
+    let process = match (pid.and_then(|p| u32::try_from(p).ok()), start) {
+        (Some(pid), Some(start)) => u64::try_from(start)
+            .ok()
+            .map(|start| ProcessId { pid, start }),
+        _ => None,
+    };
+    Ok(Row {
+        owner: row.try_get("owner").map_err(map_error)?,
+        token: row.try_get("token").map_err(map_error)?,
+        boot_id: row.try_get("boot_id").map_err(map_error)?,
+        process,
+        acquired_ms: row.try_get("acquired_ms").map_err(map_error)?,
+        expires_ms: row.try_get("expires_ms").map_err(map_error)?,
+    })
+}
+
+/// Every sqlx error becomes a lockcore error here, and nowhere else.
+///
+/// | SQLite / sqlx | kind | retry |
+/// |---|---|---|
+/// | `SQLITE_BUSY`, `SQLITE_LOCKED`, pool timeout, I/O | `Unavailable` | temporary |
+/// | `SQLITE_READONLY`, `SQLITE_PERM`, `SQLITE_AUTH` | `PermissionDenied` | permanent |
+/// | `SQLITE_CANTOPEN`, `SQLITE_NOTADB` | `Config` | permanent |
+/// | anything else (corruption, decode errors) | `Protocol` | permanent |
+pub(crate) fn map_error(err: sqlx::Error) -> Error {
+    let (kind, status, message) = match &err {
+        sqlx::Error::Database(db) => {
+            let code = db.code().and_then(|c| c.parse::<i32>().ok()).unwrap_or(0);
+            match code & 0xff {
+                5 | 6 => (
+                    ErrorKind::Unavailable,
+                    RetryStatus::Temporary,
+                    "the lock database is busy",
+                ),
+                3 | 8 | 23 => (
+                    ErrorKind::PermissionDenied,
+                    RetryStatus::Permanent,
+                    "no permission to write the lock database",
+                ),
+                14 | 26 => (
+                    ErrorKind::Config,
+                    RetryStatus::Permanent,
+                    "cannot open the lock database",
+                ),
+                _ => (
+                    ErrorKind::Protocol,
+                    RetryStatus::Permanent,
+                    "the lock database failed",
+                ),
+            }
+        }
+        sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => (
+            ErrorKind::Unavailable,
+            RetryStatus::Temporary,
+            "the lock database is unavailable",
+        ),
+        _ => (
+            ErrorKind::Protocol,
+            RetryStatus::Permanent,
+            "unexpected lock database reply",
+        ),
+    };
+    Error::new(kind, message)
+        .with_status(status)
+        .with_backend("local")
+        .with_source(err)
+}

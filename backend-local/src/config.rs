@@ -1,0 +1,139 @@
+//! Configuration: where the lock database lives and how long to wait for it.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use lockcore::Error;
+
+/// The URL scheme of the embedded backend.
+pub const SCHEME: &str = "local";
+
+/// Where the embedded backend keeps its lock table.
+///
+/// Every process that should exclude each other must use the same file, on a local
+/// filesystem (SQLite's locking is not reliable over NFS).
+#[derive(Clone, PartialEq, Eq)]
+pub struct LocalConfig {
+    path: PathBuf,
+    busy_timeout: Duration,
+}
+
+impl LocalConfig {
+    /// A config for the database file at `path`.
+    pub fn new(path: impl Into<PathBuf>) -> Self {
+        Self {
+            path: path.into(),
+            busy_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// The default database: `$ANYLOCK_LOCAL_DB`, else
+    /// `$XDG_STATE_HOME/anylock/locks.sqlite3`, else `~/.local/state/anylock/locks.sqlite3`,
+    /// else `<temp dir>/anylock/locks.sqlite3`.
+    pub fn default_location() -> Self {
+        let env = |var| {
+            std::env::var_os(var)
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        };
+        let path = env("ANYLOCK_LOCAL_DB").unwrap_or_else(|| {
+            env("XDG_STATE_HOME")
+                .or_else(|| env("HOME").map(|home| home.join(".local/state")))
+                .unwrap_or_else(std::env::temp_dir)
+                .join("anylock/locks.sqlite3")
+        });
+        Self::new(path)
+    }
+
+    /// Parses `local:` (the default location) or `local:PATH` / `local://PATH`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for another scheme or
+    /// a path with a NUL byte.
+    pub fn from_url(url: &str) -> Result<Self, Error> {
+        let rest = url
+            .strip_prefix("local:")
+            .ok_or_else(|| Error::invalid_input(format!("not a local: URL: {url:?}")))?;
+        let path = rest.strip_prefix("//").unwrap_or(rest);
+        if path.contains('\0') {
+            return Err(Error::invalid_input(
+                "the local database path contains a NUL byte",
+            ));
+        }
+        Ok(if path.is_empty() {
+            Self::default_location()
+        } else {
+            Self::new(path)
+        })
+    }
+
+    /// Sets how long a call waits for another process's write to finish (default 5 s).
+    pub fn with_busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// How long a call waits for the database's write lock.
+    pub fn busy_timeout(&self) -> Duration {
+        self.busy_timeout
+    }
+}
+
+impl fmt::Display for LocalConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "local:{}", self.path.display())
+    }
+}
+
+impl fmt::Debug for LocalConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LocalConfig")
+            .field("path", &self.path)
+            .field("busy_timeout", &self.busy_timeout)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_url_forms() {
+        assert_eq!(
+            LocalConfig::from_url("local:/tmp/x.db").expect("ok").path(),
+            Path::new("/tmp/x.db")
+        );
+        assert_eq!(
+            LocalConfig::from_url("local:///tmp/x.db")
+                .expect("ok")
+                .path(),
+            Path::new("/tmp/x.db")
+        );
+        assert_eq!(
+            LocalConfig::from_url("local:rel/x.db").expect("ok").path(),
+            Path::new("rel/x.db")
+        );
+        let default = LocalConfig::from_url("local:").expect("ok");
+        assert!(
+            default.path().ends_with("anylock/locks.sqlite3"),
+            "{default}"
+        );
+        assert!(LocalConfig::from_url("redis://x").is_err());
+        assert!(LocalConfig::from_url("local:/a\0b").is_err());
+    }
+
+    #[test]
+    fn displays_as_a_url() {
+        assert_eq!(
+            LocalConfig::new("/var/lib/anylock.db").to_string(),
+            "local:/var/lib/anylock.db"
+        );
+    }
+}

@@ -1,0 +1,30 @@
+//! anylock's embedded backend: locks shared by every process on one machine, with no
+//! server to run. It is the zero-setup default of the `anylock` CLI.
+//!
+//! The lock table is a SQLite file (see [`LocalConfig`] for where it lives). Why SQLite
+//! rather than OS file locks: a lease table gives the same semantics as the server
+//! backends (TTL, refresh, compare-and-delete release, durable fence tokens kept in the
+//! row), and it survives the holder's process; `flock` locks vanish with the process but
+//! have no TTL (a hung holder blocks forever) and no place for a durable counter. Dead
+//! holders are still recovered at once: each lease records its holder's pid and process
+//! start time, and a contender that finds that process gone takes the lock over.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use backend_local::{LocalBackend, LocalConfig};
+//! use lockcore::Locker;
+//! # async fn demo() -> Result<(), lockcore::Error> {
+//! let backend = LocalBackend::open(LocalConfig::from_url("local:/tmp/demo-locks.sqlite3")?).await?;
+//! let guard = Locker::new(Arc::new(backend)).acquire("nightly-report").await?;
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+
+mod backend;
+mod client;
+mod config;
+mod host;
+
+pub use backend::LocalBackend;
+pub use config::{LocalConfig, SCHEME};
+pub use lockcore;

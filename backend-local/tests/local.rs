@@ -1,0 +1,189 @@
+//! What only the embedded backend does: real processes sharing one file, instant recovery
+//! from a dead holder, tokens that survive reopening, leases that end with the boot.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backend_local::{LocalBackend, LocalConfig};
+use common::TempDb;
+use lockcore::{ErrorKind, LockName, LockOptions, Locker, WaitMode};
+use sqlx::Connection;
+
+const CHILD_DB: &str = "ANYLOCK_TEST_CHILD_DB";
+const CHILD_HOLD_MS: &str = "ANYLOCK_TEST_CHILD_HOLD_MS";
+const LONG_TTL: Duration = Duration::from_secs(60);
+
+fn locker(backend: LocalBackend, wait: WaitMode) -> Locker {
+    Locker::new(Arc::new(backend)).with_options(LockOptions::new(LONG_TTL).with_wait(wait))
+}
+
+/// Not a test on its own: the body of the child process the other tests start. It takes
+/// `job`, prints `HELD <token>`, holds it for `CHILD_HOLD_MS` (forever if unset) and
+/// releases.
+#[tokio::test]
+async fn child_holder() {
+    let Ok(path) = std::env::var(CHILD_DB) else {
+        return;
+    };
+    let backend = LocalBackend::open(LocalConfig::new(path))
+        .await
+        .expect("open");
+    let guard = locker(backend, WaitMode::Forever)
+        .acquire("job")
+        .await
+        .expect("acquire");
+    println!("HELD {}", guard.fence_token().map_or(0, |t| t.get()));
+    let hold = std::env::var(CHILD_HOLD_MS)
+        .ok()
+        .and_then(|ms| ms.parse().ok());
+    tokio::time::sleep(Duration::from_millis(hold.unwrap_or(u64::MAX / 4))).await;
+    guard.release().await.expect("release");
+    println!("RELEASED");
+}
+
+/// Starts this test binary as a child running `child_holder`, and waits until it holds
+/// the lock; returns the child and its token.
+fn spawn_holder(db: &TempDb, hold_ms: Option<u64>) -> (Child, u64) {
+    let mut command = Command::new(std::env::current_exe().expect("test binary"));
+    command
+        .args(["--exact", "child_holder", "--nocapture", "--test-threads=1"])
+        .env(CHILD_DB, db.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    if let Some(ms) = hold_ms {
+        command.env(CHILD_HOLD_MS, ms.to_string());
+    }
+    let mut child = command.spawn().expect("spawn the child holder");
+    let stdout = child.stdout.take().expect("stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            // libtest prints "test child_holder ... " on the same line first.
+            if let Some(token) = line.split("HELD ").nth(1) {
+                let _ = tx.send(token.trim().parse::<u64>().expect("token"));
+            }
+        }
+    });
+    match rx.recv_timeout(Duration::from_secs(30)) {
+        Ok(token) => (child, token),
+        Err(_) => {
+            let _ = child.kill();
+            panic!("the child never reported holding the lock");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_holder_is_taken_over_at_once_even_as_a_zombie() {
+    let db = TempDb::new();
+    let (mut child, child_token) = spawn_holder(&db, None);
+    let ours = locker(db.open().await, WaitMode::TryOnce);
+    assert!(
+        ours.try_acquire("job").await.expect("call").is_none(),
+        "the live child holds it"
+    );
+    child.kill().expect("SIGKILL the holder");
+    // Not reaped yet: the child is a zombie, which must count as dead.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let start = Instant::now();
+    let guard = ours
+        .try_acquire("job")
+        .await
+        .expect("call")
+        .expect("taken over at once");
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert!(guard.fence_token().map(|t| t.get()) > Some(child_token));
+    child.wait().expect("reap");
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_exclude_each_other_and_hand_over_on_release() {
+    let db = TempDb::new();
+    let (mut child, child_token) = spawn_holder(&db, Some(1500));
+    let start = Instant::now();
+    let waiter = locker(db.open().await, WaitMode::Timeout(Duration::from_secs(30)));
+    let guard = waiter
+        .acquire("job")
+        .await
+        .expect("after the child releases");
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(1000),
+        "got it while the child held it ({waited:?})"
+    );
+    assert!(guard.fence_token().map(|t| t.get()) > Some(child_token));
+    assert!(child.wait().expect("child").success(), "the child failed");
+    guard.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn fence_tokens_survive_reopening_the_database() {
+    let db = TempDb::new();
+    let first = locker(db.open().await, WaitMode::TryOnce);
+    let guard = first.try_acquire("job").await.expect("call").expect("free");
+    let before = guard.fence_token();
+    guard.release().await.expect("release");
+    first
+        .backend()
+        .inspect(&LockName::new("job").expect("name"))
+        .await
+        .expect("inspect");
+    let second = locker(db.open().await, WaitMode::TryOnce);
+    let guard = second
+        .try_acquire("job")
+        .await
+        .expect("call")
+        .expect("free");
+    assert!(
+        guard.fence_token() > before,
+        "{:?} after {before:?}",
+        guard.fence_token()
+    );
+    guard.release().await.expect("release");
+}
+
+#[tokio::test]
+async fn a_lease_from_an_earlier_boot_is_expired() {
+    let db = TempDb::new();
+    let backend = db.open().await;
+    let ours = locker(backend, WaitMode::TryOnce);
+    let guard = ours.try_acquire("job").await.expect("call").expect("free");
+    let token = guard.fence_token();
+    std::mem::forget(guard);
+    let url = format!("sqlite://{}", db.path().display());
+    let mut conn = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("connect");
+    sqlx::query("UPDATE anylock_leases SET boot_id = 'an-earlier-boot', pid = NULL")
+        .execute(&mut conn)
+        .await
+        .expect("rewrite the boot");
+    let rival = locker(db.open().await, WaitMode::TryOnce);
+    let guard = rival
+        .try_acquire("job")
+        .await
+        .expect("call")
+        .expect("free after a reboot");
+    assert!(guard.fence_token() > token);
+}
+
+#[tokio::test]
+async fn an_unusable_path_is_a_clear_config_error() {
+    let config = LocalConfig::new("/proc/anylock-cannot-create/locks.sqlite3");
+    let err = LocalBackend::open(config).await.expect_err("cannot create");
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert!(
+        err.to_string()
+            .contains("cannot create /proc/anylock-cannot-create"),
+        "{err}"
+    );
+}
