@@ -46,19 +46,8 @@ impl LocalBackend {
         &self.config
     }
 
-    /// Forcibly releases `name` whoever holds it (an operator's `anylock break`); returns
-    /// the holder that was removed. The fence counter is kept.
-    ///
-    /// # Errors
-    /// Database errors, as for every call.
-    pub async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
-        let removed = self.client.break_lock(name.as_str()).await;
-        let removed = removed.map_err(|e| e.with_lock(name))?;
-        Ok(removed.and_then(|row| holder_info(&row, host::now_ms())))
-    }
-
     /// Overwrites `name` so that `owner` holds it for `ttl`, with a new token, whoever
-    /// holds it now. For tests and emergencies; prefer [`break_lock`](Self::break_lock).
+    /// holds it now. For tests and emergencies; prefer `LockBackend::break_lock`.
     ///
     /// # Errors
     /// Database errors, as for every call.
@@ -196,6 +185,12 @@ impl LockBackend for LocalBackend {
             .await
             .map_err(|e| e.with_lock(name))?;
         Ok(row.and_then(|row| holder_info(&row, host::now_ms())))
+    }
+
+    async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        let removed = self.client.break_lock(name.as_str()).await;
+        let removed = removed.map_err(|e| e.with_lock(name))?;
+        Ok(removed.and_then(|row| holder_info(&row, host::now_ms())))
     }
 
     fn guarantees(&self) -> Guarantees {

@@ -46,6 +46,9 @@ impl LockBackend for Reopenable {
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         self.get().inspect(name).await
     }
+    async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        self.get().break_lock(name).await
+    }
     fn guarantees(&self) -> Guarantees {
         self.get().guarantees()
     }

@@ -92,6 +92,25 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// What this backend promises. Every promise is checked by the conformance suite.
     fn guarantees(&self) -> Guarantees;
 
+    /// Forcibly removes whoever holds `name`, as an operator would (`anylock break`), and
+    /// returns the holder that was removed.
+    ///
+    /// # Contract
+    /// - Removes the current grant whoever owns it; its holder's next refresh fails with
+    ///   `Lost`.
+    /// - Keeps fencing monotonic: the next grant's token is still greater.
+    /// - `Ok(None)` when nobody held it.
+    /// - Backends without an operator path return
+    ///   [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) (the default).
+    async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        Err(crate::Error::new(
+            crate::ErrorKind::Unsupported,
+            "this backend cannot break locks",
+        )
+        .with_backend(self.backend_name().to_owned())
+        .with_lock(name))
+    }
+
     /// Subscribes to release notifications for `name`.
     ///
     /// # Contract
@@ -127,6 +146,9 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
     }
     fn guarantees(&self) -> Guarantees {
         (**self).guarantees()
+    }
+    async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        (**self).break_lock(name).await
     }
     async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
         (**self).subscribe(name).await

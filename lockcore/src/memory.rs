@@ -243,6 +243,17 @@ impl LockBackend for MemoryBackend {
         Ok(self.live(&mut self.table(), name).map(|e| e.holder()))
     }
 
+    async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        let mut table = self.table();
+        let holder = self.live(&mut table, name).map(|e| e.holder());
+        table.locks.remove(name);
+        drop(table);
+        if holder.is_some() {
+            self.notify(name);
+        }
+        Ok(holder)
+    }
+
     fn guarantees(&self) -> Guarantees {
         Guarantees::new(
             Exclusion::InProcess,

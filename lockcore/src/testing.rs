@@ -145,6 +145,9 @@ impl LockBackend for FaultyBackend {
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         self.run(Op::Inspect, self.inner.inspect(name)).await
     }
+    async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        self.inner.break_lock(name).await
+    }
     fn guarantees(&self) -> Guarantees {
         self.inner.guarantees()
     }

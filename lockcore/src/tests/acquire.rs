@@ -193,7 +193,11 @@ async fn the_deadline_cuts_a_later_attempt_in_flight() {
     rig.faulty.set(Op::Acquire, Fault::Hang);
     let start = Instant::now();
     let opts = options(60_000).with_wait(WaitMode::Timeout(ms(700)));
-    let err = rig.locker.acquire_with("job", &opts).await.expect_err("hangs");
+    let err = rig
+        .locker
+        .acquire_with("job", &opts)
+        .await
+        .expect_err("hangs");
     assert_eq!(err.kind(), ErrorKind::Timeout);
     assert_eq!(start.elapsed(), ms(700));
     assert_eq!(rig.faulty.calls(Op::Acquire), 2, "held once, then hung");
@@ -205,10 +209,22 @@ async fn the_first_attempt_completes_even_with_a_zero_wait() {
     rig.faulty.script(Op::Acquire, [Fault::Delay(ms(300))]);
     let opts = options(60_000).with_wait(WaitMode::Timeout(Duration::ZERO));
     let start = Instant::now();
-    let guard = rig.locker.acquire_with("job", &opts).await.expect("one real try");
+    let guard = rig
+        .locker
+        .acquire_with("job", &opts)
+        .await
+        .expect("one real try");
     assert_eq!(start.elapsed(), ms(300));
-    let err = rig.rival().acquire_with("job", &opts).await.expect_err("held");
-    assert_eq!(err.kind(), ErrorKind::Timeout, "a zero wait on a held lock times out");
+    let err = rig
+        .rival()
+        .acquire_with("job", &opts)
+        .await
+        .expect_err("held");
+    assert_eq!(
+        err.kind(),
+        ErrorKind::Timeout,
+        "a zero wait on a held lock times out"
+    );
     drop(guard);
 }
 
@@ -220,7 +236,11 @@ async fn a_hung_first_attempt_is_bounded_by_the_attempt_timeout() {
         .with_attempt_timeout(ms(2000))
         .with_wait(WaitMode::Timeout(ms(500)));
     let start = Instant::now();
-    let err = rig.locker.acquire_with("job", &opts).await.expect_err("timed out");
+    let err = rig
+        .locker
+        .acquire_with("job", &opts)
+        .await
+        .expect_err("timed out");
     assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
     assert_eq!(start.elapsed(), ms(2000));
 }

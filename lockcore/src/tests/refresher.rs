@@ -268,3 +268,30 @@ async fn a_refresh_that_changes_the_fence_token_is_lost() {
         "{reason:?}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_broken_lock_is_lost_and_reports_its_holder() {
+    let rig = rig();
+    let guard = rig.locker.acquire("job").await.expect("free");
+    let removed = rig
+        .memory
+        .break_lock(&name())
+        .await
+        .expect("break")
+        .expect("was held");
+    assert_eq!(removed.owner(), guard.lease().owner());
+    assert!(matches!(guard.lost().await, LostReason::NotOwner(_)));
+    assert!(
+        rig.memory
+            .break_lock(&name())
+            .await
+            .expect("break")
+            .is_none(),
+        "nothing left"
+    );
+    let again = rig.rival().acquire("job").await.expect("free after break");
+    assert!(
+        again.fence_token() > guard.fence_token(),
+        "fencing stays monotonic"
+    );
+}
