@@ -175,7 +175,7 @@ impl LockBackend for LocalBackend {
             .client
             .clear(name.as_str(), lease.owner().as_str(), token)
             .await;
-        cleared.map_err(|e| e.with_lock(name))
+        cleared.map(drop).map_err(|e| e.with_lock(name))
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
@@ -188,26 +188,42 @@ impl LockBackend for LocalBackend {
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
-        let removed = self.client.break_lock(name.as_str()).await;
-        let removed = removed.map_err(|e| e.with_lock(name))?;
-        Ok(removed.and_then(|row| holder_info(&row, host::now_ms())))
+        let ctx = |e: Error| e.with_lock(name);
+        let row = self.client.read(name.as_str()).await.map_err(ctx)?;
+        let Some((row, holder)) = row.and_then(|r| holder_info(&r, host::now_ms()).map(|h| (r, h)))
+        else {
+            return Ok(None);
+        };
+        let owner = row.owner.as_deref().unwrap_or_default();
+        let cleared = self
+            .client
+            .clear(name.as_str(), owner, row.token)
+            .await
+            .map_err(ctx)?;
+        // Not cleared: the holder changed meanwhile; report nothing removed (run it again).
+        Ok(cleared.then_some(holder))
     }
 
     fn guarantees(&self) -> Guarantees {
-        Guarantees::new(
-            Exclusion::SingleStore,
-            Fencing::Monotonic,
-            ExpiryClock::Server,
-        )
-        .with_waiting(Waiting::Polled)
-        .with_fairness(Fairness::None)
-        .with_same_owner_retake(true)
-        .with_durability(Durability::SurvivesRestart)
-        .with_notes(
-            "One machine only (a SQLite file on a local filesystem). Expiry uses the \
-                 machine's boot clock, shared by every process; a dead holder process is \
-                 detected and its lock taken over at once. Leases end with a reboot; fence \
-                 counters survive it.",
-        )
+        guarantees()
     }
+}
+
+/// What the embedded backend promises (the same for every instance).
+pub fn guarantees() -> Guarantees {
+    Guarantees::new(
+        Exclusion::SingleStore,
+        Fencing::Monotonic,
+        ExpiryClock::Server,
+    )
+    .with_waiting(Waiting::Polled)
+    .with_fairness(Fairness::None)
+    .with_same_owner_retake(true)
+    .with_durability(Durability::SurvivesRestart)
+    .with_notes(
+        "One machine only (a SQLite file on a local filesystem). Expiry uses the \
+             machine's boot clock, shared by every process; a dead holder process is \
+             detected and its lock taken over at once. Leases end with a reboot; fence \
+             counters survive it.",
+    )
 }

@@ -59,11 +59,6 @@ const CLEAR: &str = "UPDATE anylock_leases
     SET owner = NULL, pid = NULL, pid_start = NULL, expires_ms = NULL
     WHERE name = ?1 AND owner = ?2 AND token = ?3";
 
-const BREAK: &str = "UPDATE anylock_leases
-    SET owner = NULL, pid = NULL, pid_start = NULL, expires_ms = NULL
-    WHERE name = ?1 AND owner IS NOT NULL
-    RETURNING owner, token, boot_id, pid, pid_start, acquired_ms, expires_ms";
-
 const FORCE: &str = "INSERT INTO anylock_leases
         (name, owner, token, boot_id, pid, pid_start, acquired_ms, expires_ms)
     VALUES (?1, ?2, 1, ?3, NULL, NULL, ?4, ?5)
@@ -211,26 +206,16 @@ impl Client {
         Ok(row.is_some())
     }
 
-    /// Clears the owner if it is still exactly this grant.
-    pub(crate) async fn clear(&self, name: &str, owner: &str, token: i64) -> Result<(), Error> {
-        sqlx::query(CLEAR)
+    /// Clears the owner if it is still exactly this grant; `true` when it was.
+    pub(crate) async fn clear(&self, name: &str, owner: &str, token: i64) -> Result<bool, Error> {
+        let done = sqlx::query(CLEAR)
             .bind(name)
             .bind(owner)
             .bind(token)
             .execute(&self.pool)
             .await
             .map_err(map_error)?;
-        Ok(())
-    }
-
-    /// Clears whoever holds `name`; returns what was removed.
-    pub(crate) async fn break_lock(&self, name: &str) -> Result<Option<Row>, Error> {
-        let row = sqlx::query(BREAK)
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(map_error)?;
-        row.map(|r| decode(&r)).transpose()
+        Ok(done.rows_affected() > 0)
     }
 
     /// Overwrites `name` with `claim.owner` and a new token, whoever holds it.

@@ -25,6 +25,6 @@ mod client;
 mod config;
 mod host;
 
-pub use backend::LocalBackend;
+pub use backend::{LocalBackend, guarantees};
 pub use config::{LocalConfig, SCHEME};
 pub use lockcore;

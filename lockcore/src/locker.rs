@@ -201,8 +201,9 @@ impl Locker {
     }
 
     /// One backend attempt in its own task, bounded by the attempt timeout and the wait
-    /// deadline. If this future is dropped, or times out, and the attempt later succeeds,
-    /// the task releases the lease it got.
+    /// deadline. The lease travels back as an [`Unclaimed`] grant, which releases itself if
+    /// nobody claims it: whether this future is dropped before the reply, after it was sent
+    /// but before it was read, or the attempt times out and succeeds later.
     async fn attempt(
         &self,
         request: &AcquireRequest,
@@ -213,18 +214,20 @@ impl Locker {
         let backend = Arc::clone(&self.backend);
         let req = request.clone();
         tokio::spawn(async move {
-            let outcome = backend.acquire(&req).await;
-            if let Err(Ok(Acquire::Acquired(lease))) = tx.send(outcome)
-                && let Err(err) = backend.release(&lease).await
-            {
-                tracing::debug!(error = %err, "releasing an abandoned acquisition failed");
-            }
+            let outcome = backend.acquire(&req).await.map(|outcome| match outcome {
+                Acquire::Acquired(lease) => Attempted::Acquired(Unclaimed::new(lease, &backend)),
+                Acquire::Held(holder) => Attempted::Held(holder),
+            });
+            // If the caller is gone, the value is dropped here and releases itself.
+            let _ = tx.send(outcome);
         });
         let sent = Instant::now();
         let own_limit = sent + options.acquire_timeout();
         let limit = deadline.map_or(own_limit, |d| d.min(own_limit));
         match timeout_at(limit, rx).await {
-            Ok(Ok(outcome)) => outcome,
+            Ok(Ok(Ok(Attempted::Acquired(grant)))) => Ok(Acquire::Acquired(grant.claim())),
+            Ok(Ok(Ok(Attempted::Held(holder)))) => Ok(Acquire::Held(holder)),
+            Ok(Ok(Err(err))) => Err(err),
             Ok(Err(_)) => Err(Error::unavailable(
                 "the acquire attempt task ended without a result",
             )),
@@ -267,6 +270,53 @@ impl Locker {
         };
         tokio::spawn(driver.run(sent + options.refresh_interval()));
         Some(LockGuard::new(shared, health_rx, cmd_tx))
+    }
+}
+
+/// An attempt's outcome on its way back to the acquire loop.
+enum Attempted {
+    Acquired(Unclaimed),
+    Held(HolderInfo),
+}
+
+/// A granted lease nobody has taken responsibility for yet: dropping it releases the lease
+/// (in a task on the current runtime), so a grant lost between the attempt task and its
+/// caller never stays held until its TTL.
+struct Unclaimed {
+    lease: Option<Lease>,
+    backend: Arc<dyn LockBackend>,
+}
+
+impl Unclaimed {
+    fn new(lease: Lease, backend: &Arc<dyn LockBackend>) -> Self {
+        Self {
+            lease: Some(lease),
+            backend: Arc::clone(backend),
+        }
+    }
+
+    fn claim(mut self) -> Lease {
+        self.lease
+            .take()
+            .unwrap_or_else(|| unreachable!("claimed once"))
+    }
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(lock = %lease.name(), "no runtime to release an unclaimed grant; it expires by its TTL");
+            return;
+        };
+        let backend = Arc::clone(&self.backend);
+        runtime.spawn(async move {
+            if let Err(err) = backend.release(&lease).await {
+                tracing::debug!(error = %err, "releasing an unclaimed grant failed");
+            }
+        });
     }
 }
 

@@ -361,3 +361,56 @@ async fn each_acquisition_gets_its_own_identity_by_default() {
         "two tasks sharing a locker must not retake each other's lock"
     );
 }
+
+/// Aborts a task from inside the backend's acquire, after the grant is made but before
+/// the caller reads it: the lease then sits in the channel when the caller is dropped.
+#[derive(Debug)]
+struct AbortsCaller {
+    inner: MemoryBackend,
+    caller: Mutex<Option<tokio::task::AbortHandle>>,
+}
+
+#[async_trait]
+impl LockBackend for AbortsCaller {
+    fn backend_name(&self) -> &str {
+        "aborts-caller"
+    }
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let outcome = self.inner.acquire(request).await;
+        if let Some(caller) = self.caller.lock().expect("lock").take() {
+            caller.abort();
+        }
+        outcome
+    }
+    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        self.inner.refresh(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        self.inner.inspect(name).await
+    }
+    fn guarantees(&self) -> Guarantees {
+        self.inner.guarantees()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grant_delivered_to_a_cancelled_caller_is_released() {
+    let memory = MemoryBackend::new();
+    let backend = Arc::new(AbortsCaller {
+        inner: memory.clone(),
+        caller: Mutex::default(),
+    });
+    let locker = Locker::new(backend.clone()).with_options(options(60_000));
+    let caller = tokio::spawn(async move { locker.acquire("job").await.map(drop) });
+    *backend.caller.lock().expect("lock") = Some(caller.abort_handle());
+    assert!(caller.await.expect_err("aborted").is_cancelled());
+    tokio::time::sleep(ms(10)).await;
+    let name = LockName::new("job").expect("ok");
+    assert!(
+        memory.inspect(&name).await.expect("ok").is_none(),
+        "the grant leaked"
+    );
+}

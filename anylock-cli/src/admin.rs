@@ -1,0 +1,142 @@
+//! `status`, `break`, `guarantees` and `check`.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::time::{Duration, Instant};
+
+use anylock::{BackendUrl, Config};
+use lockcore::{Error, ErrorKind, HolderInfo, LockName, LockOptions, Locker, WaitMode};
+
+use crate::run::ago;
+
+fn describe(name: &str, holder: &HolderInfo) -> String {
+    let mut text = format!("{name} is held by {}", holder.owner());
+    if let Some(since) = holder.acquired_at() {
+        text.push_str(&format!(
+            "\n  since:       {} ({} ago)",
+            humantime::format_rfc3339_seconds(since),
+            ago(since)
+        ));
+    }
+    if let Some(left) = holder.expires_in() {
+        let left = Duration::from_millis(left.as_millis() as u64);
+        text.push_str(&format!(
+            "\n  expires in:  {} unless refreshed",
+            humantime::format_duration(left)
+        ));
+    }
+    if let Some(token) = holder.token() {
+        text.push_str(&format!("\n  fence token: {token}"));
+    }
+    text
+}
+
+/// `anylock status NAME`.
+pub(crate) async fn status(name: &str, config: &Config) -> Result<(), Error> {
+    let name = LockName::new(name)?;
+    let backend = crate::select::connect(&config.backend_url()).await?;
+    match backend.inspect(&name).await? {
+        Some(holder) => println!("{}", describe(name.as_str(), &holder)),
+        None => println!("{name} is free"),
+    }
+    Ok(())
+}
+
+/// `anylock break NAME [--yes]`.
+pub(crate) async fn break_lock(name: &str, yes: bool, config: &Config) -> Result<(), Error> {
+    let name = LockName::new(name)?;
+    let backend = crate::select::connect(&config.backend_url()).await?;
+    let Some(holder) = backend.inspect(&name).await? else {
+        println!("{name} is free; nothing to break");
+        return Ok(());
+    };
+    if !yes
+        && !confirm(&format!(
+            "{}\nBreak it? [y/N] ",
+            describe(name.as_str(), &holder)
+        ))?
+    {
+        println!("left {name} alone");
+        return Ok(());
+    }
+    match backend.break_lock(&name).await? {
+        Some(removed) => println!("broke {name}: removed the lease of {}", removed.owner()),
+        None => println!("{name} was released meanwhile; nothing to break"),
+    }
+    Ok(())
+}
+
+fn confirm(prompt: &str) -> Result<bool, Error> {
+    if !std::io::stdin().is_terminal() {
+        return Err(Error::invalid_input(
+            "refusing to break a lock without confirmation: stdin is not a terminal; pass --yes",
+        ));
+    }
+    eprint!("{prompt}");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    std::io::stdin()
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| Error::invalid_input("cannot read the answer").with_source(e))?;
+    Ok(matches!(answer.trim(), "y" | "Y" | "yes" | "YES"))
+}
+
+/// `anylock guarantees`.
+pub(crate) fn guarantees() {
+    let rows = anylock::compiled_guarantees();
+    print!("{}", anylock::guarantees_markdown(&rows));
+    println!();
+    for (name, g) in rows {
+        println!("{name}: {}", g.notes);
+    }
+}
+
+/// `anylock check [URL]`.
+pub(crate) async fn check(url: Option<String>, config: &Config) -> Result<(), Error> {
+    let url = url.map_or_else(|| config.backend_url(), BackendUrl::new);
+    println!("backend:      {url}");
+    let started = Instant::now();
+    let backend = crate::select::connect(&url).await?;
+    println!("connect:      ok in {:?}", started.elapsed());
+    let name = LockName::new(format!("anylock-check-{:016x}", rand::random::<u64>()))?;
+    let mut samples = Vec::new();
+    for _ in 0..5 {
+        let t = Instant::now();
+        backend.inspect(&name).await?;
+        samples.push(t.elapsed());
+    }
+    samples.sort();
+    println!("round trip:   {:?} (median of 5 inspect calls)", samples[2]);
+    let options = LockOptions::new(Duration::from_secs(30)).with_wait(WaitMode::TryOnce);
+    let t = Instant::now();
+    let guard = Locker::new(backend.clone())
+        .with_options(options)
+        .acquire(name.as_str())
+        .await?;
+    guard.release().await?;
+    println!(
+        "permissions:  ok (probe lock {name} acquired and released in {:?})",
+        t.elapsed()
+    );
+    println!(
+        "clock skew:   not exposed by the {} backend",
+        backend.backend_name()
+    );
+    let g = backend.guarantees();
+    println!(
+        "guarantees:   {}, fencing {:?}, waiters {:?}",
+        g.exclusion, g.fencing, g.waiting
+    );
+    Ok(())
+}
+
+/// Maps a missing-operation error to a helpful message.
+pub(crate) fn explain(err: Error) -> Error {
+    if err.kind() == ErrorKind::Unsupported {
+        return Error::new(
+            ErrorKind::Unsupported,
+            format!("{}; use the backend's own tools", err.message()),
+        );
+    }
+    err
+}

@@ -1,0 +1,105 @@
+//! Command-line definitions.
+
+use std::ffi::OsString;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{ArgAction, Args, Parser, Subcommand};
+
+const EXAMPLES: &str = "\
+Examples:
+  anylock run publish-repo -- ./publish.sh            # embedded backend, wait forever
+  anylock run nightly --no-wait -- make report         # skip if another run holds it
+  anylock run deploy --wait 5m --ttl 1m -- ./deploy    # give up after 5 minutes
+  ANYLOCK_BACKEND=redis://redis:6379/0 anylock run publish-repo -- ./publish.sh
+  anylock status publish-repo
+  anylock break publish-repo --yes
+  anylock guarantees
+  anylock check postgres://locks@db/locks
+
+Exit codes of `run`: the command's own code (128+N if a signal N killed it);
+  122 the lock was lost while the command ran (the command was stopped)
+  123 the lock is held and --no-wait was given
+  124 timed out waiting for the lock (--wait)
+  125 anylock failed (backend unreachable, permission denied)
+  126 the command is not executable; 127 the command was not found
+  2   bad usage, URL, duration or configuration";
+
+/// Run commands under a distributed lease lock, inspect and break locks, compare backends.
+#[derive(Debug, Parser)]
+#[command(name = "anylock", version, about, after_help = EXAMPLES)]
+pub(crate) struct Cli {
+    /// More log output (-v info, -vv debug, -vvv trace); ANYLOCK_LOG overrides.
+    #[arg(short, long, action = ArgAction::Count, global = true)]
+    pub(crate) verbose: u8,
+
+    /// Backend URL (else ANYLOCK_BACKEND, else the config file, else the embedded
+    /// `local:` backend). Prefer the environment or the config file for URLs with
+    /// passwords: command lines are visible to every user of the machine.
+    #[arg(long, global = true, env = "ANYLOCK_BACKEND", hide_env_values = true)]
+    pub(crate) backend: Option<String>,
+
+    /// Config file (TOML: backend, ttl, wait); default ~/.config/anylock/config.toml.
+    #[arg(long, global = true, env = "ANYLOCK_CONFIG")]
+    pub(crate) config: Option<PathBuf>,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Acquire NAME, run the command while refreshing the lease, release at the end.
+    Run(RunArgs),
+    /// Show who holds NAME: identity, since when, expiry and fence token.
+    Status {
+        /// The lock name.
+        name: String,
+    },
+    /// Forcibly release NAME (an operator's override); its holder will see the lock lost.
+    Break {
+        /// The lock name.
+        name: String,
+        /// Do not ask for confirmation.
+        #[arg(short, long)]
+        yes: bool,
+    },
+    /// Print what every backend in this build guarantees.
+    Guarantees,
+    /// Check a backend: reachability, permissions (a probe lock), round-trip time.
+    Check {
+        /// Backend URL to check (default: the selected backend).
+        url: Option<String>,
+    },
+    /// Print shell completions.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RunArgs {
+    /// The lock name.
+    pub(crate) name: String,
+
+    /// Lease TTL; the lease is refreshed every TTL/8 while the command runs [default: 30s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub(crate) ttl: Option<Duration>,
+
+    /// Give up waiting for the lock after this long (default: wait forever).
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "no_wait")]
+    pub(crate) wait: Option<Duration>,
+
+    /// Do not wait: exit with code 123 if the lock is held.
+    #[arg(long)]
+    pub(crate) no_wait: bool,
+
+    /// After SIGTERM on a lost lock, wait this long before SIGKILL.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub(crate) grace: Duration,
+
+    /// The command and its arguments.
+    #[arg(required = true, last = true, value_name = "CMD")]
+    pub(crate) command: Vec<OsString>,
+}

@@ -1,0 +1,71 @@
+//! Exit codes, and the one-line error report.
+
+use std::error::Error as _;
+
+use lockcore::{Error, ErrorKind};
+
+/// Bad usage, URL, duration or configuration.
+pub(crate) const USAGE: u8 = 2;
+/// The lock was lost while the command ran; the command was stopped.
+pub(crate) const LOST: u8 = 122;
+/// The lock is held and `--no-wait` was given.
+pub(crate) const HELD: u8 = 123;
+/// Timed out waiting for the lock.
+pub(crate) const TIMEOUT: u8 = 124;
+/// anylock failed: backend unreachable, permission denied, protocol error.
+pub(crate) const FAILED: u8 = 125;
+/// The command is not executable.
+pub(crate) const NOT_EXECUTABLE: u8 = 126;
+/// The command was not found.
+pub(crate) const NOT_FOUND: u8 = 127;
+
+/// The exit code for an error of anylock's own.
+pub(crate) fn code_for(err: &Error) -> u8 {
+    match err.kind() {
+        ErrorKind::Held => HELD,
+        ErrorKind::Timeout => TIMEOUT,
+        ErrorKind::Lost => LOST,
+        ErrorKind::InvalidInput | ErrorKind::Config => USAGE,
+        _ => FAILED,
+    }
+}
+
+/// Prints `anylock: <error>: <cause>: <cause>` on one line to stderr.
+pub(crate) fn report(err: &Error) {
+    let mut line = format!("anylock: {err}");
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = cause.source();
+    }
+    eprintln!("{}", line.replace('\n', " "));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_distinct_and_documented() {
+        let codes = [
+            USAGE,
+            LOST,
+            HELD,
+            TIMEOUT,
+            FAILED,
+            NOT_EXECUTABLE,
+            NOT_FOUND,
+        ];
+        let mut sorted = codes.to_vec();
+        sorted.dedup();
+        assert_eq!(sorted.len(), codes.len());
+        assert_eq!(code_for(&Error::new(ErrorKind::Held, "x")), HELD);
+        assert_eq!(code_for(&Error::new(ErrorKind::Timeout, "x")), TIMEOUT);
+        assert_eq!(code_for(&Error::unavailable("x")), FAILED);
+        assert_eq!(code_for(&Error::invalid_input("x")), USAGE);
+    }
+}

@@ -1,0 +1,101 @@
+//! `anylock`: run a command under a distributed lease lock.
+//!
+//! See `anylock --help` and the workspace README.
+
+mod admin;
+mod child;
+mod cli;
+mod exit;
+mod run;
+mod select;
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use clap::{CommandFactory, Parser};
+use tracing_subscriber::EnvFilter;
+
+use crate::cli::{Cli, Command};
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) if !err.use_stderr() => {
+            let _ = err.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(err) => {
+            // One clear line (clap's first), not a page of usage.
+            let text = err.render().to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments");
+            eprintln!("anylock: {}", first.trim_start_matches("error: "));
+            return ExitCode::from(exit::USAGE);
+        }
+    };
+    init_logging(cli.verbose);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("anylock: cannot start the async runtime: {err}");
+            return ExitCode::from(exit::FAILED);
+        }
+    };
+    ExitCode::from(runtime.block_on(dispatch(cli)))
+}
+
+fn init_logging(verbose: u8) {
+    let level = match verbose {
+        // lockcore's own "lease lost" warning would repeat the CLI's message.
+        0 => "warn,lockcore=error",
+        1 => "info",
+        2 => "debug",
+        _ => "trace",
+    };
+    let filter = EnvFilter::try_from_env("ANYLOCK_LOG").unwrap_or_else(|_| EnvFilter::new(level));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+async fn dispatch(cli: Cli) -> u8 {
+    let config = match select::config(&cli) {
+        Ok(config) => config,
+        Err(err) => {
+            exit::report(&err);
+            return exit::code_for(&err);
+        }
+    };
+    let result = match cli.command {
+        Command::Run(args) => return run::run(args, &config).await,
+        Command::Status { name } => admin::status(&name, &config).await,
+        Command::Break { name, yes } => admin::break_lock(&name, yes, &config).await,
+        Command::Guarantees => {
+            admin::guarantees();
+            Ok(())
+        }
+        Command::Check { url } => admin::check(url, &config).await,
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "anylock",
+                &mut std::io::stdout(),
+            );
+            Ok(())
+        }
+    };
+    match result.map_err(admin::explain) {
+        Ok(()) => 0,
+        Err(err) => {
+            exit::report(&err);
+            exit::code_for(&err)
+        }
+    }
+}

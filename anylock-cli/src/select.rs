@@ -1,0 +1,39 @@
+//! Choosing the backend: `--backend`, then `ANYLOCK_BACKEND` (both through clap), then
+//! the config file, then the embedded default.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anylock::{BackendUrl, Config};
+use lockcore::{Error, LockBackend};
+
+use crate::cli::Cli;
+
+/// The configuration in effect.
+pub(crate) fn config(cli: &Cli) -> Result<Config, Error> {
+    let mut config = match &cli.config {
+        Some(path) => Config::load(path)?,
+        None => match default_config_path().filter(|p| p.exists()) {
+            Some(path) => Config::load(&path)?,
+            None => Config::default(),
+        },
+    };
+    if let Some(url) = &cli.backend {
+        config.backend = Some(url.clone());
+    }
+    Ok(config)
+}
+
+fn default_config_path() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")))?;
+    Some(base.join("anylock/config.toml"))
+}
+
+/// Connects to `url`, logging which backend (redacted) is used.
+pub(crate) async fn connect(url: &BackendUrl) -> Result<Arc<dyn LockBackend>, Error> {
+    tracing::info!(backend = %url, "connecting");
+    anylock::connect(url.expose()).await
+}

@@ -1,0 +1,307 @@
+//! End-to-end tests of the `anylock` binary: real processes, real signals, real backends.
+//! Each runs against the embedded backend and, where its server is configured, against
+//! PostgreSQL (`ANYLOCK_TEST_POSTGRES_URL`) too.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_anylock");
+
+/// A scratch directory and a backend URL for one test.
+struct Scene {
+    dir: PathBuf,
+    backend: String,
+}
+
+impl Scene {
+    fn local() -> Self {
+        let dir = std::env::temp_dir().join(format!("anylock-cli-{:016x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        let backend = format!("local:{}/locks.sqlite3", dir.display());
+        Self { dir, backend }
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(BIN);
+        command
+            .args(args)
+            .env("ANYLOCK_BACKEND", &self.backend)
+            .env_remove("ANYLOCK_CONFIG")
+            .env("XDG_CONFIG_HOME", &self.dir)
+            .current_dir(&self.dir)
+            .stdin(Stdio::null());
+        command
+    }
+
+    fn output(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("run anylock")
+    }
+
+    fn spawn(&self, args: &[&str]) -> Child {
+        self.command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn anylock")
+    }
+
+    fn path(&self, file: &str) -> PathBuf {
+        self.dir.join(file)
+    }
+}
+
+impl Drop for Scene {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn code(output: &Output) -> i32 {
+    output.status.code().expect("exited normally")
+}
+
+fn stderr_lines(output: &Output) -> Vec<String> {
+    String::from_utf8_lossy(&output.stderr)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Waits until `check` holds, failing after `limit`.
+fn wait_until(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn wait_child(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            panic!("anylock did not exit within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Dead: gone, or a zombie nobody reaped (init does not reap on this machine).
+fn process_dead(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+    }
+}
+
+fn read(path: &Path) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+#[test]
+fn the_readme_first_command_runs_and_passes_the_exit_code() {
+    let scene = Scene::local();
+    let out = scene.output(&["run", "demo", "--", "echo", "hello"]);
+    assert_eq!(code(&out), 0, "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
+    let out = scene.output(&["run", "demo", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(code(&out), 7);
+    let out = scene.output(&["run", "demo", "--", "sh", "-c", "kill -KILL $$"]);
+    assert_eq!(code(&out), 128 + 9, "killed by a signal: 128 + N");
+    let out = scene.output(&[
+        "run",
+        "demo",
+        "--",
+        "sh",
+        "-c",
+        "echo $ANYLOCK_NAME:$ANYLOCK_FENCE_TOKEN",
+    ]);
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "demo:4");
+}
+
+#[test]
+fn contending_runs_never_overlap() {
+    let scene = Scene::local();
+    let log = scene.path("log");
+    let script = format!(
+        "echo start $$ >> {0}; sleep 0.3; echo end $$ >> {0}",
+        log.display()
+    );
+    let runs: Vec<Child> = (0..4)
+        .map(|_| scene.spawn(&["run", "shared", "--", "sh", "-c", &script]))
+        .collect();
+    for mut run in runs {
+        assert!(wait_child(&mut run, Duration::from_secs(60)).success());
+    }
+    let lines: Vec<String> = read(&log).lines().map(str::to_owned).collect();
+    assert_eq!(lines.len(), 8, "{lines:?}");
+    for pair in lines.chunks(2) {
+        let start = pair[0].strip_prefix("start ").expect("a start line");
+        assert_eq!(
+            pair[1],
+            format!("end {start}"),
+            "critical sections overlapped: {lines:?}"
+        );
+    }
+}
+
+#[test]
+fn no_wait_on_a_held_lock_and_a_wait_timeout_have_their_own_codes() {
+    let scene = Scene::local();
+    let marker = scene.path("holding");
+    let hold = format!("touch {}; sleep 5", marker.display());
+    let mut holder = scene.spawn(&["run", "job", "--", "sh", "-c", &hold]);
+    wait_until(Duration::from_secs(20), "the holder to start", || {
+        marker.exists()
+    });
+    let out = scene.output(&["run", "job", "--no-wait", "--", "true"]);
+    assert_eq!(code(&out), 123, "{:?}", stderr_lines(&out));
+    assert!(
+        stderr_lines(&out).iter().any(|l| l.contains("held by")),
+        "{:?}",
+        stderr_lines(&out)
+    );
+    let out = scene.output(&["run", "job", "--wait", "500ms", "--", "true"]);
+    assert_eq!(code(&out), 124, "{:?}", stderr_lines(&out));
+    let status = scene.output(&["status", "job"]);
+    assert!(String::from_utf8_lossy(&status.stdout).contains("job is held by"));
+    let _ = holder.kill();
+    let _ = holder.wait();
+}
+
+#[test]
+fn a_broken_lock_stops_the_command_and_its_grandchildren_within_the_grace() {
+    let scene = Scene::local();
+    let pids = scene.path("pids");
+    // Two grandchildren, one of which ignores SIGTERM and needs the SIGKILL.
+    let script = format!(
+        "sleep 1000 & echo $! >> {0}; (trap '' TERM; exec sleep 1001) & echo $! >> {0}; echo $$ >> {0}; wait",
+        pids.display()
+    );
+    let mut run = scene.spawn(&[
+        "run", "job", "--ttl", "4s", "--grace", "1s", "--", "sh", "-c", &script,
+    ]);
+    wait_until(Duration::from_secs(20), "the command to start", || {
+        read(&pids).lines().count() == 3
+    });
+    let broke = scene.output(&["break", "job", "--yes"]);
+    assert_eq!(code(&broke), 0, "{:?}", stderr_lines(&broke));
+    assert!(String::from_utf8_lossy(&broke.stdout).contains("broke job"));
+    let start = Instant::now();
+    let status = wait_child(&mut run, Duration::from_secs(15));
+    assert_eq!(status.code(), Some(122), "lost-lock exit code");
+    // Detection within one refresh interval (0.5 s), then at most the 1 s grace.
+    assert!(
+        start.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        start.elapsed()
+    );
+    for pid in read(&pids).lines() {
+        wait_until(
+            Duration::from_secs(2),
+            &format!("process {pid} to die"),
+            || process_dead(pid),
+        );
+    }
+}
+
+#[test]
+fn sigterm_is_forwarded_and_the_command_decides_the_exit_code() {
+    let scene = Scene::local();
+    let (ready, got) = (scene.path("ready"), scene.path("got"));
+    let script = format!(
+        "trap 'echo term > {1}; exit 3' TERM; touch {0}; while true; do sleep 0.05; done",
+        ready.display(),
+        got.display()
+    );
+    let mut run = scene.spawn(&["run", "job", "--", "sh", "-c", &script]);
+    wait_until(Duration::from_secs(20), "the command to start", || {
+        ready.exists()
+    });
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(run.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).expect("signal anylock");
+    let status = wait_child(&mut run, Duration::from_secs(15));
+    assert_eq!(status.code(), Some(3), "the command's own exit code");
+    assert_eq!(read(&got).trim(), "term");
+    let after = scene.output(&["status", "job"]);
+    assert!(
+        String::from_utf8_lossy(&after.stdout).contains("job is free"),
+        "released at the end"
+    );
+}
+
+#[test]
+fn bad_input_gets_one_clear_line() {
+    let scene = Scene::local();
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["run", "--ttl", "5x", "job", "--", "true"],
+            "unknown time unit",
+        ),
+        (
+            &[
+                "--backend",
+                "mongodb://u:hunter2@h/db",
+                "run",
+                "job",
+                "--",
+                "true",
+            ],
+            "must be one of local",
+        ),
+        (&["run", "bad\u{1}name", "--", "true"], "control character"),
+        (
+            &["run", "job", "--ttl", "1ms", "--", "true"],
+            "outside the accepted range",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = scene.output(args);
+        let lines = stderr_lines(&out);
+        assert_eq!(code(&out), 2, "{args:?}: {lines:?}");
+        assert_eq!(lines.len(), 1, "{args:?}: {lines:?}");
+        assert!(
+            lines[0].starts_with("anylock: ") && lines[0].contains(expected),
+            "{lines:?}"
+        );
+        assert!(!lines[0].contains("hunter2"), "password leaked: {lines:?}");
+    }
+}
+
+#[test]
+fn an_unusable_backend_is_one_line_and_no_backtrace() {
+    let scene = Scene::local();
+    let mut command = scene.command(&["run", "job", "--", "true"]);
+    command.env("ANYLOCK_BACKEND", "local:/proc/anylock-nope/locks.sqlite3");
+    command.env("RUST_BACKTRACE", "1");
+    let out = command.output().expect("run");
+    let lines = stderr_lines(&out);
+    assert_eq!(code(&out), 2, "{lines:?}");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(
+        lines[0].contains("cannot create /proc/anylock-nope"),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn help_lists_examples_and_exit_codes_and_completions_generate() {
+    let scene = Scene::local();
+    let help = String::from_utf8_lossy(&scene.output(&["--help"]).stdout).to_string();
+    assert!(
+        help.contains("Examples:") && help.contains("124 timed out waiting"),
+        "{help}"
+    );
+    let bash = scene.output(&["completions", "bash"]);
+    assert_eq!(code(&bash), 0);
+    assert!(String::from_utf8_lossy(&bash.stdout).contains("_anylock()"));
+    let table = String::from_utf8_lossy(&scene.output(&["guarantees"]).stdout).to_string();
+    assert!(table.contains("| `local` |"), "{table}");
+}
