@@ -1,6 +1,45 @@
-//! anylock backend for etcd.
+//! anylock backend for etcd: a lease per lock holder, the lock key created in a
+//! transaction only when the lock is free, the key's create revision as the fence token,
+//! and a watch that wakes waiters when the key is deleted.
 //!
-//! This crate is a placeholder: the backend lands with its own issue. It depends on
-//! [`lockcore`] so the workspace's dependency direction is fixed from the start.
+//! # Key layout (shared with `etcdctl lock` and Go's `concurrency.Mutex`)
+//! A lock named `N` under the key prefix `P` (from the URL path) is the set of keys
+//! `P + N + "/" + <lease id in hex>`, each bound to its holder's lease; the key with the
+//! lowest create revision owns the lock. In `N`, `%` and `/` are written `%25` and `%2F`
+//! so that the keys of `a/b` never fall inside the range of `a`. So with
+//! `etcd://h:2379/locks`, anylock's lock `deploy` and `etcdctl lock locks/deploy` exclude
+//! each other (with no prefix, plain `etcdctl lock deploy` does).
+//!
+//! # Operations and their RPCs
+//! - acquire: `LeaseGrant` + one `Txn` (create our key if the lock has no key, else read
+//!   the owner). When held: `LeaseRevoke` of the unused lease + `LeaseTimeToLive` of the
+//!   holder, concurrently. A key is only ever created when it owns the lock, so a failed
+//!   attempt leaves nothing behind.
+//! - refresh: `LeaseKeepAlive` + `Range` on our key, concurrently: a key deleted by an
+//!   operator turns the guard Lost even while the lease lives.
+//! - release: `LeaseRevoke` (etcd deletes exactly the keys bound to our lease).
+//! - waiting: a `Watch` for delete events under `P + N + "/"`.
+//! - break (operator): delete the owner key, as `etcdctl del` would.
+//!
+//! See `docs/etcd.md` for guarantees, the fairness analysis and measurements.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use backend_etcd::EtcdBackend;
+//! use lockcore::Locker;
+//! # async fn demo() -> Result<(), lockcore::Error> {
+//! let backend = EtcdBackend::from_url("etcd://10.0.0.1:2379,10.0.0.2:2379/locks").await?;
+//! let guard = Locker::new(Arc::new(backend)).acquire("nightly-report").await?;
+//! println!("fence token {:?}", guard.fence_token());
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
 
+mod backend;
+mod client;
+mod config;
+mod keys;
+
+pub use backend::{EtcdBackend, guarantees};
+pub use config::{DEFAULT_PORT, EtcdConfig, SCHEME, TLS_SCHEME, URL_ENV};
 pub use lockcore;

@@ -1,0 +1,395 @@
+//! [`EtcdBackend`]: the [`LockBackend`] implementation.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{EventType, KeyValue};
+use futures_util::stream;
+use lockcore::{
+    Acquire, AcquireRequest, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
+    FenceToken, Fencing, Guarantees, HolderInfo, Lease, LockBackend, LockName, ReleaseEvents,
+    Result, Waiting,
+};
+
+use crate::client::{Created, EtcdClient};
+use crate::config::EtcdConfig;
+use crate::keys::{self, Layout};
+
+/// Locks in etcd, laid out like etcd's own `concurrency.Mutex` (see the crate docs).
+///
+/// Cheap to clone; clones share one gRPC client per etcd member.
+#[derive(Clone)]
+pub struct EtcdBackend {
+    client: Arc<EtcdClient>,
+    layout: Layout,
+    config: Arc<EtcdConfig>,
+}
+
+impl EtcdBackend {
+    /// A backend for the cluster in `config`. Nothing is dialled yet: each member is
+    /// connected (and, with credentials, authenticated) on its first RPC, so a member that
+    /// is down now does not stop the others from being used. Rejected credentials surface
+    /// as [`ErrorKind::PermissionDenied`] on the first lock call.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] for unreadable TLS files, or a TLS URL when the crate was
+    /// built without its `tls` feature.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it makes no network calls.
+    pub async fn connect(config: EtcdConfig) -> Result<Self> {
+        let client = EtcdClient::new(&config)?;
+        Ok(Self {
+            client: Arc::new(client),
+            layout: Layout::new(config.prefix()),
+            config: Arc::new(config),
+        })
+    }
+
+    /// Parses `url` (see [`EtcdConfig`]) and connects.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a bad URL; as [`connect`](Self::connect) otherwise.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(EtcdConfig::from_url(url)?).await
+    }
+
+    /// The configuration (its `Display` hides the password).
+    pub fn config(&self) -> &EtcdConfig {
+        &self.config
+    }
+
+    /// The etcd keys of lock `name` all start with this prefix: `prefix + name + "/"`, with
+    /// `%` and `/` in the name escaped as `%25` and `%2F`. Pass it (without the trailing
+    /// `/`) to `etcdctl lock` to take the same lock from the command line.
+    pub fn lock_prefix(&self, name: &LockName) -> String {
+        let prefix = self.layout.lock_prefix(name);
+        String::from_utf8_lossy(&prefix).into_owned()
+    }
+
+    /// How many etcd RPCs this backend (and its clones) has started: for measuring what a
+    /// lock operation costs. A keep-alive counts one (one request and one reply on a
+    /// short-lived stream); a watch counts one when it is created.
+    pub fn rpcs_sent(&self) -> u64 {
+        self.client.rpcs()
+    }
+
+    fn lease_for(&self, request: &AcquireRequest, lease: i64, granted: i64, rev: i64) -> Lease {
+        let granted = Duration::from_secs(u64::try_from(granted).unwrap_or(0));
+        Lease::new(
+            request.name.clone(),
+            request.owner.clone(),
+            request.ttl.min(granted),
+            format!("{lease:x}:{rev}"),
+        )
+        .with_token(FenceToken::new(u64::try_from(rev).unwrap_or(0)))
+    }
+
+    /// Same-owner retake: our own abandoned key owns the lock. Replace it with `lease`'s
+    /// key when it is the only key; otherwise it has been deleted (handing the lock to the
+    /// next waiter, an `etcdctl lock` or Go client) and the lock is held by that waiter.
+    async fn retake(
+        &self,
+        request: &AcquireRequest,
+        lease: (i64, i64),
+        head: KeyValue,
+    ) -> Result<Acquire> {
+        let prefix = self.layout.lock_prefix(&request.name);
+        let key = self.layout.key(&request.name, lease.0);
+        let value = keys::encode_value(&request.owner);
+        let retaken = self
+            .client
+            .retake(&prefix, &head, &key, &value, lease.0)
+            .await;
+        match retaken {
+            Ok(Some(rev)) => Ok(Acquire::Acquired(
+                self.lease_for(request, lease.0, lease.1, rev),
+            )),
+            Ok(None) => {
+                self.discard(lease.0).await;
+                match self.holder(&request.name).await? {
+                    Some(holder) => Ok(Acquire::Held(holder)),
+                    None => Err(Error::unavailable(
+                        "the lock changed hands during a same-owner retake; try again",
+                    )),
+                }
+            }
+            Err(err) => {
+                self.discard_in_background(lease.0);
+                Err(err)
+            }
+        }
+    }
+
+    /// Revokes a lease we granted but will not use (it holds no key, or a key nobody will
+    /// refresh). Failure is harmless: the lease expires by its TTL.
+    async fn discard(&self, lease: i64) {
+        if let Err(err) = self.client.revoke(lease).await {
+            tracing::debug!(error = %err, lease = %format!("{lease:x}"), "revoking an unused lease failed");
+        }
+    }
+
+    /// As [`discard`](Self::discard), without waiting: after a failed RPC, so a key that
+    /// an RPC with an unknown outcome may have created does not block the lock for a TTL.
+    fn discard_in_background(&self, lease: i64) {
+        let backend = self.clone();
+        tokio::spawn(async move { backend.discard(lease).await });
+    }
+
+    /// The owner key of `name` as a holder, with its lease's remaining TTL.
+    async fn holder(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        let prefix = self.layout.lock_prefix(name);
+        let Some(head) = self.client.head(&prefix).await? else {
+            return Ok(None);
+        };
+        let remaining = self.remaining(&head).await?;
+        if remaining == Some(Duration::ZERO) {
+            return Ok(None);
+        }
+        Ok(Some(holder_info(&head, remaining)))
+    }
+
+    /// The remaining TTL of `key`'s lease: `None` for a key without a lease, zero when the
+    /// lease has just expired (etcd is deleting the key).
+    async fn remaining(&self, key: &KeyValue) -> Result<Option<Duration>> {
+        if key.lease() == 0 {
+            return Ok(None);
+        }
+        let ttl = self.client.time_to_live(key.lease()).await?;
+        Ok(Some(ttl.unwrap_or(Duration::ZERO)))
+    }
+}
+
+/// What the etcd backend promises, without connecting (for comparison tables). See
+/// `docs/etcd.md` for why each field has its value, and why fairness is not FIFO.
+pub fn guarantees() -> Guarantees {
+    Guarantees::new(
+        Exclusion::Consensus,
+        Fencing::Monotonic,
+        ExpiryClock::Server,
+    )
+    .with_waiting(Waiting::Notified)
+    .with_fairness(Fairness::None)
+    .with_same_owner_retake(true)
+    .with_durability(Durability::SurvivesRestart)
+    .with_notes(
+        "Leases expire on the etcd leader's clock (whole seconds, at least ~2 s); the \
+         fence token is the key's create revision (cluster-wide, so tokens jump). Not \
+         FIFO: lockcore's one-attempt contract cannot keep a waiter's queue key, so \
+         waiters race after each release; etcdctl/Go waiters do queue and go first.",
+    )
+}
+
+fn holder_info(head: &KeyValue, remaining: Option<Duration>) -> HolderInfo {
+    let (owner, acquired_at) = keys::decode_value(head.value(), head.lease());
+    let mut holder = HolderInfo::new(owner);
+    if let Ok(rev) = u64::try_from(head.create_revision()) {
+        holder = holder.with_token(FenceToken::new(rev));
+    }
+    if let Some(at) = acquired_at {
+        holder = holder.with_acquired_at(at);
+    }
+    if let Some(left) = remaining {
+        holder = holder.with_expires_in(left);
+    }
+    holder
+}
+
+/// Whole seconds, rounded up, at least 1: etcd lease TTLs are whole seconds.
+fn ttl_secs(ttl: Duration) -> i64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
+}
+
+/// The lease id and create revision stored in a lease's grant (`"<lease hex>:<rev>"`).
+fn parse_grant(lease: &Lease) -> Result<(i64, i64)> {
+    let parsed = lease
+        .grant()
+        .split_once(':')
+        .and_then(|(id, rev)| Some((i64::from_str_radix(id, 16).ok()?, rev.parse::<i64>().ok()?)));
+    parsed.ok_or_else(|| {
+        Error::invalid_input("the lease was not issued by the etcd backend")
+            .with_backend("etcd")
+            .with_lock(lease.name())
+    })
+}
+
+#[async_trait]
+impl LockBackend for EtcdBackend {
+    fn backend_name(&self) -> &str {
+        "etcd"
+    }
+
+    /// LeaseGrant, then one Txn that creates our key only if the lock has no key at all
+    /// (2 RPCs). When held: revoke the unused lease and read the holder's TTL (2 more,
+    /// concurrently). Never creates a key it does not own, so a try-once attempt leaves
+    /// nothing behind.
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let name = &request.name;
+        let granted = self.client.grant(ttl_secs(request.ttl)).await;
+        let (lease, granted) = granted.map_err(|e| e.with_lock(name))?;
+        let prefix = self.layout.lock_prefix(name);
+        let key = self.layout.key(name, lease);
+        let value = keys::encode_value(&request.owner);
+        let created = match self
+            .client
+            .create_if_free(&prefix, &key, &value, lease)
+            .await
+        {
+            Ok(created) => created,
+            Err(err) => {
+                self.discard_in_background(lease);
+                return Err(err.with_lock(name));
+            }
+        };
+        match created {
+            Created::Won { revision } => Ok(Acquire::Acquired(
+                self.lease_for(request, lease, granted, revision),
+            )),
+            Created::Held { head } if keys::is_owned_by(head.value(), &request.owner) => self
+                .retake(request, (lease, granted), head)
+                .await
+                .map_err(|e| e.with_lock(name)),
+            Created::Held { head } => {
+                let (_, remaining) = tokio::join!(self.discard(lease), self.remaining(&head));
+                Ok(Acquire::Held(holder_info(&head, remaining.ok().flatten())))
+            }
+        }
+    }
+
+    /// LeaseKeepAlive and a Range on our key, concurrently (2 RPCs, one round trip).
+    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        let (id, revision) = parse_grant(lease)?;
+        let key = self.layout.key(lease.name(), id);
+        let (alive, stored) = tokio::join!(self.client.keep_alive(id), self.client.get(&key));
+        let context = |e: Error| e.with_backend("etcd").with_lock(lease.name());
+        if matches!(&alive, Err(e) if e.kind() == ErrorKind::Lost) {
+            return Err(context(Error::lost(
+                "our etcd lease expired (and took our key with it)",
+            )));
+        }
+        if let Ok(stored) = &stored {
+            let ours = stored
+                .as_ref()
+                .is_some_and(|kv| kv.create_revision() == revision && kv.lease() == id);
+            if !ours {
+                return Err(context(Error::lost("our lock key was deleted or replaced")));
+            }
+        }
+        alive.map_err(context)?;
+        stored.map_err(context)?;
+        Ok(lease.clone())
+    }
+
+    /// LeaseRevoke (1 RPC): etcd deletes the keys bound to our lease, which is exactly our
+    /// lock key, so this is a compare-and-delete on the lease id. A lease already gone
+    /// (expired, revoked) is `Ok`.
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let (id, _) = parse_grant(lease)?;
+        self.client
+            .revoke(id)
+            .await
+            .map_err(|e| e.with_lock(lease.name()))
+    }
+
+    /// A Range for the owner key, then its lease's TTL (2 RPCs).
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        self.holder(name).await.map_err(|e| e.with_lock(name))
+    }
+
+    /// Deletes the owner key, as `etcdctl del` would (Range + LeaseTimeToLive + DeleteRange).
+    /// The holder's lease is left alone: for an etcdctl or Go holder it is a session lease
+    /// that may hold other locks. An anylock holder's next refresh finds its key gone and
+    /// turns Lost; the next grant creates a new key, so its token is greater.
+    async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        let prefix = self.layout.lock_prefix(name);
+        let context = |e: Error| e.with_lock(name);
+        let Some(head) = self.client.head(&prefix).await.map_err(context)? else {
+            return Ok(None);
+        };
+        let remaining = self.remaining(&head).await.ok().flatten();
+        let deleted = self.client.delete(head.key()).await.map_err(context)?;
+        Ok(deleted.then(|| holder_info(&head, remaining)))
+    }
+
+    fn guarantees(&self) -> Guarantees {
+        guarantees()
+    }
+
+    /// A Watch on the lock's keys for delete events (1 RPC), confirmed before returning.
+    async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
+        let prefix = self.layout.lock_prefix(name);
+        let watch = self
+            .client
+            .watch_deletes(&prefix)
+            .await
+            .map_err(|e| e.with_lock(name))?;
+        let events = stream::unfold(watch, |mut watch| async move {
+            loop {
+                match watch.message().await {
+                    Ok(Some(resp)) if resp.canceled() => return None,
+                    Ok(Some(resp)) => {
+                        let deleted = resp
+                            .events()
+                            .iter()
+                            .any(|e| e.event_type() == EventType::Delete);
+                        if deleted {
+                            return Some(((), watch));
+                        }
+                    }
+                    Ok(None) | Err(_) => return None,
+                }
+            }
+        });
+        Ok(Some(Box::pin(events)))
+    }
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockcore::Identity;
+
+    #[test]
+    fn ttls_round_up_to_whole_seconds() {
+        assert_eq!(ttl_secs(Duration::from_millis(10)), 1);
+        assert_eq!(ttl_secs(Duration::from_secs(2)), 2);
+        assert_eq!(ttl_secs(Duration::from_millis(2001)), 3);
+        assert_eq!(ttl_secs(Duration::ZERO), 1);
+    }
+
+    #[test]
+    fn grants_parse_and_foreign_grants_are_rejected() {
+        let name = LockName::new("x").expect("valid");
+        let lease = Lease::new(
+            name.clone(),
+            Identity::unique(),
+            Duration::from_secs(1),
+            "1f:42",
+        );
+        assert_eq!(parse_grant(&lease).expect("ours"), (0x1f, 42));
+        for bad in ["", "42", "zz:1", "1f:", "1f:x"] {
+            let lease = Lease::new(
+                name.clone(),
+                Identity::unique(),
+                Duration::from_secs(1),
+                bad,
+            );
+            let err = parse_grant(&lease).expect_err(bad);
+            assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        }
+    }
+}

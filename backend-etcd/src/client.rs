@@ -1,0 +1,499 @@
+//! The etcd RPCs the backend makes, each bounded by the request timeout and counted, and
+//! the one function that maps etcd client errors to lockcore errors.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use etcd_client::{
+    Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget,
+    Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions, WatchStream,
+};
+use lockcore::{Error, ErrorKind, Result};
+use tokio::sync::OnceCell;
+use tonic::Code;
+
+use crate::config::EtcdConfig;
+use crate::keys::range_end;
+
+/// The RPC a failure happened in: its name for messages, and whether it writes (a write
+/// that times out may still have been applied).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    LeaseGrant,
+    CreateIfFree,
+    Retake,
+    LeaseRevoke,
+    Delete,
+    KeepAlive,
+    Get,
+    LeaseTimeToLive,
+    Watch,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Self::LeaseGrant => "LeaseGrant",
+            Self::CreateIfFree => "Txn (create if free)",
+            Self::Retake => "Txn (same-owner retake)",
+            Self::LeaseRevoke => "LeaseRevoke",
+            Self::Delete => "DeleteRange",
+            Self::KeepAlive => "LeaseKeepAlive",
+            Self::Get => "Range",
+            Self::LeaseTimeToLive => "LeaseTimeToLive",
+            Self::Watch => "Watch",
+        }
+    }
+
+    fn writes(self) -> bool {
+        matches!(
+            self,
+            Self::LeaseGrant | Self::CreateIfFree | Self::Retake | Self::LeaseRevoke | Self::Delete
+        )
+    }
+}
+
+/// Why an RPC failed: the client's error, or our own request timeout.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    Etcd(etcd_client::Error),
+    TimedOut(Duration),
+}
+
+/// Maps a failed RPC to a lockcore error: THE place where etcd errors get their kind.
+///
+/// | etcd / gRPC | kind |
+/// |---|---|
+/// | Unavailable, DeadlineExceeded, Cancelled, Aborted, Unknown, Internal, our timeout, I/O | `OutcomeUnknown` for writes, `Unavailable` for reads |
+/// | transport error (no connection), ResourceExhausted | `Unavailable` |
+/// | PermissionDenied, Unauthenticated | `PermissionDenied` |
+/// | InvalidArgument, OutOfRange | `InvalidInput` |
+/// | NotFound, keep-alive "lease not found" | `Lost` (callers turn it into `Ok` where gone is fine) |
+/// | FailedPrecondition, bad endpoint/URI/metadata | `Config` |
+/// | Unimplemented | `Unsupported` |
+/// | DataLoss, malformed reply | `Protocol` |
+pub(crate) fn map_error(op: Op, failure: Failure) -> Error {
+    let uncertain = if op.writes() {
+        ErrorKind::OutcomeUnknown
+    } else {
+        ErrorKind::Unavailable
+    };
+    let (kind, detail) = match &failure {
+        Failure::TimedOut(limit) => (uncertain, format!("no reply within {limit:?}")),
+        Failure::Etcd(err) => (etcd_kind(err, uncertain), err.to_string()),
+    };
+    let error = Error::new(kind, format!("{}: {detail}", op.name())).with_backend("etcd");
+    match failure {
+        Failure::Etcd(err) => error.with_source(err),
+        Failure::TimedOut(_) => error,
+    }
+}
+
+fn etcd_kind(err: &etcd_client::Error, uncertain: ErrorKind) -> ErrorKind {
+    use etcd_client::Error as E;
+    match err {
+        E::GRpcStatus(status) => match status.code() {
+            Code::Unavailable
+            | Code::DeadlineExceeded
+            | Code::Cancelled
+            | Code::Aborted
+            | Code::Unknown
+            | Code::Internal => uncertain,
+            Code::ResourceExhausted => ErrorKind::Unavailable,
+            Code::PermissionDenied | Code::Unauthenticated => ErrorKind::PermissionDenied,
+            Code::InvalidArgument | Code::OutOfRange | Code::AlreadyExists => {
+                ErrorKind::InvalidInput
+            }
+            Code::NotFound => ErrorKind::Lost,
+            Code::FailedPrecondition => ErrorKind::Config,
+            Code::Unimplemented => ErrorKind::Unsupported,
+            Code::DataLoss | Code::Ok => ErrorKind::Protocol,
+        },
+        E::LeaseKeepAliveError(msg) if msg.contains("not found") => ErrorKind::Lost,
+        E::TransportError(_) => ErrorKind::Unavailable,
+        E::IoError(_) | E::LeaseKeepAliveError(_) | E::WatchError(_) | E::Internal(_) => uncertain,
+        E::InvalidArgs(_)
+        | E::InvalidUri(_)
+        | E::InvalidMetadataValue(_)
+        | E::EndpointError(_)
+        | E::EndpointsNotManaged => ErrorKind::Config,
+        E::Utf8Error(_) | E::ElectError(_) => ErrorKind::Protocol,
+        #[allow(unreachable_patterns)]
+        _ => uncertain,
+    }
+}
+
+/// The outcome of the create-if-free transaction.
+#[derive(Debug)]
+pub(crate) enum Created {
+    /// Our key was created: it is the only key, so it owns the lock.
+    Won { revision: i64 },
+    /// The lock has keys; `head` has the lowest create revision (the owner).
+    Held { head: KeyValue },
+}
+
+/// One etcd client per member, used one member at a time: every RPC goes to the current
+/// member, and a temporary failure (connection refused, no leader, timeout) moves later
+/// RPCs to the next member. The failed RPC itself is not retried.
+///
+/// Why not etcd-client's balanced channel over all endpoints: it keeps sending a share of
+/// the requests to a dead member (each fails with "connection refused"), so with one
+/// member down a refresh, which makes two RPCs, failed more often than not and a holder
+/// went Lost after three in a row (see `tests/failover.rs`).
+pub(crate) struct EtcdClient {
+    members: Vec<Member>,
+    current: AtomicUsize,
+    options: ConnectOptions,
+    timeout: Duration,
+    rpcs: AtomicU64,
+}
+
+/// One member: its endpoint and a client connected on first use.
+struct Member {
+    endpoint: String,
+    client: OnceCell<etcd_client::Client>,
+}
+
+impl EtcdClient {
+    /// Prepares one client per endpoint. Connections (and authentication, with
+    /// credentials) happen on first use, so a member that is down at start-up does not
+    /// stop the others from being used.
+    pub(crate) fn new(config: &EtcdConfig) -> Result<Self> {
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(config.connect_timeout())
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            .with_require_leader(true);
+        if let Some((user, password)) = config.credentials() {
+            options = options
+                .with_user(user, password)
+                .with_auto_token_refresh(true);
+        }
+        if config.tls() {
+            options = tls_options(options, config)?;
+        }
+        let members: Vec<Member> = config
+            .endpoints()
+            .into_iter()
+            .map(|endpoint| Member {
+                endpoint,
+                client: OnceCell::new(),
+            })
+            .collect();
+        Ok(Self {
+            current: AtomicUsize::new(random_index(members.len())),
+            members,
+            options,
+            timeout: config.request_timeout(),
+            rpcs: AtomicU64::new(0),
+        })
+    }
+
+    /// How many RPCs this client has started.
+    pub(crate) fn rpcs(&self) -> u64 {
+        self.rpcs.load(Ordering::Relaxed)
+    }
+
+    /// The client of member `index`, connecting it on first use.
+    async fn member(&self, index: usize) -> Result<etcd_client::Client, etcd_client::Error> {
+        let member = &self.members[index];
+        let connect = || {
+            let endpoints = [member.endpoint.as_str()];
+            etcd_client::Client::connect(endpoints, Some(self.options.clone()))
+        };
+        member.client.get_or_try_init(connect).await.cloned()
+    }
+
+    /// Runs one RPC on the current member under the request timeout, maps its error, and
+    /// moves to the next member after a temporary failure.
+    async fn call<T, F>(&self, op: Op, rpc: F) -> Result<T>
+    where
+        F: AsyncFnOnce(etcd_client::Client) -> Result<T, etcd_client::Error>,
+    {
+        self.rpcs.fetch_add(1, Ordering::Relaxed);
+        let index = self.current.load(Ordering::Relaxed) % self.members.len();
+        let attempt = async { rpc(self.member(index).await?).await };
+        let result = match tokio::time::timeout(self.timeout, attempt).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(map_error(op, Failure::Etcd(err))),
+            Err(_) => Err(map_error(op, Failure::TimedOut(self.timeout))),
+        };
+        if let Err(err) = &result
+            && err.is_temporary()
+        {
+            let next = (index + 1) % self.members.len();
+            let _ =
+                self.current
+                    .compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed);
+            tracing::debug!(error = %err, endpoint = %self.members[next].endpoint, "moving to the next etcd member");
+        }
+        result
+    }
+
+    /// LeaseGrant: a new lease of `ttl_secs`; returns its id and the TTL etcd granted
+    /// (etcd raises TTLs below its minimum, about 2 s with default election settings).
+    pub(crate) async fn grant(&self, ttl_secs: i64) -> Result<(i64, i64)> {
+        let grant = async |mut c: etcd_client::Client| c.lease_grant(ttl_secs, None).await;
+        let resp = self.call(Op::LeaseGrant, grant).await?;
+        Ok((resp.id(), resp.ttl()))
+    }
+
+    /// One Txn: if no key exists under `prefix`, put `key` bound to `lease`; otherwise
+    /// read the key with the lowest create revision.
+    pub(crate) async fn create_if_free(
+        &self,
+        prefix: &[u8],
+        key: &[u8],
+        value: &[u8],
+        lease: i64,
+    ) -> Result<Created> {
+        let free = Compare::create_revision(prefix, CompareOp::Equal, 0).with_prefix();
+        let put = TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease)));
+        let txn = Txn::new()
+            .when([free])
+            .and_then([put])
+            .or_else([TxnOp::get(prefix, Some(first_created()))]);
+        let resp = self
+            .call(Op::CreateIfFree, async |mut c: etcd_client::Client| {
+                c.txn(txn).await
+            })
+            .await?;
+        if resp.succeeded() {
+            return Ok(Created::Won {
+                revision: revision_of(resp.header(), Op::CreateIfFree)?,
+            });
+        }
+        match resp.op_responses().into_iter().next() {
+            Some(TxnOpResponse::Get(mut get)) if !get.kvs().is_empty() => Ok(Created::Held {
+                head: get.take_kvs().swap_remove(0),
+            }),
+            _ => Err(malformed(
+                Op::CreateIfFree,
+                "no owner key in the failure branch",
+            )),
+        }
+    }
+
+    /// One Txn: if `head` is unchanged, delete it, and if it was the only key under
+    /// `prefix`, put `key` bound to `lease` in its place. Returns the new key's create
+    /// revision when it was put.
+    pub(crate) async fn retake(
+        &self,
+        prefix: &[u8],
+        head: &KeyValue,
+        key: &[u8],
+        value: &[u8],
+        lease: i64,
+    ) -> Result<Option<i64>> {
+        let head_key = head.key();
+        let mut after_head = head_key.to_vec();
+        after_head.push(0);
+        let alone = [
+            Compare::create_revision(prefix, CompareOp::Equal, 0).with_range(head_key),
+            Compare::create_revision(after_head, CompareOp::Equal, 0).with_range(range_end(prefix)),
+        ];
+        let put = TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease)));
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                head_key,
+                CompareOp::Equal,
+                head.mod_revision(),
+            )])
+            .and_then([
+                TxnOp::delete(head_key, None),
+                TxnOp::txn(Txn::new().when(alone).and_then([put])),
+            ]);
+        let resp = self
+            .call(Op::Retake, async |mut c: etcd_client::Client| {
+                c.txn(txn).await
+            })
+            .await?;
+        let put_done = resp.succeeded()
+            && resp
+                .op_responses()
+                .iter()
+                .any(|op| matches!(op, TxnOpResponse::Txn(inner) if inner.succeeded()));
+        if !put_done {
+            return Ok(None);
+        }
+        revision_of(resp.header(), Op::Retake).map(Some)
+    }
+
+    /// LeaseRevoke: deletes every key bound to `lease` (ours: exactly our lock key). A lease
+    /// that is already gone is not an error.
+    pub(crate) async fn revoke(&self, lease: i64) -> Result<()> {
+        let revoke = async |mut c: etcd_client::Client| c.lease_revoke(lease).await;
+        match self.call(Op::LeaseRevoke, revoke).await {
+            Err(err) if err.kind() == ErrorKind::Lost => Ok(()),
+            other => other.map(drop),
+        }
+    }
+
+    /// DeleteRange on one key; whether it existed.
+    pub(crate) async fn delete(&self, key: &[u8]) -> Result<bool> {
+        let delete = async |mut c: etcd_client::Client| c.delete(key, None).await;
+        Ok(self.call(Op::Delete, delete).await?.deleted() > 0)
+    }
+
+    /// LeaseKeepAlive: one request and its reply on a keep-alive stream, which resets the
+    /// lease's TTL on the leader. `Lost` when the lease no longer exists.
+    pub(crate) async fn keep_alive(&self, lease: i64) -> Result<()> {
+        let keep_alive = async |mut c: etcd_client::Client| c.lease_keep_alive(lease).await;
+        self.call(Op::KeepAlive, keep_alive).await.map(drop)
+    }
+
+    /// Range on one key (linearizable).
+    pub(crate) async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
+        let get = async |mut c: etcd_client::Client| c.get(key, None).await;
+        let mut resp = self.call(Op::Get, get).await?;
+        Ok(resp.take_kvs().into_iter().next())
+    }
+
+    /// Range on `prefix`, lowest create revision first, one key: the owner.
+    pub(crate) async fn head(&self, prefix: &[u8]) -> Result<Option<KeyValue>> {
+        let get = async |mut c: etcd_client::Client| c.get(prefix, Some(first_created())).await;
+        let mut resp = self.call(Op::Get, get).await?;
+        Ok(resp.take_kvs().into_iter().next())
+    }
+
+    /// LeaseTimeToLive: the remaining TTL, `None` when the lease is gone.
+    pub(crate) async fn time_to_live(&self, lease: i64) -> Result<Option<Duration>> {
+        let ttl = async |mut c: etcd_client::Client| c.lease_time_to_live(lease, None).await;
+        let resp = self.call(Op::LeaseTimeToLive, ttl).await?;
+        Ok(u64::try_from(resp.ttl()).ok().map(Duration::from_secs))
+    }
+
+    /// Watch: delete events under `prefix`, returned once etcd confirmed the watch exists
+    /// (so no delete after this returns is missed).
+    pub(crate) async fn watch_deletes(&self, prefix: &[u8]) -> Result<WatchStream> {
+        let options = WatchOptions::new()
+            .with_prefix()
+            .with_filters([WatchFilterType::NoPut]);
+        let start = async |mut c: etcd_client::Client| {
+            let mut stream = c.watch(prefix, Some(options)).await?;
+            match stream.message().await? {
+                Some(resp) if resp.created() && !resp.canceled() => Ok(stream),
+                _ => Err(etcd_client::Error::WatchError("watch not created".into())),
+            }
+        };
+        self.call(Op::Watch, start).await
+    }
+}
+
+/// A random member to start with, so clients spread over the cluster.
+fn random_index(members: usize) -> usize {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_usize(members);
+    usize::try_from(hasher.finish() % members.max(1) as u64).unwrap_or(0)
+}
+
+fn first_created() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+}
+
+fn revision_of(header: Option<&etcd_client::ResponseHeader>, op: Op) -> Result<i64> {
+    header
+        .map(|h| h.revision())
+        .filter(|rev| *rev > 0)
+        .ok_or_else(|| malformed(op, "the reply has no revision"))
+}
+
+fn malformed(op: Op, what: &str) -> Error {
+    Error::new(ErrorKind::Protocol, format!("{}: {what}", op.name())).with_backend("etcd")
+}
+
+#[cfg(feature = "tls")]
+fn tls_options(options: ConnectOptions, config: &EtcdConfig) -> Result<ConnectOptions> {
+    use etcd_client::{Certificate, Identity, TlsOptions};
+    let read = |path: &std::path::Path, what: &str| {
+        std::fs::read(path).map_err(|e| {
+            Error::new(
+                ErrorKind::Config,
+                format!("cannot read the etcd TLS {what} {}", path.display()),
+            )
+            .with_backend("etcd")
+            .with_source(e)
+        })
+    };
+    let mut tls = TlsOptions::new();
+    tls = match config.ca() {
+        Some(path) => tls.ca_certificate(Certificate::from_pem(read(path, "CA certificate")?)),
+        None => tls.with_native_roots(),
+    };
+    if let Some((cert, key)) = config.client_cert() {
+        let identity = Identity::from_pem(read(cert, "client certificate")?, read(key, "key")?);
+        tls = tls.identity(identity);
+    }
+    Ok(options.with_tls(tls))
+}
+
+#[cfg(not(feature = "tls"))]
+fn tls_options(_: ConnectOptions, _: &EtcdConfig) -> Result<ConnectOptions> {
+    Err(Error::new(
+        ErrorKind::Config,
+        "TLS requested, but backend-etcd was built without its `tls` feature",
+    )
+    .with_backend("etcd"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use etcd_client::Error as E;
+
+    fn status(code: Code) -> Failure {
+        Failure::Etcd(E::GRpcStatus(tonic::Status::new(code, "x")))
+    }
+
+    fn kind(op: Op, failure: Failure) -> ErrorKind {
+        let err = map_error(op, failure);
+        assert_eq!(err.backend(), Some("etcd"));
+        assert!(err.to_string().contains(op.name()), "{err}");
+        err.kind()
+    }
+
+    #[test]
+    fn errors_map_by_code_and_by_whether_the_rpc_writes() {
+        use ErrorKind::*;
+        let second = Duration::from_secs(1);
+        assert_eq!(
+            kind(Op::CreateIfFree, status(Code::Unavailable)),
+            OutcomeUnknown
+        );
+        assert_eq!(
+            kind(Op::Retake, status(Code::DeadlineExceeded)),
+            OutcomeUnknown
+        );
+        assert_eq!(
+            kind(Op::LeaseRevoke, Failure::TimedOut(second)),
+            OutcomeUnknown
+        );
+        assert_eq!(kind(Op::Get, status(Code::Unavailable)), Unavailable);
+        assert_eq!(kind(Op::Get, Failure::TimedOut(second)), Unavailable);
+        assert_eq!(kind(Op::Get, status(Code::ResourceExhausted)), Unavailable);
+        assert_eq!(
+            kind(Op::Get, status(Code::PermissionDenied)),
+            PermissionDenied
+        );
+        assert_eq!(
+            kind(Op::Get, status(Code::Unauthenticated)),
+            PermissionDenied
+        );
+        assert_eq!(
+            kind(Op::CreateIfFree, status(Code::InvalidArgument)),
+            InvalidInput
+        );
+        assert_eq!(kind(Op::LeaseRevoke, status(Code::NotFound)), Lost);
+        assert_eq!(kind(Op::Get, status(Code::Unimplemented)), Unsupported);
+        assert_eq!(kind(Op::Get, status(Code::FailedPrecondition)), Config);
+        let gone = Failure::Etcd(E::LeaseKeepAliveError("lease not found".into()));
+        assert_eq!(kind(Op::KeepAlive, gone), Lost);
+        let bad = Failure::Etcd(E::InvalidArgs("empty endpoints".into()));
+        assert_eq!(kind(Op::Get, bad), Config);
+        assert!(map_error(Op::Get, status(Code::Unavailable)).is_temporary());
+        assert!(!map_error(Op::Get, status(Code::PermissionDenied)).is_temporary());
+    }
+}
