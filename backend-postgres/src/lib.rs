@@ -1,6 +1,53 @@
-//! anylock backend for postgres.
+//! anylock's PostgreSQL backend: a lease table whose expiry is decided by the database
+//! clock, fence tokens that never go back, `LISTEN`/`NOTIFY` wake-ups, and fenced writes
+//! that commit only while the lease is still held.
 //!
-//! This crate is a placeholder: the backend lands with its own issue. It depends on
-//! [`lockcore`] so the workspace's dependency direction is fixed from the start.
+//! ```no_run
+//! use std::{sync::Arc, time::Duration};
+//! use backend_postgres::{PostgresBackend, PostgresConfig};
+//! use lockcore::{LockOptions, Locker};
+//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let config = PostgresConfig::from_url("postgres://app@db.internal/app?sslmode=verify-full")?;
+//! let backend = PostgresBackend::connect(config).await?;
+//! let locker = Locker::new(Arc::new(backend.clone()))
+//!     .with_options(LockOptions::new(Duration::from_secs(30)));
+//!
+//! let guard = locker.acquire("nightly-report").await?;
+//! // The write commits only if the lease still holds this grant at that point.
+//! let mut tx = backend.begin_fenced(&guard.lease()).await?;
+//! sqlx::query("INSERT INTO reports (day, fence) VALUES (current_date, $1)")
+//!     .bind(tx.token().get() as i64)
+//!     .execute(&mut *tx)
+//!     .await?;
+//! tx.commit().await?;
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Crate map
+//! - [`PostgresConfig`]: URL, TLS mode, schema and table, pool size, timeouts.
+//! - [`PostgresBackend`]: the [`LockBackend`](lockcore::LockBackend) implementation.
+//! - [`FencedTx`]: a transaction fenced by a lease ([`PostgresBackend::begin_fenced`]).
+//!
+//! `docs/postgres.md` in the repository has the table layout, every statement, the
+//! guarantees and what PgBouncer users must configure.
 
-pub use lockcore;
+mod backend;
+mod client;
+mod config;
+pub mod fenced;
+mod notify;
+mod sql;
+mod url;
+
+pub use backend::{PostgresBackend, guarantees};
+pub use config::{
+    DEFAULT_APPLICATION_NAME, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, DEFAULT_TABLE, DEFAULT_TIMEOUT,
+    MAX_IDENTIFIER_LEN, MAX_TABLE_LEN, PostgresConfig,
+};
+pub use fenced::{FencedTx, error_from_sqlx};
+pub use notify::KEEPALIVE;
+pub use {lockcore, sqlx};
+
+/// The URL schemes this backend serves.
+pub const SCHEMES: &[&str] = &["postgres", "postgresql"];

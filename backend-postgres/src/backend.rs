@@ -1,0 +1,381 @@
+//! [`PostgresBackend`]: the [`LockBackend`] over a PostgreSQL lease table.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use lockcore::{
+    Acquire, AcquireRequest, Durability, Error, ExpiryClock, Fairness, FenceToken, Fencing,
+    Guarantees, HolderInfo, Identity, Lease, LockBackend, LockName, ReleaseEvents, Result, Waiting,
+};
+use sqlx::Row;
+use sqlx::postgres::{PgPool, PgRow};
+
+use crate::client::{BACKEND, Client, Effect};
+use crate::config::PostgresConfig;
+use crate::notify::Notifier;
+
+/// What [`PostgresBackend::guarantees`](LockBackend::guarantees) says besides the enums.
+const NOTES: &str = "Linearizable on one PostgreSQL primary; leases and tokens survive a \
+    restart when commits are durable (synchronous_commit=on), but an asynchronous standby \
+    promoted in a failover can lose recent grants. Expiry uses the database clock only. \
+    Tokens come from one sequence, so they rise per name even if an operator deletes rows. \
+    No session state: works behind PgBouncer transaction pooling (prepared_statements=false \
+    before PgBouncer 1.21), except LISTEN, which needs a session connection (listen_url). \
+    begin_fenced/fenced make writes in the same database commit only while the lease holds.";
+
+/// The owner reported when a lock changed hands twice while one attempt ran.
+const UNKNOWN_HOLDER: &str = "(unknown: the lock changed hands during this attempt)";
+
+/// A lease-lock backend over one PostgreSQL table. Cheap to clone; clones share the
+/// connection pool and the `LISTEN` connection.
+///
+/// Each lock is one row `(name, owner, token, acquired_at, expires_at)`. Acquire,
+/// refresh and release are one statement each, expiry is decided by the database's clock,
+/// fence tokens come from a sequence and never go back, and releases wake waiters through
+/// `NOTIFY`. [`begin_fenced`](Self::begin_fenced) makes writes in the same database
+/// conditional on the lease. The statements are in `docs/postgres.md`.
+#[derive(Clone)]
+pub struct PostgresBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    notifier: Notifier,
+    config: PostgresConfig,
+    channel: String,
+}
+
+impl PostgresBackend {
+    /// Connects and creates the schema, sequence and table when they are missing (unless
+    /// [`PostgresConfig::with_create_schema`] turned that off). Safe to call from many
+    /// processes at once.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for a bad config;
+    /// [`ErrorKind::PermissionDenied`](lockcore::ErrorKind::PermissionDenied) for a wrong
+    /// password or a missing privilege;
+    /// [`ErrorKind::Unavailable`](lockcore::ErrorKind::Unavailable) when the server cannot
+    /// be reached within the timeout;
+    /// [`ErrorKind::Config`](lockcore::ErrorKind::Config) for a missing database, or a
+    /// missing table with schema creation off.
+    ///
+    /// # Cancel safety
+    /// Dropping the future leaves at most an idle pool behind; schema creation is one
+    /// transaction.
+    pub async fn connect(config: PostgresConfig) -> Result<Self> {
+        config.validate()?;
+        let client = Client::new(&config);
+        client.ensure_schema(config.create_schema()).await?;
+        let channel = config.channel();
+        let notifier = Notifier::new(config.listen_options(), channel.clone(), config.timeout());
+        Ok(Self {
+            inner: Arc::new(Inner {
+                client,
+                notifier,
+                config,
+                channel,
+            }),
+        })
+    }
+
+    /// [`PostgresConfig::from_url`] then [`connect`](Self::connect).
+    ///
+    /// # Errors
+    /// As both.
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(PostgresConfig::from_url(url)?).await
+    }
+
+    /// The configuration (its `Display` hides the password).
+    pub fn config(&self) -> &PostgresConfig {
+        &self.inner.config
+    }
+
+    /// The connection pool, for your own statements (fenced ones go through
+    /// [`begin_fenced`](Self::begin_fenced)).
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.client.pool
+    }
+
+    pub(crate) fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        self.inner.client.timeout
+    }
+
+    /// The acquire statement's outcome; a second read when the lock changed hands while
+    /// the statement ran (its snapshot then predates the winner).
+    async fn attempt(&self, request: &AcquireRequest, ttl_us: i64) -> Result<Option<Outcome>> {
+        let c = self.client();
+        c.run(Effect::Write, async |conn| {
+            let row = c
+                .query(&c.statements.acquire)
+                .bind(request.name.as_str())
+                .bind(request.owner.as_str())
+                .bind(ttl_us)
+                .fetch_optional(conn)
+                .await?;
+            row.map(|row| {
+                let acquired: bool = row.try_get("acquired")?;
+                Ok(Outcome {
+                    acquired,
+                    holder: holder(&row)?,
+                })
+            })
+            .transpose()
+        })
+        .await
+    }
+}
+
+/// One acquire statement's answer.
+struct Outcome {
+    acquired: bool,
+    holder: HolderInfo,
+}
+
+#[async_trait]
+impl LockBackend for PostgresBackend {
+    fn backend_name(&self) -> &str {
+        BACKEND
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let context = |e: Error| e.with_lock(&request.name);
+        let ttl_us = micros(request.ttl).map_err(context)?;
+        let ttl = Duration::from_micros(ttl_us.unsigned_abs());
+        match self.attempt(request, ttl_us).await.map_err(context)? {
+            Some(Outcome {
+                acquired: true,
+                holder,
+            }) => {
+                let token = holder.token().unwrap_or(FenceToken::new(0));
+                let lease = Lease::new(
+                    request.name.clone(),
+                    request.owner.clone(),
+                    ttl,
+                    token.to_string(),
+                );
+                Ok(Acquire::Acquired(lease.with_token(token)))
+            }
+            Some(Outcome { holder, .. }) => Ok(Acquire::Held(holder)),
+            None => {
+                let now = self.inspect(&request.name).await?;
+                Ok(Acquire::Held(now.unwrap_or_else(|| {
+                    HolderInfo::new(Identity::from_stored(UNKNOWN_HOLDER))
+                        .with_expires_in(Duration::ZERO)
+                })))
+            }
+        }
+    }
+
+    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        let context = |e: Error| e.with_lock(lease.name());
+        let token = grant_token(lease).map_err(context)?;
+        let ttl_us = micros(lease.ttl()).map_err(context)?;
+        let c = self.client();
+        let seen = c
+            .run(Effect::Write, async |conn| {
+                let row = c
+                    .query(&c.statements.refresh)
+                    .bind(lease.name().as_str())
+                    .bind(lease.owner().as_str())
+                    .bind(token)
+                    .bind(ttl_us)
+                    .fetch_one(conn)
+                    .await?;
+                Seen::from_row(&row)
+            })
+            .await
+            .map_err(context)?;
+        if seen.refreshed == 1 {
+            return Ok(lease.clone());
+        }
+        Err(context(
+            Error::lost(seen.why_not(lease, token)).with_backend(BACKEND),
+        ))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let context = |e: Error| e.with_lock(lease.name());
+        let token = grant_token(lease).map_err(context)?;
+        let c = self.client();
+        let channel = &self.inner.channel;
+        c.run(Effect::Write, async |conn| {
+            c.query(&c.statements.release)
+                .bind(lease.name().as_str())
+                .bind(lease.owner().as_str())
+                .bind(token)
+                .bind(channel.as_str())
+                .execute(conn)
+                .await
+        })
+        .await
+        .map(drop)
+        .map_err(context)
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        let c = self.client();
+        c.run(Effect::Read, async |conn| {
+            let row = c
+                .query(&c.statements.holder)
+                .bind(name.as_str())
+                .fetch_optional(conn)
+                .await?;
+            row.as_ref().map(holder).transpose()
+        })
+        .await
+        .map_err(|e| e.with_lock(name))
+    }
+
+    async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        let c = self.client();
+        let channel = &self.inner.channel;
+        c.run(Effect::Write, async |conn| {
+            let row = c
+                .query(&c.statements.break_lock)
+                .bind(name.as_str())
+                .bind(channel.as_str())
+                .fetch_optional(conn)
+                .await?;
+            match row {
+                Some(row) if row.try_get::<bool, _>("live")? => holder(&row).map(Some),
+                _ => Ok(None),
+            }
+        })
+        .await
+        .map_err(|e| e.with_lock(name))
+    }
+
+    fn guarantees(&self) -> Guarantees {
+        guarantees()
+    }
+
+    async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
+        Ok(Some(self.inner.notifier.subscribe(name)))
+    }
+}
+
+impl fmt::Debug for PostgresBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresBackend")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What every [`PostgresBackend`] promises, without connecting (for comparison tables).
+/// `docs/postgres.md` explains each field.
+pub fn guarantees() -> Guarantees {
+    Guarantees::new(
+        lockcore::Exclusion::SingleStore,
+        Fencing::Monotonic,
+        ExpiryClock::Server,
+    )
+    .with_waiting(Waiting::Notified)
+    .with_fairness(Fairness::None)
+    .with_same_owner_retake(true)
+    .with_durability(Durability::SurvivesRestart)
+    .with_notes(NOTES)
+}
+
+/// The row as a refresh found it.
+struct Seen {
+    refreshed: i64,
+    owner: Option<String>,
+    token: Option<i64>,
+    live: bool,
+}
+
+impl Seen {
+    fn from_row(row: &PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            refreshed: row.try_get("refreshed")?,
+            owner: row.try_get("owner")?,
+            token: row.try_get("token")?,
+            live: row.try_get("live")?,
+        })
+    }
+
+    /// Why a refresh of `lease` (grant `token`) changed nothing.
+    fn why_not(&self, lease: &Lease, token: i64) -> String {
+        match (&self.owner, self.token) {
+            (None, None) => "the lock row was deleted".to_owned(),
+            (None, _) => "the lock was released".to_owned(),
+            (Some(owner), Some(t)) if owner == lease.owner().as_str() && t == token => {
+                if self.live {
+                    "the lease changed during the refresh".to_owned()
+                } else {
+                    "the lease expired on the database clock before this refresh".to_owned()
+                }
+            }
+            (Some(owner), t) => format!(
+                "taken over by {owner} (token {})",
+                t.map_or_else(|| "?".to_owned(), |t| t.to_string())
+            ),
+        }
+    }
+}
+
+/// A holder from a row with `owner, token, acquired_at_us, expires_in_us`.
+fn holder(row: &PgRow) -> Result<HolderInfo, sqlx::Error> {
+    let owner: String = row.try_get("owner")?;
+    let token: i64 = row.try_get("token")?;
+    let acquired_at: Option<i64> = row.try_get("acquired_at_us")?;
+    let expires_in: Option<i64> = row.try_get("expires_in_us")?;
+    let mut info = HolderInfo::new(Identity::from_stored(owner))
+        .with_token(FenceToken::new(token.max(0) as u64));
+    if let Some(at) = acquired_at.and_then(|us| u64::try_from(us).ok()) {
+        info = info.with_acquired_at(UNIX_EPOCH + Duration::from_micros(at));
+    }
+    if let Some(left) = expires_in {
+        info = info.with_expires_in(Duration::from_micros(left.max(0).unsigned_abs()));
+    }
+    Ok(info)
+}
+
+/// The token this backend stored in `lease`'s grant.
+pub(crate) fn grant_token(lease: &Lease) -> Result<i64> {
+    lease.grant().parse::<i64>().map_err(|_| {
+        Error::invalid_input("the lease was not issued by the postgres backend")
+            .with_backend(BACKEND)
+    })
+}
+
+/// A TTL in whole microseconds (the resolution of PostgreSQL's `interval`).
+fn micros(ttl: Duration) -> Result<i64> {
+    match i64::try_from(ttl.as_micros()) {
+        Ok(us) if us > 0 => Ok(us),
+        _ => Err(Error::invalid_input(format!(
+            "a TTL of {ttl:?} cannot be stored: it must be at least 1 µs"
+        ))
+        .with_backend(BACKEND)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_convert_to_whole_microseconds() {
+        assert_eq!(micros(Duration::from_millis(1500)).expect("ok"), 1_500_000);
+        assert_eq!(micros(Duration::from_nanos(1_999)).expect("ok"), 1);
+        assert!(micros(Duration::from_nanos(999)).is_err());
+        assert!(micros(Duration::MAX).is_err());
+    }
+
+    #[test]
+    fn foreign_grants_are_rejected() {
+        let name = LockName::new("x").expect("valid");
+        let lease = Lease::new(name, Identity::unique(), Duration::from_secs(1), "r:abc");
+        let err = grant_token(&lease).expect_err("not ours");
+        assert_eq!(err.kind(), lockcore::ErrorKind::InvalidInput);
+    }
+}

@@ -1,0 +1,317 @@
+//! Talking to PostgreSQL: the pool, one bounded attempt per call, schema creation, and the
+//! one place where sqlx and database errors become lockcore errors.
+
+use std::time::Duration;
+
+use lockcore::{Error, ErrorKind, RetryStatus};
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
+use sqlx::{Connection, Row, SqlStr};
+use tokio::time::{Instant, timeout_at};
+
+use crate::config::PostgresConfig;
+use crate::sql::{self, Names, Statements};
+
+/// The backend name in every error.
+pub(crate) const BACKEND: &str = "postgres";
+
+/// Whether an operation changes the lease table, which decides what a lost reply means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Effect {
+    /// A read: a lost reply changed nothing.
+    Read,
+    /// A write: once sent, a lost reply leaves the outcome unknown.
+    Write,
+}
+
+/// The pool plus the statements, shared by every clone of a backend.
+#[derive(Debug)]
+pub(crate) struct Client {
+    pub(crate) pool: PgPool,
+    pub(crate) statements: Statements,
+    pub(crate) names: Names,
+    pub(crate) timeout: Duration,
+    pub(crate) prepared: bool,
+}
+
+impl Client {
+    /// A lazily connecting pool: no connection is opened until the first call.
+    pub(crate) fn new(config: &PostgresConfig) -> Self {
+        let pool = PgPoolOptions::new()
+            .max_connections(config.pool_size())
+            .min_connections(0)
+            .acquire_timeout(config.timeout())
+            // A pinged connection is known alive: after a server restart, one ping per dead
+            // pooled connection is cheaper than one failed lock call each.
+            .test_before_acquire(true)
+            .connect_lazy_with(config.connect_options().clone());
+        let names = Names::new(config);
+        Self {
+            pool,
+            statements: Statements::new(&names),
+            names,
+            timeout: config.timeout(),
+            prepared: config.prepared_statements(),
+        }
+    }
+
+    /// A query for `statement`, prepared (and cached) unless the config says otherwise.
+    pub(crate) fn query(
+        &self,
+        statement: &SqlStr,
+    ) -> sqlx::query::Query<'static, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        sqlx::query(statement.clone()).persistent(self.prepared)
+    }
+
+    /// Runs `work` on one pooled connection within the configured timeout: one attempt,
+    /// no retries. Failing to get a connection is [`ErrorKind::Unavailable`] (nothing was
+    /// sent); failures after that are mapped with `effect`. Without prepared statements
+    /// the work runs inside `BEGIN`/`COMMIT` (see [`pinned`]).
+    pub(crate) async fn run<T>(
+        &self,
+        effect: Effect,
+        work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+    ) -> lockcore::Result<T> {
+        let deadline = Instant::now() + self.timeout;
+        let mut conn = match timeout_at(deadline, self.pool.acquire()).await {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(err)) => return Err(map_error(err, Effect::Read)),
+            Err(_) => {
+                return Err(timed_out(
+                    Effect::Read,
+                    self.timeout,
+                    "getting a connection",
+                ));
+            }
+        };
+        let attempt = async {
+            if self.prepared {
+                work(&mut conn).await
+            } else {
+                pinned(&mut conn, work).await
+            }
+        };
+        match timeout_at(deadline, attempt).await {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(map_error(err, effect)),
+            Err(_) => Err(timed_out(effect, self.timeout, "waiting for the reply")),
+        }
+    }
+
+    /// Creates the schema, sequence and table unless they exist.
+    ///
+    /// Concurrent creators (many processes starting at once) serialize on a
+    /// transaction-scoped advisory lock, so none fails on a duplicate catalog entry. When
+    /// the objects exist no DDL runs, so a role without `CREATE` can use a table an
+    /// operator made.
+    pub(crate) async fn ensure_schema(&self, create: bool) -> lockcore::Result<()> {
+        let names = self.names.clone();
+        let present = self
+            .run(Effect::Write, async |conn| {
+                let found = exists(conn, &names).await?;
+                if found || !create {
+                    return Ok(found);
+                }
+                create_schema(conn, &names).await.map(|()| true)
+            })
+            .await?;
+        if present {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "the lease table {} or its sequence does not exist and schema creation is off; \
+                 create it (see docs/postgres.md) or allow create_schema",
+                self.names.table
+            ),
+        )
+        .with_backend(BACKEND))
+    }
+}
+
+/// Creates the missing objects in one transaction, after taking a transaction-scoped
+/// advisory lock so that concurrent creators queue.
+async fn create_schema(conn: &mut PgConnection, names: &Names) -> Result<(), sqlx::Error> {
+    let mut tx = conn.begin().await?;
+    let key = format!("anylock schema {}", names.table);
+    sqlx::query(sql::CREATE_LOCK)
+        .bind(key)
+        .persistent(false)
+        .execute(&mut *tx)
+        .await?;
+    // CREATE SCHEMA IF NOT EXISTS checks the database's CREATE privilege even when the
+    // schema exists, so skip it for a schema an operator made.
+    let skip = usize::from(schema_exists(&mut tx, names).await?);
+    for statement in sql::create_statements(names).into_iter().skip(skip) {
+        sqlx::query(statement)
+            .persistent(false)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await
+}
+
+/// Runs `work` in an explicit transaction.
+///
+/// sqlx parses a statement (`Parse`, `Describe`, `Sync`) and only then binds and executes
+/// it. Behind PgBouncer in transaction mode the `Sync` ends the implicit transaction, so
+/// another client can take the server connection in between and replace the unnamed
+/// statement (seen in tests as "bind message supplies 4 parameters, but prepared
+/// statement \"\" requires 3"). An open transaction pins the server connection.
+async fn pinned<T>(
+    conn: &mut PgConnection,
+    work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+) -> Result<T, sqlx::Error> {
+    let mut tx = conn.begin().await?;
+    let value = work(&mut tx).await?;
+    tx.commit().await?;
+    Ok(value)
+}
+
+async fn exists(conn: &mut PgConnection, names: &Names) -> Result<bool, sqlx::Error> {
+    let row = sqlx::query(sql::EXISTS)
+        .bind(&names.table)
+        .bind(&names.sequence)
+        .persistent(false)
+        .fetch_one(conn)
+        .await?;
+    row.try_get("present")
+}
+
+async fn schema_exists(conn: &mut PgConnection, names: &Names) -> Result<bool, sqlx::Error> {
+    let row = sqlx::query(sql::SCHEMA_EXISTS)
+        .bind(&names.schema)
+        .persistent(false)
+        .fetch_one(conn)
+        .await?;
+    row.try_get("present")
+}
+
+fn timed_out(effect: Effect, limit: Duration, phase: &str) -> Error {
+    let kind = match effect {
+        Effect::Read => ErrorKind::Unavailable,
+        Effect::Write => ErrorKind::OutcomeUnknown,
+    };
+    Error::new(kind, format!("no answer within {limit:?} ({phase})")).with_backend(BACKEND)
+}
+
+/// Maps every sqlx error to a lockcore kind and retry status.
+///
+/// A database error means the statement failed and was rolled back, so even for a write
+/// its outcome is known; a broken connection after a write was sent is not.
+pub(crate) fn map_error(err: sqlx::Error, effect: Effect) -> Error {
+    let (kind, status, message) = match &err {
+        sqlx::Error::Database(db) => {
+            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
+            let (kind, status) = classify_sqlstate(&code);
+            (kind, status, format!("SQLSTATE {code}: {}", db.message()))
+        }
+        other => {
+            let (kind, status, message) = classify_client_error(other, effect);
+            (kind, status, message.to_owned())
+        }
+    };
+    Error::new(kind, message)
+        .with_status(status)
+        .with_backend(BACKEND)
+        .with_source(err)
+}
+
+/// The kind, retry status and message of an error raised on the client side.
+fn classify_client_error(err: &sqlx::Error, effect: Effect) -> (ErrorKind, RetryStatus, &str) {
+    use ErrorKind::*;
+    use RetryStatus::*;
+    match err {
+        sqlx::Error::Io(_) | sqlx::Error::WorkerCrashed => match effect {
+            Effect::Read => (Unavailable, Temporary, "connection lost"),
+            Effect::Write => (OutcomeUnknown, Temporary, "connection lost after sending"),
+        },
+        sqlx::Error::PoolTimedOut => (
+            Unavailable,
+            Temporary,
+            "no pooled connection became available (server unreachable or pool exhausted)",
+        ),
+        sqlx::Error::PoolClosed => (Unavailable, Permanent, "the connection pool is closed"),
+        sqlx::Error::Tls(_) => (
+            Config,
+            Permanent,
+            "TLS setup failed (check sslmode and certificates)",
+        ),
+        sqlx::Error::Configuration(_) | sqlx::Error::InvalidArgument(_) => {
+            (Config, Permanent, "invalid connection settings")
+        }
+        _ => (Protocol, Permanent, "unexpected reply from the server"),
+    }
+}
+
+/// The kind and retry status of a SQLSTATE code (PostgreSQL appendix A).
+pub(crate) fn classify_sqlstate(code: &str) -> (ErrorKind, RetryStatus) {
+    use ErrorKind::*;
+    use RetryStatus::*;
+    match code {
+        // serialization_failure, deadlock_detected: the transaction lost a race.
+        "40001" | "40P01" => (Unavailable, Temporary),
+        // lock_not_available, query_canceled (statement_timeout), read_only_sql_transaction
+        // (a standby after a failover), idle_in_transaction_session_timeout (the server
+        // ended an idle transaction), admin/crash shutdown, cannot_connect_now.
+        "55P03" | "57014" | "25006" | "25P03" | "57P01" | "57P02" | "57P03" => {
+            (Unavailable, Temporary)
+        }
+        // invalid_password, invalid_authorization_specification, insufficient_privilege.
+        "28P01" | "28000" | "42501" => (PermissionDenied, Permanent),
+        // invalid_catalog_name (no such database), undefined_table, invalid_schema_name.
+        "3D000" | "42P01" | "3F000" => (Config, Permanent),
+        "0A000" => (Unsupported, Permanent),
+        _ => match code.get(..2) {
+            // connection_exception, insufficient_resources (too many connections, disk full),
+            // operator_intervention, system_error.
+            Some("08" | "53" | "57" | "58") => (Unavailable, Temporary),
+            // data_exception (string too long, bad encoding), program_limit_exceeded.
+            Some("22" | "54") => (InvalidInput, Permanent),
+            _ => (Protocol, Permanent),
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlstates_map_to_kinds_and_retry_status() {
+        let cases = [
+            ("40001", ErrorKind::Unavailable, RetryStatus::Temporary),
+            ("40P01", ErrorKind::Unavailable, RetryStatus::Temporary),
+            ("08006", ErrorKind::Unavailable, RetryStatus::Temporary),
+            ("57P01", ErrorKind::Unavailable, RetryStatus::Temporary),
+            ("53300", ErrorKind::Unavailable, RetryStatus::Temporary),
+            ("25006", ErrorKind::Unavailable, RetryStatus::Temporary),
+            ("25P03", ErrorKind::Unavailable, RetryStatus::Temporary),
+            ("28P01", ErrorKind::PermissionDenied, RetryStatus::Permanent),
+            ("42501", ErrorKind::PermissionDenied, RetryStatus::Permanent),
+            ("3D000", ErrorKind::Config, RetryStatus::Permanent),
+            ("42P01", ErrorKind::Config, RetryStatus::Permanent),
+            ("22001", ErrorKind::InvalidInput, RetryStatus::Permanent),
+            ("23505", ErrorKind::Protocol, RetryStatus::Permanent),
+            ("XX000", ErrorKind::Protocol, RetryStatus::Permanent),
+        ];
+        for (code, kind, status) in cases {
+            assert_eq!(classify_sqlstate(code), (kind, status), "{code}");
+        }
+    }
+
+    #[test]
+    fn a_lost_connection_is_unknown_only_for_writes() {
+        let io = || sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
+        let read = map_error(io(), Effect::Read);
+        assert_eq!(read.kind(), ErrorKind::Unavailable);
+        assert!(read.is_temporary());
+        let write = map_error(io(), Effect::Write);
+        assert_eq!(write.kind(), ErrorKind::OutcomeUnknown);
+        assert!(write.is_temporary());
+        assert_eq!(write.backend(), Some(BACKEND));
+        let pool = map_error(sqlx::Error::PoolTimedOut, Effect::Write);
+        assert_eq!(pool.kind(), ErrorKind::Unavailable);
+        assert!(pool.is_temporary());
+    }
+}

@@ -1,0 +1,466 @@
+//! [`PostgresConfig`]: how to reach the server and where the lease table lives.
+//!
+//! A config comes from a URL (`postgres://user:pass@host:port/db?sslmode=...`), plus
+//! anylock's own query parameters, and can be adjusted with the `with_*` methods. Nothing is
+//! validated against the server until [`PostgresBackend::connect`](crate::PostgresBackend);
+//! [`PostgresConfig::validate`] checks everything that can be checked locally.
+//!
+//! `Debug` and `Display` show the URL with its password replaced by `***`; no error message
+//! built from a config ever contains the password.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use lockcore::{Error, Result};
+use sqlx::postgres::PgConnectOptions;
+
+use crate::url::{connect_options, parse_url, redact, split_params};
+
+/// The schema used unless the URL or [`PostgresConfig::with_schema`] names another.
+pub const DEFAULT_SCHEMA: &str = "anylock";
+/// The table used unless the URL or [`PostgresConfig::with_table`] names another.
+pub const DEFAULT_TABLE: &str = "leases";
+/// The `application_name` sent when the URL sets none.
+pub const DEFAULT_APPLICATION_NAME: &str = "anylock";
+/// The most pooled connections one backend opens (the listener's connection is extra).
+pub const DEFAULT_POOL_SIZE: u32 = 10;
+/// The client-side bound on one operation: getting a connection plus running it.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest identifier PostgreSQL keeps (`NAMEDATALEN - 1`), in bytes.
+pub const MAX_IDENTIFIER_LEN: usize = 63;
+/// The longest table name accepted: the fence sequence is named `<table>_fence`, which must
+/// still fit in [`MAX_IDENTIFIER_LEN`].
+pub const MAX_TABLE_LEN: usize = MAX_IDENTIFIER_LEN - FENCE_SUFFIX.len();
+
+/// The suffix of the fence-token sequence's name.
+pub(crate) const FENCE_SUFFIX: &str = "_fence";
+
+/// Connection settings and table location for [`PostgresBackend`](crate::PostgresBackend).
+///
+/// ```
+/// use backend_postgres::PostgresConfig;
+/// let config = PostgresConfig::from_url(
+///     "postgres://app:s3cret@db.internal:5432/app?sslmode=require&schema=locks",
+/// )?
+/// .with_pool_size(4);
+/// assert_eq!(config.schema(), "locks");
+/// assert!(!config.to_string().contains("s3cret"));
+/// # Ok::<(), lockcore::Error>(())
+/// ```
+#[derive(Clone)]
+pub struct PostgresConfig {
+    connect: PgConnectOptions,
+    redacted: String,
+    listen: Option<(PgConnectOptions, String)>,
+    schema: String,
+    table: String,
+    channel: Option<String>,
+    pool_size: u32,
+    timeout: Duration,
+    create_schema: bool,
+    prepared_statements: bool,
+}
+
+impl PostgresConfig {
+    /// Parses a `postgres://` or `postgresql://` URL.
+    ///
+    /// Standard parameters (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`,
+    /// `application_name`, `options`, `host`, `port`, `user`, `password`, `dbname`) go to
+    /// sqlx. anylock reads `schema`, `table`, `channel`, `pool_size`, `timeout_ms`,
+    /// `create_schema` (`true`/`false`) and `prepared_statements` (`true`/`false`).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for an unparseable
+    /// URL, another scheme, or a bad parameter value. The message never shows the password.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let parsed = parse_url(url)?;
+        let redacted = redact(&parsed);
+        let (own, rest) = split_params(&parsed);
+        let connect = connect_options(&rest, &redacted)?;
+        let mut config = Self {
+            connect,
+            redacted,
+            listen: None,
+            schema: DEFAULT_SCHEMA.to_owned(),
+            table: DEFAULT_TABLE.to_owned(),
+            channel: None,
+            pool_size: DEFAULT_POOL_SIZE,
+            timeout: DEFAULT_TIMEOUT,
+            create_schema: true,
+            prepared_statements: true,
+        };
+        for (key, value) in own {
+            config = config.apply_param(&key, &value)?;
+        }
+        Ok(config)
+    }
+
+    /// Reads the URL from `ANYLOCK_POSTGRES_URL`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](lockcore::ErrorKind::Config) when the variable is unset; as
+    /// [`from_url`](Self::from_url) otherwise.
+    pub fn from_env() -> Result<Self> {
+        match std::env::var("ANYLOCK_POSTGRES_URL") {
+            Ok(url) => Self::from_url(&url),
+            Err(_) => Err(config_error("ANYLOCK_POSTGRES_URL is not set")),
+        }
+    }
+
+    /// Uses `schema` for the lease table and its fence sequence (default
+    /// [`DEFAULT_SCHEMA`]). Any characters are allowed except NUL and control characters;
+    /// the name is always quoted, so case and spaces are kept as given.
+    pub fn with_schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// Uses `table` for the leases (default [`DEFAULT_TABLE`]); quoted like the schema, at
+    /// most [`MAX_TABLE_LEN`] bytes.
+    pub fn with_table(mut self, table: impl Into<String>) -> Self {
+        self.table = table.into();
+        self
+    }
+
+    /// Publishes and listens for releases on `channel` (default `anylock:<schema>.<table>`,
+    /// cut to 63 bytes). Tables that share a channel only cause spurious wake-ups.
+    pub fn with_channel(mut self, channel: impl Into<String>) -> Self {
+        self.channel = Some(channel.into());
+        self
+    }
+
+    /// Opens at most `size` pooled connections (default [`DEFAULT_POOL_SIZE`]).
+    pub fn with_pool_size(mut self, size: u32) -> Self {
+        self.pool_size = size;
+        self
+    }
+
+    /// Bounds one operation, connection checkout included (default [`DEFAULT_TIMEOUT`]).
+    /// A write that times out after it was sent reports
+    /// [`ErrorKind::OutcomeUnknown`](lockcore::ErrorKind::OutcomeUnknown).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Whether [`connect`](crate::PostgresBackend::connect) creates a missing schema, table
+    /// and sequence (default `true`). With `false` a missing table is a
+    /// [`Config`](lockcore::ErrorKind::Config) error, for roles without `CREATE`.
+    pub fn with_create_schema(mut self, create: bool) -> Self {
+        self.create_schema = create;
+        self
+    }
+
+    /// Whether statements are prepared once per connection and reused (default `true`).
+    ///
+    /// Turn it off behind PgBouncer in transaction mode older than 1.21 (or with
+    /// `max_prepared_statements = 0`), which cannot keep named statements. Each operation
+    /// then runs its one statement unnamed inside `BEGIN`/`COMMIT`, which keeps PgBouncer
+    /// from handing the server connection to another client between sqlx's parse and
+    /// execute steps: four round trips instead of one.
+    pub fn with_prepared_statements(mut self, prepared: bool) -> Self {
+        self.prepared_statements = prepared;
+        self
+    }
+
+    /// Opens the `LISTEN` connection with `url` instead of the main URL. `LISTEN` needs a
+    /// session of its own: behind PgBouncer in transaction mode, point this at the server
+    /// or at a session-mode pool.
+    ///
+    /// # Errors
+    /// As [`from_url`](Self::from_url).
+    pub fn with_listen_url(mut self, url: &str) -> Result<Self> {
+        let parsed = parse_url(url)?;
+        let redacted = redact(&parsed);
+        let (_, rest) = split_params(&parsed);
+        let options = connect_options(&rest, &redacted)?;
+        self.listen = Some((options, redacted));
+        Ok(self)
+    }
+
+    /// The schema name, unquoted.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The table name, unquoted.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// The notification channel releases are published on.
+    pub fn channel(&self) -> String {
+        match &self.channel {
+            Some(channel) => channel.clone(),
+            None => truncate(&format!("anylock:{}.{}", self.schema, self.table)),
+        }
+    }
+
+    /// The pool size.
+    pub fn pool_size(&self) -> u32 {
+        self.pool_size
+    }
+
+    /// The per-operation timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// Whether a missing table is created on connect.
+    pub fn create_schema(&self) -> bool {
+        self.create_schema
+    }
+
+    /// Whether statements are prepared and cached per connection.
+    pub fn prepared_statements(&self) -> bool {
+        self.prepared_statements
+    }
+
+    /// The URL with the password replaced by `***`.
+    pub fn redacted_url(&self) -> &str {
+        &self.redacted
+    }
+
+    /// Checks everything that can be checked without a server.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for a bad schema,
+    /// table or channel name, a zero pool size or a zero timeout.
+    pub fn validate(&self) -> Result<()> {
+        check_identifier("schema", &self.schema, MAX_IDENTIFIER_LEN)?;
+        if self.schema.starts_with("pg_") {
+            return Err(invalid(format!(
+                "schema name {:?} is reserved: names starting with pg_ belong to PostgreSQL",
+                self.schema
+            )));
+        }
+        check_identifier("table", &self.table, MAX_TABLE_LEN)?;
+        check_identifier("channel", &self.channel(), MAX_IDENTIFIER_LEN)?;
+        if self.pool_size == 0 {
+            return Err(invalid("pool_size must be at least 1"));
+        }
+        if self.timeout.is_zero() {
+            return Err(invalid("timeout must be greater than zero"));
+        }
+        Ok(())
+    }
+
+    /// The sqlx options for the pool.
+    pub(crate) fn connect_options(&self) -> &PgConnectOptions {
+        &self.connect
+    }
+
+    /// The sqlx options for the `LISTEN` connection, with `(listen)` added to the
+    /// application name so operators can tell it apart in `pg_stat_activity`.
+    pub(crate) fn listen_options(&self) -> PgConnectOptions {
+        let base = self.listen.as_ref().map_or(&self.connect, |(o, _)| o);
+        let app = base
+            .get_application_name()
+            .unwrap_or(DEFAULT_APPLICATION_NAME);
+        base.clone()
+            .application_name(&truncate(&format!("{app} (listen)")))
+    }
+
+    fn apply_param(self, key: &str, value: &str) -> Result<Self> {
+        let flag = |v: &str| match v {
+            "true" | "1" | "yes" | "on" => Ok(true),
+            "false" | "0" | "no" | "off" => Ok(false),
+            _ => Err(invalid(format!("{key} must be true or false, got {v:?}"))),
+        };
+        let number = |v: &str| {
+            v.parse::<u64>()
+                .map_err(|_| invalid(format!("{key} must be a whole number, got {v:?}")))
+        };
+        Ok(match key {
+            "schema" => self.with_schema(value),
+            "table" => self.with_table(value),
+            "channel" => self.with_channel(value),
+            "pool_size" => {
+                let size = u32::try_from(number(value)?)
+                    .map_err(|_| invalid(format!("pool_size {value} is too large")))?;
+                self.with_pool_size(size)
+            }
+            "timeout_ms" => self.with_timeout(Duration::from_millis(number(value)?)),
+            "create_schema" => self.with_create_schema(flag(value)?),
+            "prepared_statements" => self.with_prepared_statements(flag(value)?),
+            _ => self,
+        })
+    }
+}
+
+impl fmt::Debug for PostgresConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresConfig")
+            .field("url", &self.redacted)
+            .field("listen_url", &self.listen.as_ref().map(|(_, r)| r))
+            .field("schema", &self.schema)
+            .field("table", &self.table)
+            .field("channel", &self.channel())
+            .field("pool_size", &self.pool_size)
+            .field("timeout", &self.timeout)
+            .field("create_schema", &self.create_schema)
+            .field("prepared_statements", &self.prepared_statements)
+            .finish()
+    }
+}
+
+impl fmt::Display for PostgresConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} (table {:?}.{:?})",
+            self.redacted, self.schema, self.table
+        )
+    }
+}
+
+impl FromStr for PostgresConfig {
+    type Err = Error;
+
+    fn from_str(url: &str) -> Result<Self> {
+        Self::from_url(url)
+    }
+}
+
+/// Quotes an identifier for SQL: `"` + the name with every `"` doubled + `"`.
+///
+/// Only for names that passed [`check_identifier`] (no NUL).
+pub(crate) fn quote_identifier(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Accepts 1 to `max` bytes without NUL or control characters.
+fn check_identifier(what: &str, name: &str, max: usize) -> Result<()> {
+    if name.is_empty() {
+        return Err(invalid(format!("{what} name is empty")));
+    }
+    if name.len() > max {
+        return Err(invalid(format!(
+            "{what} name {name:?} is {} bytes long; the limit is {max}",
+            name.len()
+        )));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(invalid(format!(
+            "{what} name {name:?} contains a control character"
+        )));
+    }
+    Ok(())
+}
+
+/// Cuts `name` to at most [`MAX_IDENTIFIER_LEN`] bytes on a character boundary.
+fn truncate(name: &str) -> String {
+    let mut end = name.len().min(MAX_IDENTIFIER_LEN);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name[..end].to_owned()
+}
+
+pub(crate) fn invalid(message: impl Into<std::borrow::Cow<'static, str>>) -> Error {
+    Error::invalid_input(message).with_backend("postgres")
+}
+
+fn config_error(message: &'static str) -> Error {
+    Error::new(lockcore::ErrorKind::Config, message).with_backend("postgres")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockcore::ErrorKind;
+
+    const URL: &str = "postgres://app:pa%40ss@db.example:6543/locks?sslmode=require";
+
+    #[test]
+    fn parses_connection_settings_and_own_parameters() {
+        let config = PostgresConfig::from_url(&format!(
+            "{URL}&application_name=worker&schema=My%20Schema&table=t&pool_size=3&timeout_ms=250\
+             &create_schema=false&prepared_statements=off"
+        ))
+        .expect("valid");
+        let options = config.connect_options();
+        assert_eq!(options.get_host(), "db.example");
+        assert_eq!(options.get_port(), 6543);
+        assert_eq!(options.get_username(), "app");
+        assert_eq!(options.get_database(), Some("locks"));
+        assert_eq!(options.get_application_name(), Some("worker"));
+        assert!(matches!(
+            options.get_ssl_mode(),
+            sqlx::postgres::PgSslMode::Require
+        ));
+        assert_eq!(config.schema(), "My Schema");
+        assert_eq!(config.table(), "t");
+        assert_eq!(config.pool_size(), 3);
+        assert_eq!(config.timeout(), Duration::from_millis(250));
+        assert!(!config.create_schema());
+        assert!(!config.prepared_statements());
+        assert_eq!(config.channel(), "anylock:My Schema.t");
+        config.validate().expect("valid");
+    }
+
+    #[test]
+    fn defaults_name_the_application_and_the_listener() {
+        let config = PostgresConfig::from_url("postgresql://localhost/db").expect("valid");
+        assert_eq!(
+            config.connect_options().get_application_name(),
+            Some(DEFAULT_APPLICATION_NAME)
+        );
+        assert_eq!(
+            config.listen_options().get_application_name(),
+            Some("anylock (listen)")
+        );
+        assert_eq!(config.schema(), DEFAULT_SCHEMA);
+        assert_eq!(config.table(), DEFAULT_TABLE);
+    }
+
+    #[test]
+    fn rejects_other_schemes_and_bad_values() {
+        for url in [
+            "mysql://h/db",
+            "not a url",
+            "postgres://h/db?pool_size=-1",
+            "postgres://h/db?timeout_ms=soon",
+            "postgres://h/db?create_schema=maybe",
+        ] {
+            let err = PostgresConfig::from_url(url).expect_err(url);
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{url}: {err}");
+        }
+    }
+
+    #[test]
+    fn validates_identifiers() {
+        let base = PostgresConfig::from_url("postgres://h/db").expect("valid");
+        let odd = base
+            .clone()
+            .with_schema("we\"ird; DROP")
+            .with_table("ünï cødé");
+        odd.validate().expect("odd but valid names");
+        for bad in [
+            base.clone().with_schema(""),
+            base.clone().with_schema("pg_catalog"),
+            base.clone().with_schema("a\0b"),
+            base.clone().with_table("x".repeat(MAX_TABLE_LEN + 1)),
+            base.clone().with_table("tab\tle"),
+            base.clone().with_channel("c".repeat(64)),
+            base.clone().with_pool_size(0),
+            base.clone().with_timeout(Duration::ZERO),
+        ] {
+            let err = bad.validate().expect_err("invalid");
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+        }
+    }
+
+    #[test]
+    fn quotes_identifiers_and_truncates_channels_on_char_boundaries() {
+        assert_eq!(quote_identifier("a\"b"), "\"a\"\"b\"");
+        let long = "é".repeat(40);
+        let config = PostgresConfig::from_url("postgres://h/db")
+            .expect("valid")
+            .with_table(long);
+        let channel = config.channel();
+        assert!(channel.len() <= MAX_IDENTIFIER_LEN);
+        assert!(channel.starts_with("anylock:anylock.é"));
+    }
+}

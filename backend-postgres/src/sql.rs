@@ -1,0 +1,261 @@
+//! The SQL the backend sends, built once per backend from the quoted table names.
+//!
+//! Parameters are always bound (`$1`...): lock names, owners and tokens never become part
+//! of a statement's text. Only the schema, table and sequence names are spliced in, and only
+//! after [`quote_identifier`](crate::config::quote_identifier).
+//!
+//! Time is always the database's: `now()` (the statement's start) where an earlier instant
+//! is the safe side (setting an expiry, deciding that a lease has expired and may be taken
+//! over), `clock_timestamp()` where a later instant is (deciding that a lease is still live
+//! when refreshing it, fencing a write, reporting what is left).
+
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+
+use crate::config::{FENCE_SUFFIX, PostgresConfig, quote_identifier};
+
+/// Columns describing a holder: identity, token, grant time and time left, both in
+/// microseconds so no date-time crate is needed.
+const HOLDER: &str = "owner, token, \
+    (extract(epoch FROM acquired_at) * 1000000)::bigint AS acquired_at_us, \
+    greatest(0, extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint \
+    AS expires_in_us";
+
+/// The quoted names of the objects one backend uses.
+#[derive(Debug, Clone)]
+pub(crate) struct Names {
+    /// `"schema"`
+    pub(crate) schema: String,
+    /// `"schema"."table"`
+    pub(crate) table: String,
+    /// `"schema"."table_fence"`
+    pub(crate) sequence: String,
+}
+
+impl Names {
+    pub(crate) fn new(config: &PostgresConfig) -> Self {
+        let schema = quote_identifier(config.schema());
+        let table = format!("{schema}.{}", quote_identifier(config.table()));
+        let sequence_name = format!("{}{FENCE_SUFFIX}", config.table());
+        let sequence = format!("{schema}.{}", quote_identifier(&sequence_name));
+        Self {
+            schema,
+            table,
+            sequence,
+        }
+    }
+}
+
+/// Every statement of the lock protocol, ready to bind.
+#[derive(Debug, Clone)]
+pub(crate) struct Statements {
+    /// `$1` name, `$2` owner, `$3` TTL in µs. Takes a free, expired or own row, or inserts
+    /// a new one; one row `(acquired, owner, token, acquired_at_us, expires_in_us)`, or no
+    /// row when the lock changed hands during the statement.
+    pub(crate) acquire: SqlStr,
+    /// `$1` name: the live holder, if any (inspect, and acquire's second read).
+    pub(crate) holder: SqlStr,
+    /// `$1` name, `$2` owner, `$3` token, `$4` TTL in µs: one row
+    /// `(refreshed, owner, token, live)`, the last three from the row as it was.
+    pub(crate) refresh: SqlStr,
+    /// `$1` name, `$2` owner, `$3` token, `$4` channel: clears our grant, keeps the row
+    /// (and so the last token) and notifies the channel with the lock name.
+    pub(crate) release: SqlStr,
+    /// `$1` name, `$2` owner, `$3` token, `$4` idle limit: verifies the live grant and
+    /// locks its row `FOR KEY SHARE` until the transaction ends.
+    pub(crate) fence: SqlStr,
+    /// `$1` name, `$2` channel: clears whatever grant the row holds (an operator's break),
+    /// keeps the token, notifies, and returns the removed holder with `live`.
+    pub(crate) break_lock: SqlStr,
+}
+
+impl Statements {
+    pub(crate) fn new(names: &Names) -> Self {
+        let t = &names.table;
+        Self {
+            acquire: sql(acquire(t)),
+            holder: sql(format!(
+                "SELECT {HOLDER} FROM {t} \
+                 WHERE name = $1 AND owner IS NOT NULL AND expires_at > clock_timestamp()"
+            )),
+            refresh: sql(refresh(t)),
+            release: sql(format!(
+                "WITH released AS ( \
+                   UPDATE {t} SET owner = NULL, acquired_at = NULL, expires_at = NULL \
+                    WHERE name = $1 AND owner = $2 AND token = $3 \
+                   RETURNING name) \
+                 SELECT pg_notify($4, name) FROM released"
+            )),
+            break_lock: sql(break_lock(t)),
+            fence: sql(format!(
+                "SELECT token, set_config('idle_in_transaction_session_timeout', $4, true) \
+                   FROM {t} \
+                  WHERE name = $1 AND owner = $2 AND token = $3 \
+                    AND expires_at > clock_timestamp() \
+                    FOR KEY SHARE"
+            )),
+        }
+    }
+}
+
+/// The one-statement acquire.
+///
+/// `taken` updates an existing row that is free, expired or ours; `created` inserts the
+/// first row of a name (`ON CONFLICT DO NOTHING` settles a race between two first
+/// inserts); the last branch reports the live holder when neither happened. Tokens come
+/// from the sequence (the column default), drawn after the row is locked, so they rise
+/// per name in grant order and survive releases, deletes of rows and restarts. An UPDATE
+/// only locks rows whose snapshot version passes its WHERE, so an attempt on a live lease
+/// never waits behind the holder's fenced transaction.
+fn acquire(t: &str) -> String {
+    let expiry = "now() + $3::bigint * interval '1 microsecond'";
+    format!(
+        "WITH taken AS ( \
+           UPDATE {t} AS l \
+              SET owner = $2, token = DEFAULT, acquired_at = now(), expires_at = {expiry} \
+            WHERE l.name = $1 \
+              AND (l.owner IS NULL OR l.expires_at <= now() OR l.owner = $2) \
+           RETURNING l.owner, l.token, l.acquired_at, l.expires_at), \
+         created AS ( \
+           INSERT INTO {t} AS l (name, owner, acquired_at, expires_at) \
+           SELECT $1, $2, now(), {expiry} \
+            WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE name = $1) \
+           ON CONFLICT (name) DO NOTHING \
+           RETURNING l.owner, l.token, l.acquired_at, l.expires_at), \
+         mine AS (SELECT * FROM taken UNION ALL SELECT * FROM created) \
+         SELECT acquired, {HOLDER} FROM ( \
+           SELECT true AS acquired, * FROM mine \
+           UNION ALL \
+           SELECT false, owner, token, acquired_at, expires_at FROM {t} \
+            WHERE name = $1 AND owner IS NOT NULL AND expires_at > now() \
+              AND NOT EXISTS (SELECT 1 FROM mine)) AS outcome"
+    )
+}
+
+/// The one-statement refresh: extends only the live grant `(owner, token)`, never
+/// re-creates, and reports the row as it was so a failure can say why.
+fn refresh(t: &str) -> String {
+    format!(
+        "WITH refreshed AS ( \
+           UPDATE {t} SET expires_at = now() + $4::bigint * interval '1 microsecond' \
+            WHERE name = $1 AND owner = $2 AND token = $3 \
+              AND expires_at > clock_timestamp() \
+           RETURNING token) \
+         SELECT (SELECT count(*) FROM refreshed) AS refreshed, \
+                l.owner, l.token, coalesce(l.expires_at > clock_timestamp(), false) AS live \
+           FROM (VALUES (1)) AS one (x) LEFT JOIN {t} AS l ON l.name = $1"
+    )
+}
+
+/// The one-statement operator break. The `FOR UPDATE` subquery reads the grant as it is
+/// when locked, so the removed holder is reported exactly; the row and its token stay.
+fn break_lock(t: &str) -> String {
+    format!(
+        "WITH old AS ( \
+           SELECT name, owner, token, acquired_at, expires_at FROM {t} \
+            WHERE name = $1 AND owner IS NOT NULL FOR UPDATE), \
+         broken AS ( \
+           UPDATE {t} AS l SET owner = NULL, acquired_at = NULL, expires_at = NULL \
+             FROM old WHERE l.name = old.name \
+           RETURNING old.*) \
+         SELECT {HOLDER}, expires_at > clock_timestamp() AS live, pg_notify($2, name) \
+           FROM broken"
+    )
+}
+
+/// The schema objects (the schema first), created idempotently inside one transaction
+/// that first takes a transaction-scoped advisory lock ([`CREATE_LOCK`]), so concurrent
+/// creators queue instead of failing on the catalog's unique indexes.
+pub(crate) fn create_statements(names: &Names) -> Vec<SqlStr> {
+    let Names {
+        schema,
+        table,
+        sequence,
+    } = names;
+    let seq = dollar_quote(sequence);
+    vec![
+        sql(format!("CREATE SCHEMA IF NOT EXISTS {schema}")),
+        sql(format!(
+            "CREATE SEQUENCE IF NOT EXISTS {sequence} AS bigint MINVALUE 1 NO CYCLE"
+        )),
+        // `token` is UNIQUE on purpose: it makes a token change a key update, which a
+        // fenced transaction's FOR KEY SHARE lock blocks while refreshes pass. Its default
+        // names the sequence by OID, so statements never spell the sequence's name.
+        sql(format!(
+            "CREATE TABLE IF NOT EXISTS {table} ( \
+               name        text PRIMARY KEY, \
+               owner       text, \
+               token       bigint NOT NULL UNIQUE DEFAULT nextval({seq}::regclass), \
+               acquired_at timestamptz, \
+               expires_at  timestamptz, \
+               CHECK ((owner IS NULL) = (expires_at IS NULL) \
+                  AND (owner IS NULL) = (acquired_at IS NULL)))"
+        )),
+    ]
+}
+
+/// `$1` table, `$2` sequence (quoted, qualified): whether both exist already.
+pub(crate) const EXISTS: &str =
+    "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AS present";
+
+/// `$1` schema (quoted): whether it exists already.
+pub(crate) const SCHEMA_EXISTS: &str = "SELECT to_regnamespace($1) IS NOT NULL AS present";
+
+/// `$1` key text: serializes schema creators in this database until commit.
+pub(crate) const CREATE_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))";
+
+/// A string literal that means `text` whatever `standard_conforming_strings` says: dollar
+/// quoting with a tag that does not occur in `text`.
+fn dollar_quote(text: &str) -> String {
+    let mut tag = String::from("$n$");
+    // The first occurrence of the tag after the opening one must be the closing one.
+    while format!("{text}{tag}").find(&tag) != Some(text.len()) {
+        tag.insert(1, 'n');
+    }
+    format!("{tag}{text}{tag}")
+}
+
+fn sql(text: String) -> SqlStr {
+    AssertSqlSafe(std::sync::Arc::<str>::from(text)).into_sql_str()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_quoted_and_qualified() {
+        let config = PostgresConfig::from_url("postgres://h/db")
+            .expect("valid")
+            .with_schema("S\"x")
+            .with_table("it's");
+        let names = Names::new(&config);
+        assert_eq!(names.schema, "\"S\"\"x\"");
+        assert_eq!(names.table, "\"S\"\"x\".\"it's\"");
+        assert_eq!(names.sequence, "\"S\"\"x\".\"it's_fence\"");
+        let ddl = create_statements(&names);
+        assert!(
+            ddl[2]
+                .as_str()
+                .contains("nextval($n$\"S\"\"x\".\"it's_fence\"$n$::regclass)")
+        );
+        assert_eq!(dollar_quote("a$n$b"), "$nn$a$n$b$nn$");
+        assert_eq!(dollar_quote("$nn$$n$"), "$nnn$$nn$$n$$nnn$");
+        assert_eq!(dollar_quote("a$n"), "$nn$a$n$nn$");
+    }
+
+    #[test]
+    fn lock_data_is_always_bound() {
+        let config = PostgresConfig::from_url("postgres://h/db").expect("valid");
+        let s = Statements::new(&Names::new(&config));
+        for statement in [
+            &s.acquire,
+            &s.holder,
+            &s.refresh,
+            &s.release,
+            &s.fence,
+            &s.break_lock,
+        ] {
+            assert!(statement.as_str().contains("name = $1"), "{statement:?}");
+        }
+    }
+}
