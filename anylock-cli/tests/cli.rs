@@ -15,11 +15,28 @@ struct Scene {
 }
 
 impl Scene {
-    fn local() -> Self {
+    fn scratch() -> PathBuf {
         let dir = std::env::temp_dir().join(format!("anylock-cli-{:016x}", rand::random::<u64>()));
         std::fs::create_dir_all(&dir).expect("scratch dir");
+        dir
+    }
+
+    fn local() -> Self {
+        let dir = Self::scratch();
         let backend = format!("local:{}/locks.sqlite3", dir.display());
         Self { dir, backend }
+    }
+
+    /// PostgreSQL from the harness, in a fresh schema; `None` (skip) outside CI without it.
+    fn postgres() -> Option<Self> {
+        let url = conformance::env::require("ANYLOCK_TEST_POSTGRES_URL", "PostgreSQL")?;
+        let schema = format!("cli_{:016x}", rand::random::<u64>());
+        let separator = if url.contains('?') { '&' } else { '?' };
+        let backend = format!("{url}{separator}schema={schema}");
+        Some(Self {
+            dir: Self::scratch(),
+            backend,
+        })
     }
 
     fn command(&self, args: &[&str]) -> Command {
@@ -105,9 +122,7 @@ fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
-#[test]
-fn the_readme_first_command_runs_and_passes_the_exit_code() {
-    let scene = Scene::local();
+fn the_readme_first_command_runs_and_passes_the_exit_code(scene: &Scene) {
     let out = scene.output(&["run", "demo", "--", "echo", "hello"]);
     assert_eq!(code(&out), 0, "{out:?}");
     assert_eq!(String::from_utf8_lossy(&out.stdout), "hello\n");
@@ -126,9 +141,7 @@ fn the_readme_first_command_runs_and_passes_the_exit_code() {
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "demo:4");
 }
 
-#[test]
-fn contending_runs_never_overlap() {
-    let scene = Scene::local();
+fn contending_runs_never_overlap(scene: &Scene) {
     let log = scene.path("log");
     let script = format!(
         "echo start $$ >> {0}; sleep 0.3; echo end $$ >> {0}",
@@ -152,9 +165,7 @@ fn contending_runs_never_overlap() {
     }
 }
 
-#[test]
-fn no_wait_on_a_held_lock_and_a_wait_timeout_have_their_own_codes() {
-    let scene = Scene::local();
+fn no_wait_on_a_held_lock_and_a_wait_timeout_have_their_own_codes(scene: &Scene) {
     let marker = scene.path("holding");
     let hold = format!("touch {}; sleep 5", marker.display());
     let mut holder = scene.spawn(&["run", "job", "--", "sh", "-c", &hold]);
@@ -176,9 +187,7 @@ fn no_wait_on_a_held_lock_and_a_wait_timeout_have_their_own_codes() {
     let _ = holder.wait();
 }
 
-#[test]
-fn a_broken_lock_stops_the_command_and_its_grandchildren_within_the_grace() {
-    let scene = Scene::local();
+fn a_broken_lock_stops_the_command_and_its_grandchildren_within_the_grace(scene: &Scene) {
     let pids = scene.path("pids");
     // Two grandchildren, one of which ignores SIGTERM and needs the SIGKILL.
     let script = format!(
@@ -212,9 +221,7 @@ fn a_broken_lock_stops_the_command_and_its_grandchildren_within_the_grace() {
     }
 }
 
-#[test]
-fn sigterm_is_forwarded_and_the_command_decides_the_exit_code() {
-    let scene = Scene::local();
+fn sigterm_is_forwarded_and_the_command_decides_the_exit_code(scene: &Scene) {
     let (ready, got) = (scene.path("ready"), scene.path("got"));
     let script = format!(
         "trap 'echo term > {1}; exit 3' TERM; touch {0}; while true; do sleep 0.05; done",
@@ -304,4 +311,42 @@ fn help_lists_examples_and_exit_codes_and_completions_generate() {
     assert!(String::from_utf8_lossy(&bash.stdout).contains("_anylock()"));
     let table = String::from_utf8_lossy(&scene.output(&["guarantees"]).stdout).to_string();
     assert!(table.contains("| `local` |"), "{table}");
+}
+
+/// Stamps one test per backend for each scenario.
+macro_rules! on_every_backend {
+    ($($scenario:ident),* $(,)?) => {
+        mod local {
+            $( #[test] fn $scenario() { super::$scenario(&super::Scene::local()); } )*
+        }
+        mod postgres {
+            $( #[test] fn $scenario() {
+                if let Some(scene) = super::Scene::postgres() { super::$scenario(&scene); }
+            } )*
+        }
+    };
+}
+
+on_every_backend!(
+    the_readme_first_command_runs_and_passes_the_exit_code,
+    contending_runs_never_overlap,
+    no_wait_on_a_held_lock_and_a_wait_timeout_have_their_own_codes,
+    a_broken_lock_stops_the_command_and_its_grandchildren_within_the_grace,
+    sigterm_is_forwarded_and_the_command_decides_the_exit_code,
+);
+
+#[test]
+fn an_unreachable_server_is_one_line_and_exit_code_125() {
+    let scene = Scene::local();
+    let mut command = scene.command(&["run", "job", "--wait", "2s", "--", "true"]);
+    command.env(
+        "ANYLOCK_BACKEND",
+        "postgres://postgres:hunter2@127.0.0.1:1/nowhere",
+    );
+    let out = command.output().expect("run");
+    let lines = stderr_lines(&out);
+    assert_eq!(code(&out), 125, "{lines:?}");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].starts_with("anylock: postgres"), "{lines:?}");
+    assert!(!lines[0].contains("hunter2"), "password leaked: {lines:?}");
 }

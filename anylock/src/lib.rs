@@ -148,6 +148,17 @@ async fn connect_url(url: &BackendUrl) -> Result<Arc<dyn LockBackend>, Error> {
             let config = backend_local::LocalConfig::from_url(url.expose())?;
             Ok(Arc::new(backend_local::LocalBackend::open(config).await?))
         }
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => {
+            let config = backend_postgres::PostgresConfig::from_url(url.expose())?;
+            Ok(Arc::new(
+                backend_postgres::PostgresBackend::connect(config).await?,
+            ))
+        }
+        #[cfg(feature = "etcd")]
+        "etcd" | "etcds" => Ok(Arc::new(
+            backend_etcd::EtcdBackend::from_url(url.expose()).await?,
+        )),
         _ => Err(Error::new(
             ErrorKind::Config,
             format!(
@@ -184,6 +195,10 @@ pub fn compiled_guarantees() -> Vec<(&'static str, Guarantees)> {
     [
         #[cfg(feature = "local")]
         ("local", backend_local::guarantees()),
+        #[cfg(feature = "postgres")]
+        ("postgres", backend_postgres::guarantees()),
+        #[cfg(feature = "etcd")]
+        ("etcd", backend_etcd::guarantees()),
         ("memory", MemoryBackend::new().guarantees()),
     ]
     .into()
