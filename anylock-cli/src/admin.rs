@@ -118,16 +118,35 @@ pub(crate) async fn check(url: Option<String>, config: &Config) -> Result<(), Er
         "permissions:  ok (probe lock {name} acquired and released in {:?})",
         t.elapsed()
     );
-    println!(
-        "clock skew:   not exposed by the {} backend",
-        backend.backend_name()
-    );
+    println!("clock skew:   {}", skew(&*backend).await?);
     let g = backend.guarantees();
     println!(
         "guarantees:   {}, fencing {:?}, waiters {:?}",
         g.exclusion, g.fencing, g.waiting
     );
     Ok(())
+}
+
+/// The server clock minus ours, bracketed by the round trip: `+12ms ± 1ms`.
+async fn skew(backend: &dyn lockcore::LockBackend) -> Result<String, Error> {
+    let before = std::time::SystemTime::now();
+    let t = Instant::now();
+    let Some(server) = backend.server_time().await? else {
+        return Ok(format!(
+            "not exposed by the {} backend",
+            backend.backend_name()
+        ));
+    };
+    let rtt = t.elapsed();
+    let midpoint = before + rtt / 2;
+    let (sign, skew) = match server.duration_since(midpoint) {
+        Ok(ahead) => ('+', ahead),
+        Err(behind) => ('-', behind.duration()),
+    };
+    Ok(format!(
+        "server clock {sign}{skew:?} ± {:?} relative to this machine",
+        rtt / 2
+    ))
 }
 
 /// Maps a missing-operation error to a helpful message.

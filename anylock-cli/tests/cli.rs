@@ -350,3 +350,24 @@ fn an_unreachable_server_is_one_line_and_exit_code_125() {
     assert!(lines[0].starts_with("anylock: postgres"), "{lines:?}");
     assert!(!lines[0].contains("hunter2"), "password leaked: {lines:?}");
 }
+
+#[test]
+fn check_reports_round_trip_permissions_and_clock_skew() {
+    let scene = Scene::local();
+    let out = scene.output(&["check"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(code(&out), 0, "{text} {:?}", stderr_lines(&out));
+    assert!(text.contains("permissions:  ok"), "{text}");
+    assert!(
+        text.contains("clock skew:   not exposed by the local backend"),
+        "{text}"
+    );
+    let Some(postgres) = Scene::postgres() else {
+        return;
+    };
+    let out = postgres.output(&["check"]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(code(&out), 0, "{text} {:?}", stderr_lines(&out));
+    assert!(text.contains("clock skew:   server clock"), "{text}");
+    assert!(text.contains("round trip:"), "{text}");
+}

@@ -220,6 +220,21 @@ impl LockBackend for PostgresBackend {
         .map_err(context)
     }
 
+    async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
+        let c = self.client();
+        let micros: i64 = c
+            .run(Effect::Read, async |conn| {
+                let row =
+                    sqlx::query("SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8")
+                        .fetch_one(conn)
+                        .await?;
+                row.try_get(0)
+            })
+            .await?;
+        let micros = u64::try_from(micros).unwrap_or(0);
+        Ok(Some(UNIX_EPOCH + Duration::from_micros(micros)))
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let c = self.client();
         c.run(Effect::Read, async |conn| {

@@ -111,6 +111,16 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         .with_lock(name))
     }
 
+    /// The server's current wall-clock time, where the backend exposes it, so tools can
+    /// estimate clock skew (`anylock check`). Expiry never depends on this.
+    ///
+    /// # Contract
+    /// - `Ok(None)` when the server has no clock to report (the default).
+    /// - One round trip; the caller brackets it with its own clock readings.
+    async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
+        Ok(None)
+    }
+
     /// Subscribes to release notifications for `name`.
     ///
     /// # Contract
@@ -149,6 +159,9 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
     }
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         (**self).break_lock(name).await
+    }
+    async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
+        (**self).server_time().await
     }
     async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
         (**self).subscribe(name).await
