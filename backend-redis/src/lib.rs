@@ -1,6 +1,112 @@
-//! anylock backend for redis.
+//! anylock backends for Redis.
 //!
-//! This crate is a placeholder: the backend lands with its own issue. It depends on
-//! [`lockcore`] so the workspace's dependency direction is fixed from the start.
+//! - [`RedisBackend`]: one Redis server. Acquire, refresh and release are one script call
+//!   (one round trip) each; every grant gets a fencing token from a counter key that is
+//!   never deleted; a release publishes a notification so waiters wake at once.
+//! - [`RedlockBackend`]: seed 001's Redlock over N independent servers: a quorum of N/2+1,
+//!   validity = TTL − elapsed − drift, release everywhere on failure. No fencing tokens.
+//!
+//! # Which one to use
+//! - **Efficiency locks** (a lock that saves duplicate work; a rare double grant costs a
+//!   little): use [`RedisBackend`]. It is the cheapest lock here, and Redlock's five
+//!   servers buy little for this use (seed 003).
+//! - **Correctness locks** (a double grant corrupts data): neither Redis mode is safe by
+//!   itself. Redlock is *not* the answer: its safety depends on timing and it has no
+//!   fencing token (seed 003). Use a consensus or transactional backend (etcd,
+//!   PostgreSQL), or [`RedisBackend`] with the protected resource rejecting writes whose
+//!   [fence token](lockcore::LockBackend::fence_token) is lower than one it has seen, on a
+//!   node that keeps its data (`appendfsync always`, no failover to an async replica).
+//!
+//! See `docs/redis.md` for the key layout, the scripts and measured costs.
+//!
+//! # URLs
+//! - Single instance: `redis://[user:password@]host[:port][/db][?params]`, or `rediss://`
+//!   for TLS (`#insecure` skips certificate verification: test servers only, and only
+//!   with the `tls-insecure` cargo feature).
+//! - Redlock: `redlock://[user:password@]host1:port1,host2:port2,…[/db][?params]`
+//!   (`redlocks://` for TLS), or a comma-separated list of full node URLs
+//!   (`redis://a:6379,redis://b:6379,…`) when the nodes differ in credentials or database.
+//!
+//! Parameters: `prefix` (key prefix, default `anylock`), `timeout_ms` (per call; per node
+//! under Redlock; defaults [`DEFAULT_TIMEOUT`] and [`DEFAULT_NODE_TIMEOUT`]),
+//! `connect_timeout_ms` ([`DEFAULT_CONNECT_TIMEOUT`]), and `protocol` (`resp2`/`resp3`,
+//! passed to the client). Unknown parameters are rejected, so a typo cannot silently change
+//! behaviour. `Debug` and `Display` of the configurations show the password as `***`, and
+//! no error message contains it.
+//!
+//! # Example
+//! ```no_run
+//! use std::{sync::Arc, time::Duration};
+//! use backend_redis::{RedisBackend, RedisConfig};
+//! use lockcore::{LockOptions, Locker};
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lockcore::Error> {
+//! let config = RedisConfig::from_url("redis://127.0.0.1:6379/0?prefix=myapp")?;
+//! let backend = RedisBackend::connect(config).await?;
+//! let locker = Locker::new(Arc::new(backend))
+//!     .with_options(LockOptions::new(Duration::from_secs(30)));
+//! let guard = locker.acquire("nightly-report").await?;
+//! let token = guard.fence_token().expect("the single-instance backend fences");
+//! println!("send fence token {token} with every write to the report store");
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! Redlock, from one URL listing the nodes:
+//! ```no_run
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), lockcore::Error> {
+//! let url = "redlock://h1:6379,h2:6379,h3:6379,h4:6379,h5:6379";
+//! let backend = backend_redis::connect(url).await?;
+//! assert_eq!(backend.backend_name(), "redlock");
+//! # Ok(()) }
+//! ```
 
+mod backend;
+mod client;
+mod config;
+mod keys;
+mod node_url;
+mod notify;
+mod redlock;
+
+use std::sync::Arc;
+
+use lockcore::{LockBackend, Result};
+
+pub use backend::{RedisBackend, guarantees};
+pub use config::{
+    DEFAULT_CONNECT_TIMEOUT, DEFAULT_NODE_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_PREFIX_LEN,
+    RedisConfig, RedlockConfig,
+};
+pub use keys::LockKeys;
 pub use lockcore;
+pub use redlock::{RedlockBackend, guarantees as redlock_guarantees};
+
+/// URL schemes of the single-instance backend (`rediss` is TLS).
+pub const SCHEMES: &[&str] = &["redis", "rediss"];
+/// URL schemes of the Redlock backend (`redlocks` is TLS).
+pub const REDLOCK_SCHEMES: &[&str] = &["redlock", "redlocks"];
+
+/// Connects to the backend a URL names: `redis://`/`rediss://` for one server;
+/// `redlock://`/`redlocks://`, or several comma-separated `redis://` URLs, for Redlock.
+///
+/// # Errors
+/// As [`RedisBackend::from_url`] and [`RedlockBackend::from_url`].
+///
+/// # Cancel safety
+/// Cancel safe.
+pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>> {
+    let url = url.trim();
+    let redlock = REDLOCK_SCHEMES
+        .iter()
+        .any(|scheme| url.starts_with(&format!("{scheme}://")))
+        || SCHEMES
+            .iter()
+            .any(|scheme| url.contains(&format!(",{scheme}://")));
+    if redlock {
+        Ok(Arc::new(RedlockBackend::from_url(url).await?))
+    } else {
+        Ok(Arc::new(RedisBackend::from_url(url).await?))
+    }
+}

@@ -1,0 +1,248 @@
+//! [`RedisBackend`]: the lock on one Redis server, with fencing tokens.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lockcore::{
+    Acquire, AcquireRequest, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
+    Fencing, Guarantees, HolderInfo, Lease, LockBackend, LockName, ReleaseEvents, Result, Waiting,
+};
+
+use crate::client::{AcquireReply, Node, RefreshReply};
+use crate::config::RedisConfig;
+use crate::keys::{self, LockKeys, StoredValue};
+
+const NOTES: &str = "One Redis node keeps the lock in memory: a crash or restart without \
+    appendfsync=always, or a failover to an asynchronously replicated replica, can forget a \
+    held lock and grant it twice. Fence tokens come from a counter key that is never \
+    deleted, so they rise strictly while the node keeps its data; a counter lost in a crash \
+    restarts lower, which makes a resource that checks tokens reject the new holder (safe, \
+    but it needs an operator). Expiry is decided by the server's clock. Good for efficiency \
+    locks; for correctness locks, have the protected resource check the fence token.";
+
+/// The lock on one Redis server (seed 001's single-instance algorithm, plus fencing).
+///
+/// - `acquire`: one script (`EVALSHA`): `SET key value NX PX ttl` and `INCR` of the fence
+///   counter, or a retake when the stored owner is the requester.
+/// - `refresh`: one script: compare the value, then `PEXPIRE`.
+/// - `release`: one script: compare the value, then `DEL` and `PUBLISH` to wake waiters.
+/// - `break_lock`: one script: `DEL` whatever grant is there and `PUBLISH`; the fence
+///   counter is kept, so the next grant's token is still greater.
+///
+/// Cheap to clone; clones share the connections.
+#[derive(Clone)]
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    node: Node,
+    config: RedisConfig,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}
+
+impl RedisBackend {
+    /// Connects and checks the server with one `PING`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a bad configuration; [`ErrorKind::Unavailable`] when
+    /// the server cannot be reached in time; [`ErrorKind::PermissionDenied`] for rejected
+    /// credentials.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it holds no lock state; a connection attempt may finish in the background.
+    pub async fn connect(config: RedisConfig) -> Result<Self> {
+        let backend = Self::connect_lazy(config).await?;
+        backend.inner.node.ping().await?;
+        Ok(backend)
+    }
+
+    /// Parses `url` ([`RedisConfig::from_url`]) and [connects](Self::connect).
+    ///
+    /// # Errors
+    /// As [`RedisConfig::from_url`] and [`connect`](Self::connect).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(RedisConfig::from_url(url)?).await
+    }
+
+    /// Builds the backend without contacting the server; the first call connects. Async
+    /// only because it must run inside a Tokio runtime.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a bad configuration.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it makes no network calls.
+    pub async fn connect_lazy(config: RedisConfig) -> Result<Self> {
+        config.validate().map_err(|e| e.with_backend("redis"))?;
+        let node = Node::lazy(config.node(), config.timeout(), config.connect_timeout())?;
+        Ok(Self {
+            inner: Arc::new(Inner { node, config }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    /// The Redis keys and channel of `name`.
+    pub fn keys(&self, name: &LockName) -> LockKeys {
+        LockKeys::new(self.inner.config.prefix(), name)
+    }
+
+    fn node(&self) -> &Node {
+        &self.inner.node
+    }
+}
+
+/// What [`RedisBackend`] promises, without connecting (for comparison tables). See
+/// `docs/redis.md` for why each field has its value.
+pub fn guarantees() -> Guarantees {
+    Guarantees::new(
+        Exclusion::SingleNode,
+        Fencing::Monotonic,
+        ExpiryClock::Server,
+    )
+    .with_waiting(Waiting::Notified)
+    .with_fairness(Fairness::None)
+    .with_same_owner_retake(true)
+    .with_durability(Durability::LostOnRestart)
+    .with_notes(NOTES)
+}
+
+/// A TTL in whole milliseconds (`PX` takes integers; rounding down never promises more).
+pub(crate) fn ttl_millis(ttl: Duration) -> Result<u64> {
+    match u64::try_from(ttl.as_millis()) {
+        Ok(ms) if ms > 0 => Ok(ms),
+        _ => Err(Error::invalid_input(format!(
+            "TTL {ttl:?} is not a positive whole number of milliseconds that Redis accepts"
+        ))),
+    }
+}
+
+fn in_context(err: Error, backend: &str, name: &LockName) -> Error {
+    err.with_backend(backend.to_owned()).with_lock(name)
+}
+
+#[async_trait]
+impl LockBackend for RedisBackend {
+    fn backend_name(&self) -> &str {
+        "redis"
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let name = &request.name;
+        let ttl_ms = ttl_millis(request.ttl).map_err(|e| in_context(e, "redis", name))?;
+        let keys = self.keys(name);
+        let owner = request.owner.as_str();
+        let suffix = keys::value_suffix(&keys::new_nonce(), &request.owner);
+        let reply = self
+            .node()
+            .acquire(&keys, true, ttl_ms, owner, &suffix)
+            .await
+            .map_err(|e| in_context(e, "redis", name))?;
+        match reply {
+            AcquireReply::Granted(value) => {
+                let token = StoredValue::parse(&value).and_then(|v| v.fence_token());
+                let token = token.ok_or_else(|| {
+                    let err = Error::new(ErrorKind::Protocol, "the grant carries no fence token");
+                    in_context(err, "redis", name)
+                })?;
+                let ttl = Duration::from_millis(ttl_ms);
+                let lease = Lease::new(name.clone(), request.owner.clone(), ttl, value);
+                Ok(Acquire::Acquired(lease.with_token(token)))
+            }
+            AcquireReply::Held { value, pttl } => {
+                Ok(Acquire::Held(keys::holder_info(&value, pttl)))
+            }
+        }
+    }
+
+    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        let name = lease.name();
+        let ttl_ms = ttl_millis(lease.ttl()).map_err(|e| in_context(e, "redis", name))?;
+        let reply = self
+            .node()
+            .refresh(&self.keys(name), lease.grant(), ttl_ms)
+            .await
+            .map_err(|e| in_context(e, "redis", name))?;
+        let lost = match reply {
+            RefreshReply::Extended => return Ok(lease.clone()),
+            RefreshReply::Missing => Error::lost("the lock key was deleted or expired"),
+            RefreshReply::Changed(value) => {
+                Error::lost(format!("taken over by {}", keys::owner_of(&value)))
+            }
+        };
+        Err(in_context(lost, "redis", name))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let name = lease.name();
+        let released = self
+            .node()
+            .release(&self.keys(name), lease.grant())
+            .await
+            .map_err(|e| in_context(e, "redis", name))?;
+        if !released {
+            tracing::debug!(lock = %name, "release: the lease was already gone");
+        }
+        Ok(())
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        let found = self
+            .node()
+            .inspect(&self.keys(name))
+            .await
+            .map_err(|e| in_context(e, "redis", name))?;
+        Ok(found.map(|(value, pttl)| keys::holder_info(&value, pttl)))
+    }
+
+    async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        let removed = self
+            .node()
+            .break_lock(&self.keys(name))
+            .await
+            .map_err(|e| in_context(e, "redis", name))?;
+        Ok(removed.map(|(value, pttl)| keys::holder_info(&value, pttl)))
+    }
+
+    fn guarantees(&self) -> Guarantees {
+        guarantees()
+    }
+
+    async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
+        let events = self
+            .node()
+            .subscribe(&self.keys(name))
+            .await
+            .map_err(|e| in_context(e, "redis", name))?;
+        Ok(Some(events))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_down_to_whole_milliseconds() {
+        assert_eq!(ttl_millis(Duration::from_micros(1500)).expect("ok"), 1);
+        assert_eq!(ttl_millis(Duration::from_secs(30)).expect("ok"), 30_000);
+        let err = ttl_millis(Duration::from_micros(999)).expect_err("too short");
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    }
+}

@@ -1,0 +1,479 @@
+//! Wire calls: the Lua scripts, one server's connection, and the one table that maps Redis
+//! client errors to lockcore error kinds.
+//!
+//! Every lock operation is one `EVALSHA` (one round trip). The `redis` crate's [`Script`]
+//! answers `NOSCRIPT` (after a `SCRIPT FLUSH` or a server restart) by loading the script
+//! and sending the `EVALSHA` again, so only that rare call takes three round trips.
+
+use std::fmt;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+use lockcore::{Error, ErrorKind, ReleaseEvents, Result};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{RedisError, Script, ScriptInvocation, Value};
+
+use crate::keys::LockKeys;
+use crate::node_url::NodeUrl;
+use crate::notify::Notifier;
+
+/// Takes the lock if it is free or already ours (same owner: a retake with a new grant).
+///
+/// The fence counter is incremented only when a grant is made and never deleted, so tokens
+/// keep rising across releases and expiries. Redlock passes no counter key: token `0`.
+pub(crate) const ACQUIRE_LUA: &str = r"
+-- KEYS[1] lock key; KEYS[2] fence counter (single instance only)
+-- ARGV[1] TTL in ms; ARGV[2] owner; ARGV[3] value suffix ':<unix ms>:<nonce>:<owner>'
+local current = redis.call('GET', KEYS[1])
+if current and string.match(current, '^%d+:%d+:%x+:(.*)$') ~= ARGV[2] then
+  return {0, current, redis.call('PTTL', KEYS[1])}
+end
+local token = 0
+if KEYS[2] then
+  token = redis.call('INCR', KEYS[2])
+end
+local value = string.format('%d', token) .. ARGV[3]
+if current then
+  redis.call('SET', KEYS[1], value, 'PX', ARGV[1])
+else
+  redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[1])
+end
+return {1, value}
+";
+
+/// Extends the lock only if it still holds exactly our value; never re-creates it.
+pub(crate) const REFRESH_LUA: &str = r"
+-- KEYS[1] lock key; ARGV[1] our value; ARGV[2] TTL in ms
+local current = redis.call('GET', KEYS[1])
+if current == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if current then
+  return current
+end
+return 0
+";
+
+/// Deletes the lock only if it still holds exactly our value, and wakes waiters.
+pub(crate) const RELEASE_LUA: &str = r"
+-- KEYS[1] lock key; ARGV[1] our value; ARGV[2] release channel
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  redis.call('PUBLISH', ARGV[2], 'released')
+  return 1
+end
+return 0
+";
+
+/// An operator's break: deletes whatever grant holds the lock and wakes waiters; returns
+/// the removed value and its `PTTL`. The fence counter is untouched, so tokens keep rising.
+pub(crate) const BREAK_LUA: &str = r"
+-- KEYS[1] lock key; ARGV[1] release channel
+local current = redis.call('GET', KEYS[1])
+if not current then
+  return false
+end
+local pttl = redis.call('PTTL', KEYS[1])
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[1], 'released')
+return {current, pttl}
+";
+
+/// Reads the value and remaining TTL together (atomically).
+pub(crate) const INSPECT_LUA: &str = r"
+-- KEYS[1] lock key
+local current = redis.call('GET', KEYS[1])
+if current then
+  return {current, redis.call('PTTL', KEYS[1])}
+end
+return false
+";
+
+static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
+static REFRESH: LazyLock<Script> = LazyLock::new(|| Script::new(REFRESH_LUA));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
+static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
+static BREAK: LazyLock<Script> = LazyLock::new(|| Script::new(BREAK_LUA));
+
+/// Which call failed; decides whether a lost reply leaves the outcome unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Call {
+    Connect,
+    Ping,
+    Acquire,
+    Refresh,
+    Release,
+    Inspect,
+    Break,
+    Subscribe,
+    Unsubscribe,
+}
+
+impl Call {
+    /// Whether the call writes: a timeout or dropped connection may have applied it.
+    fn writes(self) -> bool {
+        matches!(
+            self,
+            Self::Acquire | Self::Refresh | Self::Release | Self::Break
+        )
+    }
+}
+
+impl fmt::Display for Call {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Connect => "connect",
+            Self::Ping => "ping",
+            Self::Acquire => "acquire",
+            Self::Refresh => "refresh",
+            Self::Release => "release",
+            Self::Inspect => "inspect",
+            Self::Break => "break",
+            Self::Subscribe => "subscribe",
+            Self::Unsubscribe => "unsubscribe",
+        })
+    }
+}
+
+/// The error kind for a Redis client error: the one mapping table of this crate.
+///
+/// The retry status follows from the kind: `Unavailable` and `OutcomeUnknown` are
+/// temporary, everything else permanent.
+fn classify(err: &RedisError, call: Call) -> ErrorKind {
+    use redis::ErrorKind as K;
+    use redis::ServerErrorKind as S;
+    match err.kind() {
+        K::AuthenticationFailed | K::Server(S::NoPerm) => ErrorKind::PermissionDenied,
+        K::InvalidClientConfig | K::RESP3NotSupported | K::Client => ErrorKind::Config,
+        // A Redis Cluster answered: point the URL at one node (or use the hash-tagged keys
+        // with a cluster-aware proxy).
+        K::Server(S::Moved | S::Ask | S::CrossSlot) => ErrorKind::Config,
+        K::Server(S::BusyLoading | S::TryAgain | S::ClusterDown | S::MasterDown | S::ReadOnly) => {
+            ErrorKind::Unavailable
+        }
+        // Flushed again between SCRIPT LOAD and EVALSHA: the next attempt reloads.
+        K::Server(S::NoScript) => ErrorKind::Unavailable,
+        K::Io if err.is_connection_refusal() => ErrorKind::Unavailable,
+        K::Io if call.writes() => ErrorKind::OutcomeUnknown,
+        K::Io => ErrorKind::Unavailable,
+        K::Extension => match err.code() {
+            Some("NOAUTH" | "WRONGPASS" | "NOPERM") => ErrorKind::PermissionDenied,
+            Some("OOM" | "BUSY" | "LOADING" | "MASTERDOWN") => ErrorKind::Unavailable,
+            _ => ErrorKind::Protocol,
+        },
+        _ => ErrorKind::Protocol,
+    }
+}
+
+/// Maps a Redis client error to a lockcore error naming the call and the (redacted) node.
+pub(crate) fn map_error(err: &RedisError, call: Call, node: &str) -> Error {
+    Error::new(classify(err, call), format!("{call} on {node}: {err}"))
+        .with_backend("redis")
+        .with_source(err.clone())
+}
+
+/// The error for a call that got no reply in time.
+pub(crate) fn timed_out(call: Call, node: &str, limit: Duration) -> Error {
+    let kind = if call.writes() {
+        ErrorKind::OutcomeUnknown
+    } else {
+        ErrorKind::Unavailable
+    };
+    Error::new(kind, format!("{call} on {node}: no reply within {limit:?}")).with_backend("redis")
+}
+
+fn malformed(call: Call, node: &str) -> Error {
+    Error::new(
+        ErrorKind::Protocol,
+        format!("{call} on {node}: unexpected script reply"),
+    )
+    .with_backend("redis")
+}
+
+/// What the acquire script answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum AcquireReply {
+    /// The lock is ours; the stored value.
+    Granted(String),
+    /// Someone else holds it: their value and `PTTL`.
+    Held { value: String, pttl: i64 },
+}
+
+/// What the refresh script answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RefreshReply {
+    Extended,
+    Missing,
+    /// Another grant holds the key: its value.
+    Changed(String),
+}
+
+/// One Redis server: a reconnecting multiplexed connection with per-call timeouts, and a
+/// shared pub/sub connection for release notifications.
+#[derive(Clone)]
+pub(crate) struct Node {
+    manager: ConnectionManager,
+    notifier: Arc<Notifier>,
+    label: Arc<str>,
+    timeout: Duration,
+}
+
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Node")
+            .field("url", &self.label)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Node {
+    /// A node that connects on first use. Each call waits at most `timeout` for its reply;
+    /// a broken connection is re-established once per failing call (no retry loop here).
+    /// Must run inside a Tokio runtime.
+    pub(crate) fn lazy(
+        url: &NodeUrl,
+        timeout: Duration,
+        connect_timeout: Duration,
+    ) -> Result<Self> {
+        let label: Arc<str> = Arc::from(url.redacted());
+        if url.is_tls() {
+            install_tls_provider();
+        }
+        let client = url.client()?;
+        let config = ConnectionManagerConfig::new()
+            .set_number_of_retries(0)
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(timeout));
+        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config)
+            .map_err(|err| map_error(&err, Call::Connect, &label))?;
+        let notifier = Notifier::new(client, Arc::clone(&label), timeout, connect_timeout);
+        Ok(Self {
+            manager,
+            notifier: Arc::new(notifier),
+            label,
+            timeout,
+        })
+    }
+
+    /// The node's URL, password redacted.
+    pub(crate) fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// One `PING`: proves the server is reachable and accepts our credentials.
+    pub(crate) async fn ping(&self) -> Result<()> {
+        let mut conn = self.manager.clone();
+        let ping = redis::cmd("PING");
+        let reply = tokio::time::timeout(self.timeout, ping.query_async::<Value>(&mut conn)).await;
+        match reply {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(err)) => Err(map_error(&err, Call::Ping, &self.label)),
+            Err(_) => Err(timed_out(Call::Ping, &self.label, self.timeout)),
+        }
+    }
+
+    /// Runs the acquire script. `fenced` adds the fence counter (single instance).
+    pub(crate) async fn acquire(
+        &self,
+        keys: &LockKeys,
+        fenced: bool,
+        ttl_ms: u64,
+        owner: &str,
+        suffix: &str,
+    ) -> Result<AcquireReply> {
+        let mut invocation = ACQUIRE.prepare_invoke();
+        invocation.key(keys.lock());
+        if fenced {
+            invocation.key(keys.fence());
+        }
+        invocation.arg(ttl_ms).arg(owner).arg(suffix);
+        let reply = self.run(Call::Acquire, &invocation).await?;
+        decode_acquire(reply).ok_or_else(|| malformed(Call::Acquire, &self.label))
+    }
+
+    /// Runs the refresh script: `PEXPIRE ttl_ms` if the key still holds `value`.
+    pub(crate) async fn refresh(
+        &self,
+        keys: &LockKeys,
+        value: &str,
+        ttl_ms: u64,
+    ) -> Result<RefreshReply> {
+        let mut invocation = REFRESH.prepare_invoke();
+        invocation.key(keys.lock()).arg(value).arg(ttl_ms);
+        match self.run(Call::Refresh, &invocation).await? {
+            Value::Int(1) => Ok(RefreshReply::Extended),
+            Value::Int(0) => Ok(RefreshReply::Missing),
+            other => text(&other)
+                .map(RefreshReply::Changed)
+                .ok_or_else(|| malformed(Call::Refresh, &self.label)),
+        }
+    }
+
+    /// Runs the release script; `true` when our key was deleted (and waiters notified).
+    pub(crate) async fn release(&self, keys: &LockKeys, value: &str) -> Result<bool> {
+        let mut invocation = RELEASE.prepare_invoke();
+        invocation.key(keys.lock()).arg(value).arg(keys.channel());
+        match self.run(Call::Release, &invocation).await? {
+            Value::Int(n) => Ok(n == 1),
+            _ => Err(malformed(Call::Release, &self.label)),
+        }
+    }
+
+    /// Reads the stored value and its `PTTL`; `None` when the key does not exist.
+    pub(crate) async fn inspect(&self, keys: &LockKeys) -> Result<Option<(String, i64)>> {
+        let mut invocation = INSPECT.prepare_invoke();
+        invocation.key(keys.lock());
+        let reply = self.run(Call::Inspect, &invocation).await?;
+        decode_found(reply).ok_or_else(|| malformed(Call::Inspect, &self.label))
+    }
+
+    /// Deletes whatever grant holds `keys` and notifies waiters; the removed value and its
+    /// `PTTL`, or `None` when the key did not exist.
+    pub(crate) async fn break_lock(&self, keys: &LockKeys) -> Result<Option<(String, i64)>> {
+        let mut invocation = BREAK.prepare_invoke();
+        invocation.key(keys.lock()).arg(keys.channel());
+        let reply = self.run(Call::Break, &invocation).await?;
+        decode_found(reply).ok_or_else(|| malformed(Call::Break, &self.label))
+    }
+
+    /// Subscribes to the release channel of `keys`.
+    pub(crate) async fn subscribe(&self, keys: &LockKeys) -> Result<ReleaseEvents> {
+        self.notifier.subscribe(keys.channel()).await
+    }
+
+    /// One `EVALSHA` bounded by the per-call timeout (plus `SCRIPT LOAD` after `NOSCRIPT`).
+    async fn run(&self, call: Call, invocation: &ScriptInvocation<'_>) -> Result<Value> {
+        let mut conn = self.manager.clone();
+        let reply = tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await;
+        match reply {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(map_error(&err, call, &self.label)),
+            Err(_) => Err(timed_out(call, &self.label, self.timeout)),
+        }
+    }
+}
+
+fn text(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// `false` (nil) → `Some(None)`; `{value, pttl}` → `Some(Some(..))`; anything else → `None`.
+fn decode_found(reply: Value) -> Option<Option<(String, i64)>> {
+    match reply {
+        Value::Nil | Value::Boolean(false) => Some(None),
+        Value::Array(items) => match items.as_slice() {
+            [value, Value::Int(pttl)] => Some(Some((text(value)?, *pttl))),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+fn decode_acquire(reply: Value) -> Option<AcquireReply> {
+    let Value::Array(items) = reply else {
+        return None;
+    };
+    match items.as_slice() {
+        [Value::Int(1), value] => Some(AcquireReply::Granted(text(value)?)),
+        [Value::Int(0), value, Value::Int(pttl)] => Some(AcquireReply::Held {
+            value: text(value)?,
+            pttl: *pttl,
+        }),
+        _ => None,
+    }
+}
+
+/// Makes ring the process's rustls provider unless the application chose one.
+#[cfg(feature = "tls")]
+fn install_tls_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race to another installer is fine: some provider is then in place.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+#[cfg(not(feature = "tls"))]
+fn install_tls_provider() {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn io(kind: std::io::ErrorKind) -> RedisError {
+        RedisError::from(std::io::Error::from(kind))
+    }
+
+    #[test]
+    fn lost_replies_of_writes_are_outcome_unknown() {
+        let reset = io(std::io::ErrorKind::ConnectionReset);
+        assert_eq!(classify(&reset, Call::Acquire), ErrorKind::OutcomeUnknown);
+        assert_eq!(classify(&reset, Call::Release), ErrorKind::OutcomeUnknown);
+        assert_eq!(classify(&reset, Call::Inspect), ErrorKind::Unavailable);
+        let refused = io(std::io::ErrorKind::ConnectionRefused);
+        assert_eq!(classify(&refused, Call::Acquire), ErrorKind::Unavailable);
+        let late = timed_out(Call::Refresh, "redis://h:1", Duration::from_millis(5));
+        assert_eq!(late.kind(), ErrorKind::OutcomeUnknown);
+        assert!(late.is_temporary());
+        let late = timed_out(Call::Ping, "redis://h:1", Duration::from_millis(5));
+        assert_eq!(late.kind(), ErrorKind::Unavailable);
+    }
+
+    #[test]
+    fn server_errors_map_to_kinds() {
+        let cases = [
+            (
+                redis::ErrorKind::AuthenticationFailed,
+                ErrorKind::PermissionDenied,
+            ),
+            (redis::ErrorKind::InvalidClientConfig, ErrorKind::Config),
+            (redis::ErrorKind::Parse, ErrorKind::Protocol),
+            (
+                redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading),
+                ErrorKind::Unavailable,
+            ),
+            (
+                redis::ErrorKind::Server(redis::ServerErrorKind::Moved),
+                ErrorKind::Config,
+            ),
+            (
+                redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+                ErrorKind::Protocol,
+            ),
+        ];
+        for (redis_kind, expected) in cases {
+            let err = RedisError::from((redis_kind, "test"));
+            assert_eq!(classify(&err, Call::Acquire), expected, "{redis_kind:?}");
+        }
+        let err = map_error(
+            &RedisError::from((redis::ErrorKind::AuthenticationFailed, "nope")),
+            Call::Ping,
+            "redis://u:***@h:1",
+        );
+        assert_eq!(err.backend(), Some("redis"));
+        assert!(!err.is_temporary());
+    }
+
+    #[test]
+    fn replies_decode() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        assert_eq!(
+            decode_acquire(Value::Array(vec![Value::Int(1), bulk("v")])),
+            Some(AcquireReply::Granted("v".into()))
+        );
+        assert_eq!(
+            decode_acquire(Value::Array(vec![Value::Int(0), bulk("w"), Value::Int(-1)])),
+            Some(AcquireReply::Held {
+                value: "w".into(),
+                pttl: -1
+            })
+        );
+        assert_eq!(decode_acquire(Value::Int(1)), None);
+        assert_eq!(decode_acquire(Value::Array(vec![Value::Int(2)])), None);
+    }
+}

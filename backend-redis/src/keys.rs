@@ -1,0 +1,221 @@
+//! Where a lock lives in Redis, and the value stored in its key.
+//!
+//! For the lock `deploy` under the prefix `anylock`:
+//!
+//! | what | name | lifetime |
+//! |---|---|---|
+//! | lock key | `{anylock:deploy}:lock` | `PX` = the lease TTL; deleted on release |
+//! | fence counter | `{anylock:deploy}:fence` | never deleted (single instance only) |
+//! | release channel | `{anylock:deploy}:released` | pub/sub, no storage |
+//!
+//! Both keys share the hash tag `{anylock:deploy}`, so a Redis Cluster keeps them in one
+//! slot and one script may touch both.
+//!
+//! The lock key holds `<token>:<acquired unix ms>:<nonce>:<owner>`: the fence token (`0`
+//! under Redlock), when the grant was made (client wall clock, for people), 32 hex digits
+//! drawn per grant, and the owner's identity (last, because it may contain `:`).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use lockcore::{FenceToken, HolderInfo, Identity, LockName};
+
+/// The Redis names of one lock: lock key, fence counter key and release channel.
+///
+/// ```
+/// use backend_redis::LockKeys;
+/// let keys = LockKeys::new("anylock", &lockcore::LockName::new("deploy")?);
+/// assert_eq!(keys.lock(), "{anylock:deploy}:lock");
+/// assert_eq!(keys.fence(), "{anylock:deploy}:fence");
+/// assert_eq!(keys.hash_tag(), "anylock:deploy");
+/// # Ok::<(), lockcore::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockKeys {
+    lock: String,
+    fence: String,
+    channel: String,
+}
+
+impl LockKeys {
+    /// The names for `name` under `prefix`.
+    pub fn new(prefix: &str, name: &LockName) -> Self {
+        let tag = format!("{{{prefix}:{name}}}", name = name.as_str());
+        Self {
+            lock: format!("{tag}:lock"),
+            fence: format!("{tag}:fence"),
+            channel: format!("{tag}:released"),
+        }
+    }
+
+    /// The lock key (a string with a TTL).
+    pub fn lock(&self) -> &str {
+        &self.lock
+    }
+
+    /// The fence counter key (an integer, never deleted).
+    pub fn fence(&self) -> &str {
+        &self.fence
+    }
+
+    /// The pub/sub channel a release publishes on.
+    pub fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// What Redis Cluster hashes to pick the slot: the text between the first `{` and the
+    /// first `}` after it. Identical for the lock key and the fence key.
+    pub fn hash_tag(&self) -> &str {
+        hash_tag(&self.lock)
+    }
+}
+
+/// Redis Cluster's hash-tag rule: the text between the first `{` and the next `}`, when
+/// non-empty; otherwise the whole key.
+fn hash_tag(key: &str) -> &str {
+    let Some(open) = key.find('{') else {
+        return key;
+    };
+    match key[open + 1..].find('}') {
+        Some(len) if len > 0 => &key[open + 1..open + 1 + len],
+        _ => key,
+    }
+}
+
+/// A fresh per-grant nonce: 128 random bits as 32 lowercase hex digits.
+pub(crate) fn new_nonce() -> String {
+    format!("{:032x}", rand::random::<u128>())
+}
+
+/// The part of a stored value after the token: `:<acquired unix ms>:<nonce>:<owner>`.
+/// The acquire script prepends the token it draws.
+pub(crate) fn value_suffix(nonce: &str, owner: &Identity) -> String {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    format!(":{now}:{nonce}:{owner}", owner = owner.as_str())
+}
+
+/// A parsed lock value (see the [module docs](self)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StoredValue<'a> {
+    pub(crate) token: u64,
+    pub(crate) acquired_ms: u64,
+    pub(crate) owner: &'a str,
+}
+
+impl<'a> StoredValue<'a> {
+    /// Parses `<token>:<ms>:<hex nonce>:<owner>`, the same shape the scripts match with
+    /// `^%d+:%d+:%x+:(.*)$`. `None` for a value some other program wrote.
+    pub(crate) fn parse(raw: &'a str) -> Option<Self> {
+        let mut parts = raw.splitn(4, ':');
+        let token = digits(parts.next()?)?;
+        let acquired_ms = digits(parts.next()?)?;
+        let nonce = parts.next()?;
+        let owner = parts.next()?;
+        let hex = !nonce.is_empty() && nonce.bytes().all(|b| b.is_ascii_hexdigit());
+        hex.then_some(Self {
+            token,
+            acquired_ms,
+            owner,
+        })
+    }
+
+    /// The fence token, when the grant has one (`0` means none: Redlock).
+    pub(crate) fn fence_token(&self) -> Option<FenceToken> {
+        (self.token > 0).then(|| FenceToken::new(self.token))
+    }
+}
+
+fn digits(part: &str) -> Option<u64> {
+    if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    part.parse().ok()
+}
+
+/// Who holds a lock whose key holds `raw` and expires in `pttl` ms (`PTTL`: -1 = no
+/// expiry, as after an operator's plain `SET`).
+pub(crate) fn holder_info(raw: &str, pttl: i64) -> HolderInfo {
+    let mut info = match StoredValue::parse(raw) {
+        Some(value) => {
+            let at = UNIX_EPOCH + Duration::from_millis(value.acquired_ms);
+            let info = HolderInfo::new(Identity::from_stored(value.owner)).with_acquired_at(at);
+            match value.fence_token() {
+                Some(token) => info.with_token(token),
+                None => info,
+            }
+        }
+        None => HolderInfo::new(Identity::from_stored(format!(
+            "<foreign value, {} bytes>",
+            raw.len()
+        ))),
+    };
+    if let Ok(ms) = u64::try_from(pttl) {
+        info = info.with_expires_in(Duration::from_millis(ms));
+    }
+    info
+}
+
+/// The owner named by a stored value, for messages (never the nonce).
+pub(crate) fn owner_of(raw: &str) -> String {
+    StoredValue::parse(raw).map_or_else(
+        || "a value this crate did not write".to_owned(),
+        |v| v.owner.to_owned(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_share_one_hash_tag_even_with_braces_in_the_name() {
+        for name in ["deploy", "a}b", "{x}", "with:colons", "}"] {
+            let keys = LockKeys::new("p", &LockName::new(name).expect("valid"));
+            assert_eq!(hash_tag(keys.lock()), hash_tag(keys.fence()), "{name}");
+            assert!(keys.lock().starts_with("{p:"), "{name}");
+            assert_ne!(keys.lock(), keys.fence());
+        }
+        let keys = LockKeys::new("anylock", &LockName::new("deploy").expect("valid"));
+        assert_eq!(keys.channel(), "{anylock:deploy}:released");
+    }
+
+    #[test]
+    fn distinct_names_get_distinct_keys() {
+        let a = LockKeys::new("p", &LockName::new("a").expect("valid"));
+        let b = LockKeys::new("p", &LockName::new("a}:lock").expect("valid"));
+        assert_ne!(a.lock(), b.lock());
+        assert_ne!(a.lock(), b.fence());
+    }
+
+    #[test]
+    fn stored_values_round_trip() {
+        let owner = Identity::from_stored("host/1/abc/task:with:colons");
+        let nonce = new_nonce();
+        assert_eq!(nonce.len(), 32);
+        let raw = format!("42{}", value_suffix(&nonce, &owner));
+        let value = StoredValue::parse(&raw).expect("parses");
+        assert_eq!(value.token, 42);
+        assert_eq!(value.owner, owner.as_str());
+        assert_eq!(value.fence_token(), Some(FenceToken::new(42)));
+        let info = holder_info(&raw, 1500);
+        assert_eq!(info.owner(), &owner);
+        assert_eq!(info.token(), Some(FenceToken::new(42)));
+        assert_eq!(info.expires_in(), Some(Duration::from_millis(1500)));
+        assert!(info.acquired_at().is_some());
+    }
+
+    #[test]
+    fn foreign_values_are_not_parsed() {
+        for raw in ["", "x", "1:2:zz:o", "a:2:ff:o", "1:2:ff", ":2:ff:o"] {
+            assert_eq!(StoredValue::parse(raw), None, "{raw:?}");
+        }
+        let info = holder_info("my_random_value", -1);
+        assert!(info.owner().as_str().contains("foreign"));
+        assert_eq!(info.expires_in(), None);
+        assert_eq!(
+            StoredValue::parse("0:1:ab:o").and_then(|v| v.fence_token()),
+            None
+        );
+    }
+}

@@ -1,0 +1,191 @@
+//! Parsing one node URL: this crate's parameters split off, the rest for the `redis` client.
+//! A [`NodeUrl`] holds the password, so it is only ever printed redacted.
+
+use std::fmt;
+use std::time::Duration;
+
+use lockcore::{Error, ErrorKind, Result};
+use url::Url;
+
+use crate::config::MAX_PREFIX_LEN;
+
+const KNOWN_PARAMS: &str = "prefix, timeout_ms, connect_timeout_ms, protocol";
+
+/// One Redis server: address, credentials, database and TLS. Never printed unredacted.
+#[derive(Clone, PartialEq, Eq)]
+pub(crate) struct NodeUrl {
+    url: Url,
+}
+
+impl NodeUrl {
+    /// The URL with the password replaced by `***`.
+    pub(crate) fn redacted(&self) -> String {
+        let mut url = self.url.clone();
+        if url.password().is_some() {
+            // Only fails for URLs without a host, which parsing rejected.
+            let _ = url.set_password(Some("***"));
+        }
+        url.to_string()
+    }
+
+    /// `host:port`, to spot the same server listed twice.
+    pub(crate) fn address(&self) -> String {
+        let host = self.url.host_str().unwrap_or_default();
+        format!("{host}:{}", self.url.port().unwrap_or(6379))
+    }
+
+    /// Whether the connection uses TLS.
+    pub(crate) fn is_tls(&self) -> bool {
+        self.url.scheme() == "rediss"
+    }
+
+    /// A client for this server (no I/O).
+    pub(crate) fn client(&self) -> Result<redis::Client> {
+        redis::Client::open(self.url.as_str()).map_err(|err| {
+            invalid(format!("{}: {}", self.redacted(), err.category())).with_backend("redis")
+        })
+    }
+}
+
+impl fmt::Debug for NodeUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.redacted(), f)
+    }
+}
+
+/// This crate's own URL parameters, removed before the URL reaches the client.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct Params {
+    pub(crate) prefix: Option<String>,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) connect_timeout: Option<Duration>,
+}
+
+pub(crate) fn invalid(message: impl Into<String>) -> Error {
+    Error::invalid_input(message.into())
+}
+
+pub(crate) fn parse_millis(key: &str, value: &str) -> Result<Duration> {
+    match value.parse::<u64>() {
+        Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+        _ => Err(invalid(format!(
+            "URL parameter `{key}` must be a positive number of milliseconds"
+        ))),
+    }
+}
+
+/// Parses one `redis://` or `rediss://` URL and splits off this crate's parameters.
+pub(crate) fn parse_node(raw: &str) -> Result<(NodeUrl, Params)> {
+    // url::ParseError never echoes the input, so the password cannot leak through it.
+    let mut url = Url::parse(raw.trim()).map_err(|e| invalid(format!("not a URL: {e}")))?;
+    match url.scheme() {
+        "redis" => {}
+        "rediss" if cfg!(feature = "tls") => {}
+        "rediss" => {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "rediss:// needs backend-redis built with its `tls` feature",
+            ));
+        }
+        other => {
+            return Err(invalid(format!(
+                "unsupported scheme `{other}`; expected redis or rediss"
+            )));
+        }
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(invalid("the URL names no host"));
+    }
+    let db = url.path().trim_matches('/');
+    if !db.is_empty() && db.parse::<u16>().is_err() {
+        return Err(invalid("the URL path must be a database number, like /0"));
+    }
+    let params = split_params(&mut url)?;
+    Ok((NodeUrl { url }, params))
+}
+
+/// Removes `prefix`, `timeout_ms` and `connect_timeout_ms` from the query; keeps `protocol`.
+pub(crate) fn split_params(url: &mut Url) -> Result<Params> {
+    let pairs: Vec<(String, String)> = url.query_pairs().into_owned().collect();
+    let mut params = Params::default();
+    let mut kept = Vec::new();
+    for (key, value) in pairs {
+        match key.as_str() {
+            "prefix" => params.prefix = Some(value),
+            "timeout_ms" => params.timeout = Some(parse_millis(&key, &value)?),
+            "connect_timeout_ms" => params.connect_timeout = Some(parse_millis(&key, &value)?),
+            "protocol" => kept.push((key, value)),
+            other => {
+                return Err(invalid(format!(
+                    "unknown URL parameter `{other}`; known: {KNOWN_PARAMS}"
+                )));
+            }
+        }
+    }
+    if kept.is_empty() {
+        url.set_query(None);
+    } else {
+        url.query_pairs_mut().clear().extend_pairs(kept);
+    }
+    Ok(params)
+}
+
+/// Checks a key prefix: 1 to [`MAX_PREFIX_LEN`] bytes, no braces (they would break the
+/// `{…}` hash tag), no control characters.
+pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
+    if prefix.is_empty() || prefix.len() > MAX_PREFIX_LEN {
+        return Err(invalid(format!(
+            "key prefix must be 1 to {MAX_PREFIX_LEN} bytes, got {}",
+            prefix.len()
+        )));
+    }
+    if prefix.contains(['{', '}']) || prefix.chars().any(char::is_control) {
+        return Err(invalid(
+            "key prefix must not contain braces or control characters",
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn validate_timeout(what: &str, timeout: Duration) -> Result<()> {
+    if timeout.is_zero() {
+        return Err(invalid(format!("{what} must be positive")));
+    }
+    Ok(())
+}
+
+/// Our parameters appended to a redacted URL, so `Display` output parses back.
+pub(crate) fn with_params(
+    url: String,
+    prefix: &str,
+    timeout: Duration,
+    connect: Duration,
+) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let prefix: String = url::form_urlencoded::byte_serialize(prefix.as_bytes()).collect();
+    format!(
+        "{url}{sep}prefix={prefix}&timeout_ms={}&connect_timeout_ms={}",
+        timeout.as_millis(),
+        connect.as_millis()
+    )
+}
+
+/// `[user:pw@]h1:p1,h2:p2/db?q#f` → one `scheme://[user:pw@]hN:pN/db?q#f` per host.
+pub(crate) fn expand_hosts(rest: &str, scheme: &str) -> Result<Vec<String>> {
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (format!("{userinfo}@"), hosts),
+        None => (String::new(), authority),
+    };
+    let hosts: Vec<&str> = hosts.split(',').map(str::trim).collect();
+    if hosts.iter().any(|h| h.is_empty()) {
+        return Err(invalid(
+            "the Redlock URL has an empty host in its host list",
+        ));
+    }
+    Ok(hosts
+        .into_iter()
+        .map(|host| format!("{scheme}://{userinfo}{host}{tail}"))
+        .collect())
+}

@@ -1,0 +1,435 @@
+//! [`RedlockBackend`]: seed 001's Redlock over N independent Redis nodes.
+
+mod quorum;
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use lockcore::{
+    Acquire, AcquireRequest, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
+    FenceToken, Fencing, Guarantees, HolderInfo, Lease, LockBackend, LockName, ReleaseEvents,
+    Result, Waiting,
+};
+use tokio::time::Instant;
+
+use self::quorum::{Vote, Votes};
+use crate::backend::ttl_millis;
+use crate::client::{AcquireReply, Node, RefreshReply};
+use crate::config::RedlockConfig;
+use crate::keys::{self, LockKeys};
+
+const BACKEND: &str = "redlock";
+
+const NOTES: &str = "Mutual exclusion holds only while clock drift, network delay and \
+    process pauses stay small against the TTL: a node whose clock jumps, or a client paused \
+    past its validity, lets two clients hold the lock (seed 003). There is no fencing token, \
+    so the protected resource cannot reject a stale holder: use Redlock for efficiency \
+    locks only, and a fenced backend for correctness. Nodes keep locks in memory: without \
+    appendfsync=always, keep a crashed node down for longer than the longest TTL before it \
+    rejoins (seed 001's delayed restart). Each node's clock decides its key's expiry; the \
+    client's validity is the TTL minus the time the quorum took and a drift allowance.";
+
+/// Redlock over N independent Redis nodes (seed 001).
+///
+/// - `acquire` sends one script (`SET key value NX PX ttl`, or a retake of our own key) to
+///   every node at once, each bounded by the per-node timeout, and returns as soon as N/2+1
+///   nodes granted it. The lease's TTL is the validity left: TTL − elapsed − drift, where
+///   drift is TTL × 1% + 2 ms. Without a quorum, or with no validity left, it releases on
+///   every node, including those that did not answer, and reports the holder (or the
+///   failures).
+/// - `refresh` extends on every node and needs a quorum again; `Lost` when a majority says
+///   the key is no longer ours.
+/// - `break_lock` deletes whatever grant is on every node; it needs a quorum of answers.
+/// - No fencing: [`fence_token`](LockBackend::fence_token) is always `None` (seed 003).
+///
+/// Cheap to clone; clones share the connections.
+#[derive(Clone)]
+pub struct RedlockBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nodes: Vec<Node>,
+    config: RedlockConfig,
+}
+
+impl fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedlockBackend")
+            .field("config", &self.inner.config)
+            .finish()
+    }
+}
+
+/// What [`RedlockBackend`] promises, without connecting (for comparison tables). See
+/// `docs/redis.md` for why each field has its value.
+pub fn guarantees() -> Guarantees {
+    Guarantees::new(
+        Exclusion::TimingDependentQuorum,
+        Fencing::None,
+        ExpiryClock::Server,
+    )
+    .with_waiting(Waiting::Notified)
+    .with_fairness(Fairness::None)
+    .with_same_owner_retake(true)
+    .with_durability(Durability::LostOnRestart)
+    .with_notes(NOTES)
+}
+
+/// Counts the answers of requests sent to every node at once until `decided`. Requests
+/// still in flight then are dropped; each is bounded by the node timeout.
+async fn gather<R, Fut>(requests: Vec<Fut>, decided: fn(&Votes<R>) -> bool) -> Votes<R>
+where
+    Fut: Future<Output = Vote<R>>,
+{
+    let mut votes = Votes::new(requests.len());
+    let mut pending: FuturesUnordered<Fut> = requests.into_iter().collect();
+    while let Some(vote) = pending.next().await {
+        votes.record(vote);
+        if decided(&votes) {
+            break;
+        }
+    }
+    votes
+}
+
+/// One node's answer to an acquisition whose value is `value`.
+async fn acquire_vote(
+    node: &Node,
+    keys: &LockKeys,
+    ttl_ms: u64,
+    owner: &str,
+    value: &str,
+) -> Vote<(String, i64)> {
+    let suffix = &value[1..];
+    match node.acquire(keys, false, ttl_ms, owner, suffix).await {
+        Ok(AcquireReply::Granted(stored)) if stored == value => Vote::Yes,
+        Ok(AcquireReply::Granted(_)) => Vote::Failed(Error::new(
+            ErrorKind::Protocol,
+            format!("acquire on {}: stored an unexpected value", node.label()),
+        )),
+        Ok(AcquireReply::Held { value, pttl }) => Vote::No((value, pttl)),
+        Err(err) => Vote::Failed(err),
+    }
+}
+
+/// One node's answer to an extension of `value`.
+async fn refresh_vote(node: &Node, keys: &LockKeys, value: &str, ttl_ms: u64) -> Vote<String> {
+    match node.refresh(keys, value, ttl_ms).await {
+        Ok(RefreshReply::Extended) => Vote::Yes,
+        Ok(RefreshReply::Missing) => Vote::No("deleted or expired".to_owned()),
+        Ok(RefreshReply::Changed(other)) => {
+            Vote::No(format!("taken over by {}", keys::owner_of(&other)))
+        }
+        Err(err) => Vote::Failed(err),
+    }
+}
+
+/// Counts per-node reads of `(value, PTTL)`: answered nodes are yes votes.
+fn tally_found(replies: Vec<Result<Option<(String, i64)>>>) -> (Votes<()>, Vec<(String, i64)>) {
+    let mut votes = Votes::new(replies.len());
+    let mut seen = Vec::new();
+    for reply in replies {
+        match reply {
+            Ok(found) => {
+                votes.record(Vote::Yes);
+                seen.extend(found);
+            }
+            Err(err) => votes.record(Vote::Failed(err)),
+        }
+    }
+    (votes, seen)
+}
+
+/// The holder whose value is on at least `quorum` nodes (keys on a minority hold nothing).
+fn quorum_holder(seen: &[(String, i64)], quorum: usize) -> Option<HolderInfo> {
+    let (leader, count) = quorum::leading_grant(seen);
+    if count < quorum {
+        return None;
+    }
+    let same: Vec<_> = seen.iter().filter(|(v, _)| *v == leader).cloned().collect();
+    quorum::best_holder(&same)
+}
+
+fn in_context(err: Error, name: &LockName) -> Error {
+    err.with_backend(BACKEND).with_lock(name)
+}
+
+/// A Redlock grant: the TTL asked for (refresh extends by it again) and the stored value.
+fn encode_grant(ttl_ms: u64, value: &str) -> String {
+    format!("{ttl_ms}:{value}")
+}
+
+fn decode_grant(lease: &Lease) -> Result<(u64, &str)> {
+    lease
+        .grant()
+        .split_once(':')
+        .and_then(|(ttl, value)| Some((ttl.parse().ok()?, value)))
+        .ok_or_else(|| {
+            in_context(
+                Error::invalid_input("the lease was not issued by a Redlock backend"),
+                lease.name(),
+            )
+        })
+}
+
+impl RedlockBackend {
+    /// Connects to every node and checks them with one `PING` each, concurrently.
+    ///
+    /// Succeeds when a quorum answers; unreachable nodes are logged and retried on use.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a bad configuration; the nodes' errors (for example
+    /// [`ErrorKind::Unavailable`] or [`ErrorKind::PermissionDenied`]) when no quorum answers.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it holds no lock state; connection attempts may finish in the background.
+    pub async fn connect(config: RedlockConfig) -> Result<Self> {
+        let backend = Self::connect_lazy(config).await?;
+        let pings = join_all(backend.inner.nodes.iter().map(Node::ping)).await;
+        let mut votes: Votes<()> = Votes::new(pings.len());
+        for (node, ping) in backend.inner.nodes.iter().zip(pings) {
+            if let Err(err) = &ping {
+                tracing::warn!(node = node.label(), error = %err, "Redlock node unreachable");
+            }
+            votes.record(ping.map_or_else(Vote::Failed, |()| Vote::Yes));
+        }
+        if !votes.has_quorum() {
+            return Err(votes.failure("connect").with_backend(BACKEND));
+        }
+        Ok(backend)
+    }
+
+    /// Parses `url` ([`RedlockConfig::from_url`]) and [connects](Self::connect).
+    ///
+    /// # Errors
+    /// As [`RedlockConfig::from_url`] and [`connect`](Self::connect).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn from_url(url: &str) -> Result<Self> {
+        Self::connect(RedlockConfig::from_url(url)?).await
+    }
+
+    /// Builds the backend without contacting the nodes; the first call connects. Async
+    /// only because it must run inside a Tokio runtime.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a bad configuration.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: it makes no network calls.
+    pub async fn connect_lazy(config: RedlockConfig) -> Result<Self> {
+        config.validate().map_err(|e| e.with_backend(BACKEND))?;
+        let nodes = config
+            .node_urls()
+            .iter()
+            .map(|url| Node::lazy(url, config.node_timeout(), config.connect_timeout()))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            inner: Arc::new(Inner { nodes, config }),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RedlockConfig {
+        &self.inner.config
+    }
+
+    /// The Redis keys and channel of `name` (the same on every node).
+    pub fn keys(&self, name: &LockName) -> LockKeys {
+        LockKeys::new(self.inner.config.prefix(), name)
+    }
+
+    /// Compare-and-delete on every node at once; each node's outcome.
+    async fn release_everywhere(&self, keys: &LockKeys, value: &str) -> Vec<Result<bool>> {
+        join_all(
+            self.inner
+                .nodes
+                .iter()
+                .map(|node| node.release(keys, value)),
+        )
+        .await
+    }
+
+    /// After a failed acquisition: release everywhere, then say why it failed.
+    async fn abandon(
+        &self,
+        keys: &LockKeys,
+        value: &str,
+        votes: Votes<(String, i64)>,
+        elapsed: Duration,
+    ) -> Result<Acquire> {
+        for outcome in self.release_everywhere(keys, value).await {
+            if let Err(err) = outcome {
+                tracing::debug!(error = %err, "releasing a failed Redlock acquisition");
+            }
+        }
+        if votes.has_quorum() {
+            return Err(Error::unavailable(format!(
+                "a quorum took {elapsed:?}, leaving no validity; released on every node"
+            )));
+        }
+        match quorum::best_holder(&votes.no) {
+            Some(holder) => Ok(Acquire::Held(holder)),
+            None => Err(votes.failure("acquire")),
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for RedlockBackend {
+    fn backend_name(&self) -> &str {
+        BACKEND
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let name = &request.name;
+        let ttl_ms = ttl_millis(request.ttl).map_err(|e| in_context(e, name))?;
+        let keys = self.keys(name);
+        let owner = request.owner.as_str();
+        let value = format!(
+            "0{}",
+            keys::value_suffix(&keys::new_nonce(), &request.owner)
+        );
+        let started = Instant::now();
+        let nodes = &self.inner.nodes;
+        let requests = nodes
+            .iter()
+            .map(|node| acquire_vote(node, &keys, ttl_ms, owner, &value))
+            .collect();
+        let votes = gather(requests, |v| v.has_quorum() || v.quorum_impossible()).await;
+        let elapsed = started.elapsed();
+        let ttl = Duration::from_millis(ttl_ms);
+        if let Some(validity) = quorum::validity(ttl, elapsed).filter(|_| votes.has_quorum()) {
+            let grant = encode_grant(ttl_ms, &value);
+            let lease = Lease::new(name.clone(), request.owner.clone(), validity, grant);
+            return Ok(Acquire::Acquired(lease));
+        }
+        self.abandon(&keys, &value, votes, elapsed)
+            .await
+            .map_err(|e| in_context(e, name))
+    }
+
+    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        let name = lease.name();
+        let (ttl_ms, value) = decode_grant(lease)?;
+        let keys = self.keys(name);
+        let started = Instant::now();
+        let requests = (self.inner.nodes.iter())
+            .map(|node| refresh_vote(node, &keys, value, ttl_ms))
+            .collect();
+        let decided: fn(&Votes<String>) -> bool =
+            |v| v.has_quorum() || v.refused_by_quorum() || v.pending() == 0;
+        let votes = gather(requests, decided).await;
+        let elapsed = started.elapsed();
+        if votes.has_quorum() {
+            return match quorum::validity(Duration::from_millis(ttl_ms), elapsed) {
+                Some(validity) => Ok(lease.clone().with_ttl(validity)),
+                None => Err(in_context(
+                    Error::unavailable(format!("a quorum extended only after {elapsed:?}")),
+                    name,
+                )),
+            };
+        }
+        let err = if votes.refused_by_quorum() {
+            let why = votes.no.first().map_or("", String::as_str);
+            let (refused, total) = (votes.no.len(), self.inner.nodes.len());
+            Error::lost(format!("not ours on {refused} of {total} nodes ({why})"))
+        } else {
+            votes.failure("refresh")
+        };
+        Err(in_context(err, name))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let name = lease.name();
+        let (_, value) = decode_grant(lease)?;
+        let outcomes = self.release_everywhere(&self.keys(name), value).await;
+        let mut votes: Votes<()> = Votes::new(outcomes.len());
+        for outcome in outcomes {
+            votes.record(outcome.map_or_else(Vote::Failed, |_| Vote::Yes));
+        }
+        // Keys left on a minority expire by their TTL and cannot block a quorum.
+        if votes.has_quorum() {
+            return Ok(());
+        }
+        Err(in_context(votes.failure("release"), name))
+    }
+
+    fn fence_token(&self, _lease: &Lease) -> Option<FenceToken> {
+        None
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        let keys = self.keys(name);
+        let replies = join_all(self.inner.nodes.iter().map(|node| node.inspect(&keys))).await;
+        let (votes, seen) = tally_found(replies);
+        let (_, count) = quorum::leading_grant(&seen);
+        // Free unless the nodes that did not answer could complete someone's quorum.
+        if count < votes.quorum() && count + votes.failed.len() >= votes.quorum() {
+            return Err(in_context(votes.failure("inspect"), name));
+        }
+        Ok(quorum_holder(&seen, votes.quorum()))
+    }
+
+    async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        let keys = self.keys(name);
+        let nodes = &self.inner.nodes;
+        let removed = join_all(nodes.iter().map(|node| node.break_lock(&keys))).await;
+        let (votes, seen) = tally_found(removed);
+        if !votes.has_quorum() {
+            // The holder may keep a majority on the nodes that did not answer.
+            return Err(in_context(votes.failure("break"), name));
+        }
+        Ok(quorum_holder(&seen, votes.quorum()))
+    }
+
+    fn guarantees(&self) -> Guarantees {
+        guarantees()
+    }
+
+    async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
+        let keys = self.keys(name);
+        let subscribed = join_all(self.inner.nodes.iter().map(|node| node.subscribe(&keys))).await;
+        let mut streams = Vec::new();
+        let mut first_error = None;
+        for outcome in subscribed {
+            match outcome {
+                Ok(events) => streams.push(events),
+                Err(err) => first_error = first_error.or(Some(err)),
+            }
+        }
+        match first_error {
+            Some(err) if streams.is_empty() => Err(in_context(err, name)),
+            _ => Ok(Some(Box::pin(futures_util::stream::select_all(streams)))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockcore::Identity;
+
+    #[test]
+    fn grants_round_trip() {
+        let name = LockName::new("x").expect("valid");
+        let value = "0:1700000000000:abcd:host/1/ff:task";
+        let lease = Lease::new(
+            name.clone(),
+            Identity::unique(),
+            Duration::from_secs(1),
+            encode_grant(1500, value),
+        );
+        assert_eq!(decode_grant(&lease).expect("ours"), (1500, value));
+        let foreign = Lease::new(name, Identity::unique(), Duration::from_secs(1), "7");
+        let err = decode_grant(&foreign).expect_err("not ours");
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    }
+}

@@ -1,0 +1,547 @@
+//! Single-instance behaviour the conformance suite cannot see: round trips counted on the
+//! server, `NOSCRIPT` recovery, polling after an admin `DEL`, key layout, credentials in
+//! errors, a hung server, and the shared notification connection.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backend_redis::{LockKeys, RedisBackend, RedisConfig};
+use futures_util::StreamExt;
+use lockcore::{
+    Acquire, AcquireRequest, Backoff, ErrorKind, Identity, Lease, LockBackend, LockOptions, Locker,
+    LostReason, WaitMode,
+};
+use redis::aio::MultiplexedConnection;
+use tokio::time::{Instant, timeout};
+
+async fn backend_on(url: &str, timeout: Duration) -> RedisBackend {
+    let config = RedisConfig::from_url(url)
+        .expect("valid URL")
+        .with_prefix(common::random_prefix("redis"))
+        .with_timeout(timeout);
+    RedisBackend::connect(config).await.expect("connect")
+}
+
+async fn take(backend: &RedisBackend, request: &AcquireRequest) -> Lease {
+    match backend.acquire(request).await.expect("acquire") {
+        Acquire::Acquired(lease) => lease,
+        Acquire::Held(holder) => panic!("held by {}", holder.owner()),
+    }
+}
+
+fn request(name: &str, owner: &Identity) -> AcquireRequest {
+    AcquireRequest::new(
+        common::fresh_name(name),
+        owner.clone(),
+        Duration::from_secs(30),
+    )
+}
+
+/// Runs `op` and asserts the commands the server ran meanwhile (from `INFO commandstats`).
+async fn assert_commands<F: Future>(
+    stats: &mut MultiplexedConnection,
+    what: &str,
+    expected: &[(&str, u64)],
+    op: F,
+) -> F::Output {
+    let before = common::command_calls(stats).await;
+    let output = op.await;
+    let after = common::command_calls(stats).await;
+    let ran = common::calls_between(&before, &after);
+    assert_eq!(ran, common::calls(expected), "{what}");
+    output
+}
+
+/// Uncontended acquire, refresh and release are one client command (`EVALSHA`) each,
+/// counted on a private server by `INFO commandstats` deltas. Redis also counts the
+/// commands a script runs under their own names, so each delta is the full expected map:
+/// any extra round trip (a separate GET, PTTL, PUBLISH) would change it.
+#[tokio::test]
+async fn each_operation_is_one_command_on_the_server() {
+    if common::redis_url().is_none() {
+        return;
+    }
+    let server = common::PrivateRedis::start().await;
+    let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
+    let stats = &mut common::admin(&server.url()).await;
+    let me = Identity::unique();
+    // Warm up: connection handshake and the first NOSCRIPT/SCRIPT LOAD of every script.
+    let warm = take(&backend, &request("warm", &me)).await;
+    backend.refresh(&warm).await.expect("refresh");
+    backend.inspect(warm.name()).await.expect("inspect");
+    backend.release(&warm).await.expect("release");
+    backend.break_lock(warm.name()).await.expect("break");
+
+    let req = request("counted", &me);
+    let acquire = [("evalsha", 1), ("get", 1), ("incr", 1), ("set", 1)];
+    let lease = assert_commands(stats, "acquire", &acquire, take(&backend, &req)).await;
+    let refresh = [("evalsha", 1), ("get", 1), ("pexpire", 1)];
+    let refreshed = assert_commands(stats, "refresh", &refresh, backend.refresh(&lease)).await;
+    assert_eq!(refreshed.expect("refresh"), lease);
+    let rival = AcquireRequest::new(req.name.clone(), Identity::unique(), req.ttl);
+    let held = [("evalsha", 1), ("get", 1), ("pttl", 1)];
+    let outcome = assert_commands(stats, "held", &held, backend.acquire(&rival)).await;
+    assert!(matches!(outcome, Ok(Acquire::Held(_))), "{outcome:?}");
+    let inspected = assert_commands(stats, "inspect", &held, backend.inspect(&req.name)).await;
+    assert_eq!(
+        inspected.expect("inspect").map(|h| h.token()),
+        Some(lease.token())
+    );
+    let release = [("evalsha", 1), ("get", 1), ("del", 1), ("publish", 1)];
+    let released = assert_commands(stats, "release", &release, backend.release(&lease)).await;
+    released.expect("release");
+    take(&backend, &req).await;
+    let broke = [
+        ("evalsha", 1),
+        ("get", 1),
+        ("pttl", 1),
+        ("del", 1),
+        ("publish", 1),
+    ];
+    let removed = assert_commands(stats, "break", &broke, backend.break_lock(&req.name)).await;
+    assert!(removed.expect("break").is_some(), "nothing was broken");
+}
+
+/// After `SCRIPT FLUSH` (or a server restart) the next call gets NOSCRIPT, loads the script
+/// and succeeds; the call after that is a single EVALSHA again.
+#[tokio::test]
+async fn scripts_are_reloaded_after_script_flush() {
+    if common::redis_url().is_none() {
+        return;
+    }
+    let server = common::PrivateRedis::start().await;
+    let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
+    let mut admin = common::admin(&server.url()).await;
+    let me = Identity::unique();
+    let lease = take(&backend, &request("flush", &me)).await;
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async::<()>(&mut admin)
+        .await
+        .expect("SCRIPT FLUSH");
+    // The failed EVALSHA (NOSCRIPT), SCRIPT LOAD, the EVALSHA again: three round trips.
+    let reload = [
+        ("evalsha", 2),
+        ("script|load", 1),
+        ("get", 1),
+        ("pexpire", 1),
+    ];
+    let refreshed = assert_commands(&mut admin, "reload", &reload, backend.refresh(&lease)).await;
+    refreshed.expect("refresh after flush");
+    let steady = [("evalsha", 1), ("get", 1), ("pexpire", 1)];
+    let refreshed = assert_commands(&mut admin, "steady", &steady, backend.refresh(&lease)).await;
+    refreshed.expect("refresh");
+    backend.release(&lease).await.expect("release after flush");
+}
+
+/// An operator's plain `DEL` publishes nothing; a waiter still gets the lock within its
+/// backoff cap because it polls between notifications.
+#[tokio::test]
+async fn admin_delete_without_publish_is_noticed_within_the_backoff_cap() {
+    let Some(url) = common::redis_url() else {
+        return;
+    };
+    let backend = Arc::new(backend_on(&url, Duration::from_secs(2)).await);
+    let ttl = Duration::from_secs(60);
+    let holder = Locker::new(backend.clone()).with_options(LockOptions::new(ttl));
+    let name = common::fresh_name("admin-del");
+    let guard = holder.acquire(name.as_str()).await.expect("free");
+    let cap = Duration::from_millis(400);
+    let options = LockOptions::new(ttl)
+        .with_backoff(Backoff::new(Duration::from_millis(10), cap))
+        .with_wait(WaitMode::Timeout(Duration::from_secs(30)));
+    let waiter = Locker::new(backend.clone()).with_options(options);
+    let task = tokio::spawn({
+        let name = name.clone();
+        async move {
+            waiter
+                .acquire(name.as_str())
+                .await
+                .map(|g| (Instant::now(), g))
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(!task.is_finished(), "the waiter got a held lock");
+    let deleted = Instant::now();
+    common::raw_del(&mut common::admin(&url).await, backend.keys(&name).lock()).await;
+    let (got, second) = timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the waiter never noticed the DEL")
+        .expect("join")
+        .expect("acquire");
+    let noticed = got - deleted;
+    assert!(
+        noticed <= cap + Duration::from_secs(1),
+        "noticed {noticed:?} after the DEL; backoff cap {cap:?}"
+    );
+    second.release().await.expect("release");
+    drop(guard);
+}
+
+/// CRC16 (XMODEM), the checksum Redis Cluster hashes keys with.
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in bytes {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+/// Redis Cluster's `CLUSTER KEYSLOT`: CRC16 of the hash tag (or the key) mod 16384.
+fn key_slot(key: &str) -> u16 {
+    let tagged = key.find('{').and_then(|open| {
+        let len = key[open + 1..].find('}')?;
+        (len > 0).then(|| &key[open + 1..open + 1 + len])
+    });
+    crc16(tagged.unwrap_or(key).as_bytes()) % 16384
+}
+
+/// The lock key and the fence counter are the keys the server really holds, and they hash
+/// to one cluster slot (so one script may touch both on a Redis Cluster).
+#[tokio::test]
+async fn lock_and_fence_keys_share_one_cluster_slot() {
+    assert_eq!(crc16(b"123456789"), 0x31C3, "CRC16/XMODEM check value");
+    // The examples of the CLUSTER KEYSLOT documentation.
+    assert_eq!(key_slot("somekey"), 11058);
+    assert_eq!(key_slot("foo{hash_tag}"), 2515);
+    assert_eq!(key_slot("bar{hash_tag}"), 2515);
+    let Some(url) = common::redis_url() else {
+        return;
+    };
+    let backend = backend_on(&url, Duration::from_secs(2)).await;
+    let mut admin = common::admin(&url).await;
+    for name in ["plain", "with}brace", "{tagged}", "colon:name"] {
+        let name =
+            lockcore::LockName::new(format!("{name}-{:x}", rand::random::<u32>())).expect("valid");
+        let keys: LockKeys = backend.keys(&name);
+        assert_eq!(key_slot(keys.lock()), key_slot(keys.fence()), "{name}");
+        let req = AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(30));
+        let lease = take(&backend, &req).await;
+        assert!(common::exists(&mut admin, keys.lock()).await, "{name}");
+        let counter: u64 = redis::cmd("GET")
+            .arg(keys.fence())
+            .query_async(&mut admin)
+            .await
+            .expect("fence counter");
+        assert_eq!(lease.token().map(|t| t.get()), Some(counter), "{name}");
+        backend.release(&lease).await.expect("release");
+        assert!(!common::exists(&mut admin, keys.lock()).await, "{name}");
+        assert!(
+            common::exists(&mut admin, keys.fence()).await,
+            "counter kept"
+        );
+    }
+}
+
+/// Rejected credentials are a permanent PermissionDenied whose message, Display and Debug
+/// never contain the password.
+#[tokio::test]
+async fn rejected_credentials_never_show_the_password() {
+    let Some(url) = common::redis_url() else {
+        return;
+    };
+    let secret = "hunter2-do-not-print";
+    let with_password = url.replacen("redis://", &format!("redis://nobody:{secret}@"), 1);
+    let config = RedisConfig::from_url(&with_password).expect("valid URL");
+    assert!(!format!("{config} {config:?}").contains(secret));
+    let err = RedisBackend::connect(config)
+        .await
+        .expect_err("unknown user accepted");
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    assert!(!err.is_temporary());
+    let mut shown = format!("{err} {err:?}");
+    let mut source = std::error::Error::source(&err);
+    while let Some(cause) = source {
+        shown.push_str(&format!(" {cause} {cause:?}"));
+        source = cause.source();
+    }
+    assert!(!shown.contains(secret), "{shown}");
+    assert!(shown.contains("nobody:***@"), "{shown}");
+}
+
+/// A stalled server (`SIGSTOP` on a private redis-server) yields timely errors, not a hang:
+/// OutcomeUnknown for writes in flight, Unavailable for reads; service resumes after
+/// `SIGCONT`.
+#[tokio::test]
+async fn a_stalled_server_gives_timely_errors() {
+    if common::redis_url().is_none() {
+        return;
+    }
+    let server = common::PrivateRedis::start().await;
+    let limit = Duration::from_millis(300);
+    let backend = backend_on(&server.url(), limit).await;
+    let me = Identity::unique();
+    let lease = take(&backend, &request("stall", &me)).await;
+    server.stall();
+    let bound = limit + Duration::from_secs(1);
+    let start = Instant::now();
+    let err = timeout(bound * 2, backend.acquire(&request("stalled", &me)))
+        .await
+        .expect("acquire hung")
+        .expect_err("a stalled server granted a lock");
+    assert_eq!(err.kind(), ErrorKind::OutcomeUnknown, "{err}");
+    let refresh = backend.refresh(&lease).await.expect_err("refreshed");
+    assert_eq!(refresh.kind(), ErrorKind::OutcomeUnknown, "{refresh}");
+    let read = backend.inspect(lease.name()).await.expect_err("read");
+    assert_eq!(read.kind(), ErrorKind::Unavailable, "{read}");
+    assert!(start.elapsed() < bound * 3, "took {:?}", start.elapsed());
+    let fresh = RedisConfig::from_url(&server.url())
+        .expect("valid")
+        .with_timeout(limit);
+    let start = Instant::now();
+    let err = RedisBackend::connect(fresh).await.expect_err("connected");
+    assert!(err.is_temporary(), "{err}");
+    assert!(
+        start.elapsed() < bound,
+        "connect took {:?}",
+        start.elapsed()
+    );
+    server.resume();
+    backend
+        .refresh(&lease)
+        .await
+        .expect("refresh after SIGCONT");
+    backend.release(&lease).await.expect("release");
+}
+
+/// Waiters on one name share one subscription on one pub/sub connection; a release wakes
+/// every waiter; when they are gone the channel is unsubscribed after a linger period, and
+/// a waiter arriving within it costs no SUBSCRIBE.
+#[tokio::test]
+async fn waiters_share_one_subscription() {
+    if common::redis_url().is_none() {
+        return;
+    }
+    let server = common::PrivateRedis::start().await;
+    let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
+    let mut admin = common::admin(&server.url()).await;
+    let me = Identity::unique();
+    let lease = take(&backend, &request("shared", &me)).await;
+    let channel = backend.keys(lease.name()).channel().to_owned();
+    let mut first = backend
+        .subscribe(lease.name())
+        .await
+        .expect("ok")
+        .expect("some");
+    let mut second = backend
+        .subscribe(lease.name())
+        .await
+        .expect("ok")
+        .expect("some");
+    assert_eq!(subscribers(&mut admin, &channel).await, 1);
+    assert_eq!(pubsub_connections(&mut admin).await, 1);
+    backend.release(&lease).await.expect("release");
+    for events in [&mut first, &mut second] {
+        let woke = timeout(Duration::from_secs(5), events.next()).await;
+        assert_eq!(woke.expect("no notification"), Some(()));
+    }
+    drop((first, second));
+    let before = common::command_calls(&mut admin).await;
+    let third = backend
+        .subscribe(lease.name())
+        .await
+        .expect("ok")
+        .expect("some");
+    let after = common::command_calls(&mut admin).await;
+    assert_eq!(
+        common::calls_between(&before, &after),
+        common::calls(&[]),
+        "re-subscribed"
+    );
+    drop(third);
+    assert!(
+        unsubscribed(&mut admin, &channel).await,
+        "the channel stayed subscribed after its waiters left"
+    );
+}
+
+/// When the pub/sub connection drops, streams end (waiters fall back to polling), and the
+/// next subscription opens a new connection that works.
+#[tokio::test]
+async fn a_dropped_notification_connection_ends_streams_and_reconnects() {
+    if common::redis_url().is_none() {
+        return;
+    }
+    let server = common::PrivateRedis::start().await;
+    let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
+    let mut admin = common::admin(&server.url()).await;
+    let name = common::fresh_name("dropped-pubsub");
+    let mut events = backend.subscribe(&name).await.expect("ok").expect("some");
+    redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "pubsub"])
+        .query_async::<u64>(&mut admin)
+        .await
+        .expect("CLIENT KILL");
+    let ended = timeout(Duration::from_secs(5), events.next()).await;
+    assert_eq!(ended.expect("the stream did not end"), None);
+    let mut again = backend.subscribe(&name).await.expect("ok").expect("some");
+    let lease = take(
+        &backend,
+        &AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(30)),
+    )
+    .await;
+    backend.release(&lease).await.expect("release");
+    let woke = timeout(Duration::from_secs(5), again.next()).await;
+    assert_eq!(woke.expect("no notification after reconnecting"), Some(()));
+}
+
+/// Waits up to 5 s (the linger period is 1 s) for `channel` to have no subscriber.
+async fn unsubscribed(admin: &mut MultiplexedConnection, channel: &str) -> bool {
+    for _ in 0..250 {
+        if subscribers(admin, channel).await == 0 {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+async fn subscribers(admin: &mut MultiplexedConnection, channel: &str) -> u64 {
+    let reply: (String, u64) = redis::cmd("PUBSUB")
+        .arg("NUMSUB")
+        .arg(channel)
+        .query_async(admin)
+        .await
+        .expect("PUBSUB NUMSUB");
+    reply.1
+}
+
+async fn pubsub_connections(admin: &mut MultiplexedConnection) -> usize {
+    let list: String = redis::cmd("CLIENT")
+        .arg(&["LIST", "TYPE", "pubsub"])
+        .query_async(admin)
+        .await
+        .expect("CLIENT LIST");
+    list.lines().count()
+}
+
+/// A waiter dropped while its SUBSCRIBE is in flight (the server stalled) leaves no
+/// subscription behind once the server answers again.
+#[tokio::test]
+async fn a_subscription_dropped_in_flight_is_cleaned_up() {
+    if common::redis_url().is_none() {
+        return;
+    }
+    let server = common::PrivateRedis::start().await;
+    let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
+    let mut admin = common::admin(&server.url()).await;
+    // Open the shared pub/sub connection first, so only the SUBSCRIBE itself stalls.
+    let opener = backend
+        .subscribe(&common::fresh_name("opener"))
+        .await
+        .expect("ok");
+    let name = common::fresh_name("in-flight");
+    let channel = backend.keys(&name).channel().to_owned();
+    server.stall();
+    let cut_short = timeout(Duration::from_millis(200), backend.subscribe(&name)).await;
+    assert!(cut_short.is_err(), "subscribed on a stalled server");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.resume();
+    assert!(
+        unsubscribed(&mut admin, &channel).await,
+        "the abandoned SUBSCRIBE left the channel subscribed"
+    );
+    drop(opener);
+}
+
+/// `?protocol=resp3` (passed through to the client) works for every call, notifications
+/// included.
+#[tokio::test]
+async fn resp3_connections_work() {
+    let Some(url) = common::redis_url() else {
+        return;
+    };
+    let backend = backend_on(&format!("{url}?protocol=resp3"), Duration::from_secs(2)).await;
+    let me = Identity::unique();
+    let lease = take(&backend, &request("resp3", &me)).await;
+    let holder = backend.inspect(lease.name()).await.expect("inspect");
+    assert_eq!(holder.map(|h| h.owner().clone()), Some(me.clone()));
+    let mut events = backend
+        .subscribe(lease.name())
+        .await
+        .expect("ok")
+        .expect("some");
+    let refreshed = backend.refresh(&lease).await.expect("refresh");
+    backend.release(&refreshed).await.expect("release");
+    let woke = timeout(Duration::from_secs(5), events.next()).await;
+    assert_eq!(woke.expect("no notification over RESP3"), Some(()));
+    assert_eq!(backend.inspect(lease.name()).await.expect("inspect"), None);
+}
+
+/// An operator's break removes whoever holds the lock and reports them, wakes waiters,
+/// turns the holder's guard Lost, and keeps fencing monotonic.
+#[tokio::test]
+async fn break_lock_removes_the_holder_and_keeps_tokens_rising() {
+    let Some(url) = common::redis_url() else {
+        return;
+    };
+    let backend = Arc::new(backend_on(&url, Duration::from_secs(2)).await);
+    let ttl = Duration::from_secs(2);
+    let locker = Locker::new(backend.clone()).with_options(LockOptions::new(ttl));
+    let name = common::fresh_name("break");
+    let guard = locker.acquire(name.as_str()).await.expect("free");
+    let mut events = backend.subscribe(&name).await.expect("ok").expect("some");
+    let removed = backend.break_lock(&name).await.expect("break");
+    let removed = removed.expect("it was held");
+    assert_eq!(removed.owner(), guard.lease().owner());
+    assert_eq!(removed.token(), guard.fence_token());
+    let woke = timeout(Duration::from_secs(5), events.next()).await;
+    assert_eq!(woke.expect("waiters were not woken"), Some(()));
+    let reason = timeout(ttl, guard.lost())
+        .await
+        .expect("the guard stayed held");
+    assert!(matches!(reason, LostReason::NotOwner(_)), "{reason}");
+    assert!(backend.break_lock(&name).await.expect("break").is_none());
+    let next = locker
+        .acquire(name.as_str())
+        .await
+        .expect("free after the break");
+    assert!(
+        next.fence_token() > guard.fence_token(),
+        "fencing went back"
+    );
+    next.release().await.expect("release");
+}
+
+/// `rediss://` works end to end (a private TLS-only server with a self-signed certificate,
+/// `#insecure`): lock calls and notifications; a plain connection to it fails in time.
+#[cfg(feature = "tls")]
+#[tokio::test]
+async fn tls_connections_work() {
+    if common::redis_url().is_none() {
+        return;
+    }
+    let server = common::PrivateRedis::start_tls().await;
+    let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
+    let me = Identity::unique();
+    let lease = take(&backend, &request("tls", &me)).await;
+    let mut events = backend
+        .subscribe(lease.name())
+        .await
+        .expect("ok")
+        .expect("some");
+    backend.refresh(&lease).await.expect("refresh over TLS");
+    backend.release(&lease).await.expect("release over TLS");
+    let woke = timeout(Duration::from_secs(5), events.next()).await;
+    assert_eq!(woke.expect("no notification over TLS"), Some(()));
+    let plain = server
+        .url()
+        .replace("rediss://", "redis://")
+        .replace("#insecure", "");
+    let config = RedisConfig::from_url(&plain)
+        .expect("valid")
+        .with_timeout(Duration::from_millis(500));
+    let err = RedisBackend::connect(config)
+        .await
+        .expect_err("plain text to a TLS port");
+    assert!(err.is_temporary(), "{err}");
+}
