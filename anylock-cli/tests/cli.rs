@@ -27,6 +27,18 @@ impl Scene {
         Self { dir, backend }
     }
 
+    /// Redis from the harness, under a fresh key prefix; `None` (skip) outside CI without it.
+    fn redis() -> Option<Self> {
+        let url = conformance::env::require("ANYLOCK_TEST_REDIS_URL", "Redis")?;
+        let prefix = format!("cli-{:016x}", rand::random::<u64>());
+        let separator = if url.contains('?') { '&' } else { '?' };
+        let backend = format!("{url}{separator}prefix={prefix}");
+        Some(Self {
+            dir: Self::scratch(),
+            backend,
+        })
+    }
+
     /// PostgreSQL from the harness, in a fresh schema; `None` (skip) outside CI without it.
     fn postgres() -> Option<Self> {
         let url = conformance::env::require("ANYLOCK_TEST_POSTGRES_URL", "PostgreSQL")?;
@@ -151,7 +163,11 @@ fn contending_runs_never_overlap(scene: &Scene) {
         .map(|_| scene.spawn(&["run", "shared", "--", "sh", "-c", &script]))
         .collect();
     for mut run in runs {
-        assert!(wait_child(&mut run, Duration::from_secs(60)).success());
+        let status = wait_child(&mut run, Duration::from_secs(60));
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut run.stderr.take().expect("stderr"), &mut stderr)
+            .expect("read stderr");
+        assert!(status.success(), "{status:?}: {stderr}");
     }
     let lines: Vec<String> = read(&log).lines().map(str::to_owned).collect();
     assert_eq!(lines.len(), 8, "{lines:?}");
@@ -324,6 +340,11 @@ macro_rules! on_every_backend {
                 if let Some(scene) = super::Scene::postgres() { super::$scenario(&scene); }
             } )*
         }
+        mod redis {
+            $( #[test] fn $scenario() {
+                if let Some(scene) = super::Scene::redis() { super::$scenario(&scene); }
+            } )*
+        }
     };
 }
 
@@ -370,4 +391,17 @@ fn check_reports_round_trip_permissions_and_clock_skew() {
     assert_eq!(code(&out), 0, "{text} {:?}", stderr_lines(&out));
     assert!(text.contains("clock skew:   server clock"), "{text}");
     assert!(text.contains("round trip:"), "{text}");
+}
+
+#[test]
+fn an_unreachable_redis_is_one_line_and_exit_code_125() {
+    let scene = Scene::local();
+    let mut command = scene.command(&["run", "job", "--wait", "2s", "--", "true"]);
+    command.env("ANYLOCK_BACKEND", "redis://:hunter2@127.0.0.1:1/0");
+    let out = command.output().expect("run");
+    let lines = stderr_lines(&out);
+    assert_eq!(code(&out), 125, "{lines:?}");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].starts_with("anylock: redis"), "{lines:?}");
+    assert!(!lines[0].contains("hunter2"), "password leaked: {lines:?}");
 }

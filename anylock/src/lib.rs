@@ -17,7 +17,7 @@
 //! | `local:` or `local:/path/locks.sqlite3` | embedded, one machine, no server (the default) | `local` |
 //! | `memory:` | in-process only (tests, examples) | always |
 //! | `redis://[:pw@]host:port/db`, `rediss://` | Redis, single instance | `redis` |
-//! | `redlock://h1:p1,h2:p2,h3:p3` | Redlock over independent Redis nodes | `redis` |
+//! | `redlock://h1:p1,h2:p2,h3:p3`, `redlocks://` | Redlock over independent Redis nodes | `redis` |
 //! | `postgres://user:pw@host/db` | PostgreSQL lease table | `postgres` |
 //! | `etcd://h1:2379,h2:2379/prefix` | etcd | `etcd` |
 //! | `gs://bucket/prefix` | Google Cloud Storage | `gcs` |
@@ -148,6 +148,8 @@ async fn connect_url(url: &BackendUrl) -> Result<Arc<dyn LockBackend>, Error> {
             let config = backend_local::LocalConfig::from_url(url.expose())?;
             Ok(Arc::new(backend_local::LocalBackend::open(config).await?))
         }
+        #[cfg(feature = "redis")]
+        "redis" | "rediss" | "redlock" | "redlocks" => backend_redis::connect(url.expose()).await,
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => {
             let config = backend_postgres::PostgresConfig::from_url(url.expose())?;
@@ -195,6 +197,10 @@ pub fn compiled_guarantees() -> Vec<(&'static str, Guarantees)> {
     [
         #[cfg(feature = "local")]
         ("local", backend_local::guarantees()),
+        #[cfg(feature = "redis")]
+        ("redis", backend_redis::guarantees()),
+        #[cfg(feature = "redis")]
+        ("redlock", backend_redis::redlock_guarantees()),
         #[cfg(feature = "postgres")]
         ("postgres", backend_postgres::guarantees()),
         #[cfg(feature = "etcd")]

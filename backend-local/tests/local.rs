@@ -187,3 +187,22 @@ async fn an_unusable_path_is_a_clear_config_error() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_processes_opening_a_fresh_database_at_once_all_succeed() {
+    for round in 0..20 {
+        let db = TempDb::new();
+        let opens: Vec<_> = (0..16)
+            .map(|_| {
+                let config = db.config();
+                tokio::spawn(async move { LocalBackend::open(config).await })
+            })
+            .collect();
+        for open in opens {
+            let backend = open.await.expect("join");
+            if let Err(err) = backend {
+                panic!("round {round}: a concurrent first open failed: {err}");
+            }
+        }
+    }
+}
