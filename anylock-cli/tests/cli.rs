@@ -383,14 +383,13 @@ fn check_reports_round_trip_permissions_and_clock_skew() {
         text.contains("clock skew:   not exposed by the local backend"),
         "{text}"
     );
-    let Some(postgres) = Scene::postgres() else {
-        return;
-    };
-    let out = postgres.output(&["check"]);
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert_eq!(code(&out), 0, "{text} {:?}", stderr_lines(&out));
-    assert!(text.contains("clock skew:   server clock"), "{text}");
-    assert!(text.contains("round trip:"), "{text}");
+    for server in [Scene::postgres(), Scene::redis()].into_iter().flatten() {
+        let out = server.output(&["check"]);
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        assert_eq!(code(&out), 0, "{text} {:?}", stderr_lines(&out));
+        assert!(text.contains("clock skew:   server clock"), "{text}");
+        assert!(text.contains("round trip:"), "{text}");
+    }
 }
 
 #[test]

@@ -202,6 +202,10 @@ impl LockBackend for RedisBackend {
         Ok(())
     }
 
+    async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
+        self.node().time().await.map(Some)
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let found = self
             .node()

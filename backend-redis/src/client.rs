@@ -274,6 +274,20 @@ impl Node {
         }
     }
 
+    /// One `TIME`: the server's clock, as seconds and microseconds since the Unix epoch.
+    pub(crate) async fn time(&self) -> Result<std::time::SystemTime> {
+        let mut conn = self.manager.clone();
+        let time = redis::cmd("TIME");
+        let reply = tokio::time::timeout(self.timeout, time.query_async::<(u64, u64)>(&mut conn));
+        match reply.await {
+            Ok(Ok((secs, micros))) => Ok(std::time::UNIX_EPOCH
+                + Duration::from_secs(secs)
+                + Duration::from_micros(micros)),
+            Ok(Err(err)) => Err(map_error(&err, Call::Ping, &self.label)),
+            Err(_) => Err(timed_out(Call::Ping, &self.label, self.timeout)),
+        }
+    }
+
     /// Runs the acquire script. `fenced` adds the fence counter (single instance).
     pub(crate) async fn acquire(
         &self,
