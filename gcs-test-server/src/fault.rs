@@ -1,0 +1,113 @@
+//! Runtime fault knobs and the server's (shiftable) clock.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::{Duration, SystemTime};
+
+/// GCS's sustained mutation rate for one object name: about one per second.
+pub const GCS_MUTATION_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A fault to inject with [`GcsTestServer::inject`](crate::GcsTestServer::inject).
+/// Faults stay in force until [`clear_faults`](crate::GcsTestServer::clear_faults)
+/// (`ServerErrors` also wears off by itself).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// The next `count` API requests answer 503 `backendError` without
+    /// touching any object (replaces an earlier count).
+    ServerErrors {
+        /// How many requests fail.
+        count: u32,
+    },
+    /// Enforce a per-object mutation rate limit: an insert, patch or delete
+    /// of a name less than `min_interval` after the last accepted mutation
+    /// of that name answers 429 `rateLimitExceeded` and changes nothing.
+    /// Off by default; [`Fault::gcs_rate_limit`] gives GCS's rate.
+    RateLimit {
+        /// Least time between two accepted mutations of one name.
+        min_interval: Duration,
+    },
+    /// Hold every API request this long before handling it.
+    Delay(Duration),
+}
+
+impl Fault {
+    /// GCS's rate limit: one mutation per object name per second.
+    pub const fn gcs_rate_limit() -> Self {
+        Self::RateLimit {
+            min_interval: GCS_MUTATION_INTERVAL,
+        }
+    }
+}
+
+/// How far the server's clock is from the machine's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClockOffset {
+    /// The server's clock reads later than the machine's.
+    Ahead(Duration),
+    /// The server's clock reads earlier than the machine's.
+    Behind(Duration),
+}
+
+impl ClockOffset {
+    /// The offset in signed milliseconds (positive: ahead).
+    pub fn as_millis(self) -> i64 {
+        match self {
+            Self::Ahead(d) => i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+            Self::Behind(d) => -i64::try_from(d.as_millis()).unwrap_or(i64::MAX),
+        }
+    }
+
+    /// The offset for signed milliseconds (positive: ahead).
+    pub fn from_millis(millis: i64) -> Self {
+        let magnitude = Duration::from_millis(millis.unsigned_abs());
+        if millis < 0 {
+            Self::Behind(magnitude)
+        } else {
+            Self::Ahead(magnitude)
+        }
+    }
+}
+
+/// The request-level faults: pending 503s and a delay.
+#[derive(Debug, Default)]
+pub(crate) struct RequestFaults {
+    pub(crate) server_errors: u32,
+    pub(crate) delay: Option<Duration>,
+}
+
+impl RequestFaults {
+    /// Whether this request should fail with 503 (uses one up).
+    pub(crate) fn take_server_error(&mut self) -> bool {
+        if self.server_errors == 0 {
+            return false;
+        }
+        self.server_errors -= 1;
+        true
+    }
+}
+
+/// The server's clock: the machine's clock plus an offset in milliseconds.
+#[derive(Debug, Default)]
+pub(crate) struct Clock {
+    offset_millis: AtomicI64,
+}
+
+impl Clock {
+    /// Sets the offset.
+    pub(crate) fn set(&self, offset: ClockOffset) {
+        self.offset_millis
+            .store(offset.as_millis(), Ordering::Relaxed);
+    }
+
+    /// The server's current time.
+    pub(crate) fn now(&self) -> SystemTime {
+        let now = SystemTime::now();
+        let offset = self.offset_millis.load(Ordering::Relaxed);
+        let magnitude = Duration::from_millis(offset.unsigned_abs());
+        if offset < 0 {
+            now - magnitude
+        } else {
+            now + magnitude
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! The per-request pipeline: admin paths bypass it; API requests get the
+//! injected delay and 503s, are routed, logged, and every response gets a
+//! `Date` header from the server's clock.
+
+use std::convert::Infallible;
+use std::sync::{Arc, PoisonError};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_TYPE, DATE, HeaderValue};
+use hyper::{Request, Response, StatusCode};
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::server::{RequestRecord, Shared};
+use crate::{admin, api};
+
+/// A response body.
+pub(crate) type Body = Full<Bytes>;
+
+/// A request with its body read.
+#[derive(Debug)]
+pub(crate) struct ReadRequest {
+    pub(crate) method: hyper::Method,
+    pub(crate) path: String,
+    pub(crate) query: Option<String>,
+    pub(crate) headers: hyper::HeaderMap,
+    pub(crate) body: Bytes,
+}
+
+/// Handles one request; never fails at the HTTP level.
+pub(crate) async fn handle(
+    shared: Arc<Shared>,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, Infallible> {
+    let (parts, body) = request.into_parts();
+    let body = body.collect().await.map(|b| b.to_bytes());
+    let request = ReadRequest {
+        method: parts.method,
+        path: parts.uri.path().to_owned(),
+        query: parts.uri.query().map(str::to_owned),
+        headers: parts.headers,
+        body: body.unwrap_or_default(),
+    };
+    let mut response = if request.path.starts_with(admin::PREFIX) {
+        admin::handle(&shared, &request)
+    } else {
+        api_request(&shared, &request).await
+    };
+    let date = httpdate::fmt_http_date(shared.clock.now());
+    if let Ok(value) = HeaderValue::from_str(&date) {
+        response.headers_mut().insert(DATE, value);
+    }
+    Ok(response)
+}
+
+async fn api_request(shared: &Shared, request: &ReadRequest) -> Response<Body> {
+    let (delay, fail) = {
+        let mut faults = shared.faults.lock().unwrap_or_else(PoisonError::into_inner);
+        (faults.delay, faults.take_server_error())
+    };
+    if let Some(delay) = delay {
+        tokio::time::sleep(delay).await;
+    }
+    let response = if fail {
+        error_response(&ApiError::backend_error())
+    } else {
+        api::route(shared, request)
+    };
+    let record = RequestRecord {
+        method: request.method.to_string(),
+        path: request.path.clone(),
+        query: request.query.clone(),
+        status: response.status().as_u16(),
+    };
+    shared
+        .log
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .push(record);
+    response
+}
+
+/// A JSON response.
+pub(crate) fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from(value.to_string())));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/json; charset=UTF-8"),
+    );
+    response
+}
+
+/// The JSON error response for `error`.
+pub(crate) fn error_response(error: &ApiError) -> Response<Body> {
+    let status = StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    json_response(status, &error.body())
+}
+
+/// 204 with no body.
+pub(crate) fn no_content() -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::new()));
+    *response.status_mut() = StatusCode::NO_CONTENT;
+    response
+}

@@ -1,0 +1,39 @@
+//! An in-memory Google Cloud Storage JSON-API server for tests, with GCS's
+//! real conditional-write semantics — the part the installable emulators get
+//! wrong — plus fault injection, a request log and a shiftable clock.
+//!
+//! It implements what anylock's GCS backend uses: media and multipart
+//! insert, object get (metadata or `alt=media`), metadata PATCH, delete,
+//! list, and bucket create/get; the four precondition parameters
+//! (`ifGenerationMatch`, `ifGenerationNotMatch`, `ifMetagenerationMatch`,
+//! `ifMetagenerationNotMatch`) with GCS's 412 and 404 behaviour; strictly
+//! increasing string-typed generations; a `Date` header on every response.
+//! See `docs/gcs-test-server.md` for what it leaves out and how it differs
+//! from fake-gcs-server.
+//!
+//! ```no_run
+//! # async fn demo() {
+//! use gcs_test_server::{Fault, GcsTestServer};
+//! let server = GcsTestServer::start().await;
+//! server.create_bucket("locks");
+//! // point the client at server.url(), e.g. as STORAGE_EMULATOR_HOST
+//! server.inject(Fault::gcs_rate_limit());
+//! let calls = server.requests().len();
+//! # let _ = calls;
+//! # }
+//! ```
+
+mod admin;
+mod api;
+mod error;
+mod fault;
+mod handler;
+mod multipart;
+mod precondition;
+mod query;
+mod server;
+mod store;
+mod wire;
+
+pub use fault::{ClockOffset, Fault, GCS_MUTATION_INTERVAL};
+pub use server::{GcsTestServer, RequestRecord};

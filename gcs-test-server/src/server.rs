@@ -1,0 +1,213 @@
+//! The server handle, its shared state and the accept loop.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use serde_json::{Value, json};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::{JoinHandle, JoinSet};
+
+use crate::fault::{Clock, ClockOffset, Fault, RequestFaults};
+use crate::handler;
+use crate::store::Store;
+
+/// One API request as the server saw it (admin paths are not logged).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RequestRecord {
+    /// `GET`, `POST`, `PATCH`, `DELETE`, …
+    pub method: String,
+    /// The path as sent, still percent-encoded.
+    pub path: String,
+    /// The raw query string, if any.
+    pub query: Option<String>,
+    /// The status the server answered.
+    pub status: u16,
+}
+
+impl RequestRecord {
+    pub(crate) fn to_json(&self) -> Value {
+        json!({ "method": self.method, "path": self.path, "query": self.query, "status": self.status })
+    }
+}
+
+/// State shared by the handle and every connection.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) base_url: String,
+    pub(crate) store: Mutex<Store>,
+    pub(crate) faults: Mutex<RequestFaults>,
+    pub(crate) log: Mutex<Vec<RequestRecord>>,
+    pub(crate) clock: Clock,
+}
+
+impl Shared {
+    pub(crate) fn inject(&self, fault: Fault) {
+        match fault {
+            Fault::ServerErrors { count } => self.faults().server_errors = count,
+            Fault::RateLimit { min_interval } => self.set_rate_limit(Some(min_interval)),
+            Fault::Delay(delay) => self.set_delay(Some(delay)),
+        }
+    }
+
+    pub(crate) fn clear_faults(&self) {
+        *self.faults() = RequestFaults::default();
+        self.set_rate_limit(None);
+    }
+
+    pub(crate) fn set_rate_limit(&self, min_interval: Option<Duration>) {
+        let mut store = self.store.lock().unwrap_or_else(PoisonError::into_inner);
+        store.set_rate_limit(min_interval);
+    }
+
+    pub(crate) fn set_delay(&self, delay: Option<Duration>) {
+        self.faults().delay = delay;
+    }
+
+    pub(crate) fn requests(&self) -> Vec<RequestRecord> {
+        self.log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    pub(crate) fn clear_requests(&self) {
+        self.log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
+    fn faults(&self) -> std::sync::MutexGuard<'_, RequestFaults> {
+        self.faults.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A running in-memory GCS JSON-API server. It stops when dropped.
+///
+/// Buckets must exist before objects are written to them, as on GCS (404
+/// otherwise): create them with [`create_bucket`](Self::create_bucket) or
+/// `POST /storage/v1/b` with `{"name": …}`.
+#[derive(Debug)]
+pub struct GcsTestServer {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    accept: JoinHandle<()>,
+}
+
+impl GcsTestServer {
+    /// Starts a server on `127.0.0.1` on a free port.
+    ///
+    /// # Panics
+    /// If no loopback port can be bound (a test-environment failure).
+    pub async fn start() -> Self {
+        let addr = SocketAddr::from(([127, 0, 0, 1], 0));
+        Self::bind(addr)
+            .await
+            .expect("bind the GCS test server to 127.0.0.1")
+    }
+
+    /// Starts a server on `addr` (port 0: a free port).
+    ///
+    /// # Errors
+    /// When the address cannot be bound.
+    pub async fn bind(addr: SocketAddr) -> std::io::Result<Self> {
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            base_url: format!("http://{addr}"),
+            store: Mutex::default(),
+            faults: Mutex::default(),
+            log: Mutex::default(),
+            clock: Clock::default(),
+        });
+        let accept = tokio::spawn(accept_loop(listener, Arc::clone(&shared)));
+        Ok(Self {
+            addr,
+            shared,
+            accept,
+        })
+    }
+
+    /// The base URL, e.g. `http://127.0.0.1:40123`: the JSON API lives
+    /// under it, so it works as `STORAGE_EMULATOR_HOST`.
+    pub fn url(&self) -> String {
+        self.shared.base_url.clone()
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Creates a bucket; returns false if it already existed.
+    pub fn create_bucket(&self, name: &str) -> bool {
+        let now = self.shared.clock.now();
+        let mut store = self
+            .shared
+            .store
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        store.create_bucket(name, now).is_ok()
+    }
+
+    /// Injects a fault; it applies to requests that arrive from now on.
+    pub fn inject(&self, fault: Fault) {
+        self.shared.inject(fault);
+    }
+
+    /// Removes every fault: pending 503s, the delay and the rate limit.
+    pub fn clear_faults(&self) {
+        self.shared.clear_faults();
+    }
+
+    /// Shifts the server's clock (for `updated`, `timeCreated`, the `Date`
+    /// header and new generations) relative to the machine's.
+    pub fn set_clock_offset(&self, offset: ClockOffset) {
+        self.shared.clock.set(offset);
+    }
+
+    /// Every API request so far, in the order they completed.
+    pub fn requests(&self) -> Vec<RequestRecord> {
+        self.shared.requests()
+    }
+
+    /// Empties the request log.
+    pub fn clear_requests(&self) {
+        self.shared.clear_requests();
+    }
+}
+
+impl Drop for GcsTestServer {
+    fn drop(&mut self) {
+        // Dropping the accept task drops its JoinSet, which aborts every
+        // connection task.
+        self.accept.abort();
+    }
+}
+
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    connections.spawn(serve(stream, Arc::clone(&shared)));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+async fn serve(stream: TcpStream, shared: Arc<Shared>) {
+    let service = service_fn(move |request| handler::handle(Arc::clone(&shared), request));
+    // A connection error (client went away) ends only this connection.
+    let _ = http1::Builder::new()
+        .serve_connection(TokioIo::new(stream), service)
+        .await;
+}

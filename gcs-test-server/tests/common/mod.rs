@@ -1,0 +1,188 @@
+//! A thin JSON-API client over reqwest, shared by the server tests and the
+//! fake-gcs-server cross-check, so both send byte-identical requests.
+
+#![allow(dead_code, unreachable_pub)]
+
+use reqwest::{Client, Response};
+use serde_json::Value;
+
+/// Query parameter name for a precondition.
+pub const PRECONDITIONS: [&str; 4] = [
+    "ifGenerationMatch",
+    "ifGenerationNotMatch",
+    "ifMetagenerationMatch",
+    "ifMetagenerationNotMatch",
+];
+
+/// One bucket on one server.
+#[derive(Debug, Clone)]
+pub struct Gcs {
+    pub http: Client,
+    pub base: String,
+    pub bucket: String,
+}
+
+/// Percent-encodes an object name as one path segment.
+pub fn encode(name: &str) -> String {
+    name.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn with_query(url: String, query: &str) -> String {
+    if query.is_empty() {
+        url
+    } else if url.contains('?') {
+        format!("{url}&{query}")
+    } else {
+        format!("{url}?{query}")
+    }
+}
+
+impl Gcs {
+    pub fn new(base: &str, bucket: &str) -> Self {
+        let http = Client::builder()
+            .no_proxy()
+            .build()
+            .expect("reqwest client");
+        Self {
+            http,
+            base: base.trim_end_matches('/').to_owned(),
+            bucket: bucket.to_owned(),
+        }
+    }
+
+    fn object_url(&self, name: &str, query: &str) -> String {
+        let url = format!(
+            "{}/storage/v1/b/{}/o/{}",
+            self.base,
+            self.bucket,
+            encode(name)
+        );
+        with_query(url, query)
+    }
+
+    fn upload_url(&self, upload_type: &str, name: &str, query: &str) -> String {
+        let url = format!(
+            "{}/upload/storage/v1/b/{}/o?uploadType={upload_type}&name={}",
+            self.base,
+            self.bucket,
+            encode(name)
+        );
+        with_query(url, query)
+    }
+
+    /// `POST /storage/v1/b` creating this bucket.
+    pub async fn create_bucket(&self) -> Response {
+        let url = format!("{}/storage/v1/b?project=test", self.base);
+        let body = serde_json::json!({ "name": self.bucket });
+        self.http
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .expect("create bucket")
+    }
+
+    /// `uploadType=media` insert of `data`.
+    pub async fn media_insert(&self, name: &str, query: &str, data: &'static [u8]) -> Response {
+        let url = self.upload_url("media", name, query);
+        let request = self
+            .http
+            .post(url)
+            .header("content-type", "text/plain")
+            .body(data);
+        request.send().await.expect("media insert")
+    }
+
+    /// `uploadType=multipart` insert with a JSON metadata part and empty content.
+    pub async fn multipart_insert(&self, name: &str, query: &str, metadata: &Value) -> Response {
+        let boundary = "anylock_boundary_7f3a";
+        let body = format!(
+            "--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{metadata}\r\n\
+             --{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n\r\n--{boundary}--\r\n"
+        );
+        let url = self.upload_url("multipart", name, query);
+        let content_type = format!("multipart/related; boundary={boundary}");
+        let request = self
+            .http
+            .post(url)
+            .header("content-type", content_type)
+            .body(body);
+        request.send().await.expect("multipart insert")
+    }
+
+    pub async fn get(&self, name: &str, query: &str) -> Response {
+        self.http
+            .get(self.object_url(name, query))
+            .send()
+            .await
+            .expect("get")
+    }
+
+    pub async fn patch(&self, name: &str, query: &str, body: &Value) -> Response {
+        let request = self.http.patch(self.object_url(name, query)).json(body);
+        request.send().await.expect("patch")
+    }
+
+    pub async fn delete(&self, name: &str, query: &str) -> Response {
+        self.http
+            .delete(self.object_url(name, query))
+            .send()
+            .await
+            .expect("delete")
+    }
+
+    pub async fn list(&self, prefix: &str) -> Response {
+        let url = format!(
+            "{}/storage/v1/b/{}/o?prefix={}",
+            self.base,
+            self.bucket,
+            encode(prefix)
+        );
+        self.http.get(url).send().await.expect("list")
+    }
+
+    /// A request to the test server's admin path `/_test/{path}`.
+    pub async fn admin(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Response {
+        let url = format!("{}/_test/{path}", self.base);
+        let mut request = self.http.request(method, url);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        request.send().await.expect("admin request")
+    }
+
+    /// The object's resource; panics unless the GET answers 200.
+    pub async fn resource(&self, name: &str) -> Value {
+        let response = self.get(name, "").await;
+        assert_eq!(response.status(), 200, "GET {name}");
+        response.json().await.expect("object JSON")
+    }
+}
+
+/// A JSON string field parsed as an integer (generation, metageneration, size).
+pub fn int_field(resource: &Value, field: &str) -> i64 {
+    resource[field]
+        .as_str()
+        .unwrap_or_else(|| panic!("{field} is not a JSON string in {resource}"))
+        .parse()
+        .unwrap_or_else(|e| panic!("{field} is not an integer: {e}"))
+}
+
+/// Status and JSON body of a response.
+pub async fn status_json(response: Response) -> (u16, Value) {
+    let status = response.status().as_u16();
+    let text = response.text().await.expect("body");
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}

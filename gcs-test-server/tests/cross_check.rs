@@ -1,0 +1,328 @@
+//! Cross-check against fake-gcs-server, an implementation we did not write:
+//! the same wire calls go to both servers and the responses' shapes
+//! (status, field names, JSON types) must agree wherever fake-gcs-server
+//! follows GCS. Where it is known not to (../shared/INFRA.md, and what this
+//! test found), the difference is asserted explicitly, so the test fails
+//! when fake-gcs-server changes and the list needs revisiting.
+//!
+//! Needs `ANYLOCK_TEST_FAKE_GCS_URL` (`scripts/servers start`); skipped
+//! without it outside CI, a failure in CI.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use common::{Gcs, status_json};
+use gcs_test_server::GcsTestServer;
+use serde_json::{Value, json};
+
+/// One response: status, body, and whether it had a `Date` header.
+#[derive(Debug, Clone)]
+struct Seen {
+    status: u16,
+    body: Value,
+    dated: bool,
+}
+
+async fn seen(response: reqwest::Response) -> Seen {
+    let dated = response.headers().contains_key("date");
+    let (status, body) = status_json(response).await;
+    Seen {
+        status,
+        body,
+        dated,
+    }
+}
+
+/// Responses by step name.
+type Steps = BTreeMap<&'static str, Seen>;
+
+/// The lock cycle's calls, plus the precondition probes, by step name.
+async fn scenario(gcs: &Gcs) -> Steps {
+    let mut s = Steps::new();
+    s.insert("create_bucket", seen(gcs.create_bucket().await).await);
+    acquire(gcs, &mut s).await;
+    refresh_and_release(gcs, &mut s).await;
+    s
+}
+
+/// Create-if-absent with both upload types, each twice.
+async fn acquire(gcs: &Gcs, s: &mut Steps) {
+    let create = "ifGenerationMatch=0";
+    let media = gcs.media_insert("locks/a", create, b"").await;
+    s.insert("media_insert", seen(media).await);
+    let media = gcs.media_insert("locks/a", create, b"").await;
+    s.insert("media_insert_again", seen(media).await);
+    let metadata = json!({"name": "locks/b", "cacheControl": "no-store",
+        "metadata": {"owner": "me", "expires": "2030-01-01T00:00:00Z"}});
+    let multipart = gcs.multipart_insert("locks/b", create, &metadata).await;
+    s.insert("multipart_insert", seen(multipart).await);
+    let multipart = gcs.multipart_insert("locks/b", create, &metadata).await;
+    s.insert("multipart_insert_again", seen(multipart).await);
+}
+
+/// Read, refresh (PATCH), release (DELETE) of `locks/b`, with failing
+/// preconditions probed on each method.
+async fn refresh_and_release(gcs: &Gcs, s: &mut Steps) {
+    let created = s["multipart_insert"].body.clone();
+    let g = str_field(&created, "generation");
+    let m = str_field(&created, "metageneration");
+    s.insert("get", seen(gcs.get("locks/b", "").await).await);
+    let wrong = gcs.get("locks/b", &format!("ifGenerationMatch={g}1")).await;
+    s.insert("get_wrong_generation", seen(wrong).await);
+    let patch = json!({"metadata": {"expires": "2031-01-01T00:00:00Z", "owner": null}});
+    let patched = gcs
+        .patch("locks/b", &format!("ifMetagenerationMatch={m}"), &patch)
+        .await;
+    s.insert("patch", seen(patched).await);
+    s.insert("get_after_patch", seen(gcs.get("locks/b", "").await).await);
+    let wrong = gcs
+        .patch("locks/b", "ifMetagenerationMatch=99", &json!({}))
+        .await;
+    s.insert("patch_wrong_metageneration", seen(wrong).await);
+    let wrong = gcs.delete("locks/a", "ifGenerationMatch=1").await;
+    s.insert("delete_wrong_generation", seen(wrong).await);
+    let m_now = str_field(&s["get_after_patch"].body, "metageneration");
+    let release = format!("ifGenerationMatch={g}&ifMetagenerationMatch={m_now}");
+    s.insert("delete", seen(gcs.delete("locks/b", &release).await).await);
+    s.insert("get_deleted", seen(gcs.get("locks/b", "").await).await);
+}
+
+fn str_field(resource: &Value, field: &str) -> String {
+    resource[field]
+        .as_str()
+        .unwrap_or_else(|| panic!("{field} not a string in {resource}"))
+        .to_owned()
+}
+
+/// A field's JSON type, with digit strings told apart (the int64 fields).
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "absent",
+        Value::String(s) if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) => {
+            "int64-string"
+        }
+        Value::String(_) => "string",
+        Value::Object(map) if map.values().all(Value::is_string) => "string-map",
+        Value::Object(_) => "object",
+        Value::Array(_) => "array",
+        Value::Bool(_) => "bool",
+        Value::Number(_) => "number",
+    }
+}
+
+/// The object-resource fields the backend reads or might, and their types.
+const OBJECT_FIELDS: [&str; 12] = [
+    "kind",
+    "name",
+    "bucket",
+    "generation",
+    "metageneration",
+    "size",
+    "updated",
+    "timeCreated",
+    "id",
+    "selfLink",
+    "contentType",
+    "etag",
+];
+
+fn object_shape(resource: &Value) -> BTreeMap<&'static str, &'static str> {
+    OBJECT_FIELDS
+        .iter()
+        .map(|f| (*f, kind(&resource[*f])))
+        .collect()
+}
+
+fn error_shape(body: &Value) -> (&'static str, &'static str, &'static str, &'static str) {
+    let error = &body["error"];
+    (
+        kind(&error["code"]),
+        kind(&error["message"]),
+        kind(&error["errors"]),
+        kind(&error["errors"][0]["reason"]),
+    )
+}
+
+/// (step, our status, fake-gcs-server's status). A differing pair is a
+/// known fake-gcs-server deviation from GCS, named in the comment.
+const STATUSES: [(&str, u16, u16); 13] = [
+    ("create_bucket", 200, 200),
+    ("media_insert", 200, 200),
+    // fake-gcs ignores ifGenerationMatch on media uploads.
+    ("media_insert_again", 412, 200),
+    ("multipart_insert", 200, 200),
+    ("multipart_insert_again", 412, 412),
+    ("get", 200, 200),
+    // fake-gcs ignores preconditions on GET.
+    ("get_wrong_generation", 412, 200),
+    ("patch", 200, 200),
+    ("get_after_patch", 200, 200),
+    // fake-gcs ignores preconditions on PATCH.
+    ("patch_wrong_metageneration", 412, 200),
+    // fake-gcs ignores preconditions on DELETE (and deletes), answers 200.
+    ("delete_wrong_generation", 412, 200),
+    // GCS answers 204; fake-gcs 200 with a `null` body.
+    ("delete", 204, 200),
+    ("get_deleted", 404, 404),
+];
+
+async fn both() -> Option<(Steps, Steps)> {
+    let fake_url = conformance::env::require("ANYLOCK_TEST_FAKE_GCS_URL", "GCS")?;
+    let server = GcsTestServer::start().await;
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos();
+    let bucket = format!("xcheck-{}-{nanos}", std::process::id());
+    let ours = scenario(&Gcs::new(&server.url(), &bucket)).await;
+    let fake = scenario(&Gcs::new(&fake_url, &bucket)).await;
+    Some((ours, fake))
+}
+
+#[tokio::test]
+async fn statuses_agree_except_known_fake_gcs_deviations() {
+    let Some((ours, fake)) = both().await else {
+        return;
+    };
+    for (step, want_ours, want_fake) in STATUSES {
+        assert_eq!(
+            ours[step].status, want_ours,
+            "ours, {step}: {}",
+            ours[step].body
+        );
+        assert_eq!(
+            fake[step].status, want_fake,
+            "fake-gcs-server changed at {step}: {}; update the expected differences",
+            fake[step].body
+        );
+        assert!(
+            ours[step].dated && fake[step].dated,
+            "{step}: a response without Date"
+        );
+    }
+}
+
+#[tokio::test]
+async fn object_resources_have_the_same_shape() {
+    let Some((ours, fake)) = both().await else {
+        return;
+    };
+    for step in ["media_insert", "multipart_insert", "get", "get_after_patch"] {
+        assert_eq!(
+            object_shape(&ours[step].body),
+            object_shape(&fake[step].body),
+            "{step}"
+        );
+        assert_eq!(
+            kind(&ours[step].body["generation"]),
+            "int64-string",
+            "{step}"
+        );
+    }
+    for step in ["multipart_insert", "get"] {
+        assert_eq!(
+            ours[step].body["metadata"], fake[step].body["metadata"],
+            "{step}"
+        );
+        assert_eq!(
+            ours[step].body["cacheControl"], fake[step].body["cacheControl"],
+            "{step}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn error_bodies_have_the_same_shape() {
+    let Some((ours, fake)) = both().await else {
+        return;
+    };
+    for step in ["multipart_insert_again", "get_deleted"] {
+        assert_eq!(
+            error_shape(&ours[step].body),
+            error_shape(&fake[step].body),
+            "{step}"
+        );
+        assert_eq!(
+            ours[step].body["error"]["code"], fake[step].body["error"]["code"],
+            "{step}"
+        );
+    }
+}
+
+/// fake-gcs-server's PATCH deviations, asserted so a fix there shows up:
+/// it never bumps metageneration nor `updated`, turns a null metadata
+/// value into "" instead of removing the key, and answers PATCH with a
+/// differently shaped body (no `kind`/`metageneration`, `created`).
+#[tokio::test]
+async fn patch_known_fake_gcs_deviations() {
+    let Some((ours, fake)) = both().await else {
+        return;
+    };
+    let (ours_before, ours_after) = (&ours["get"].body, &ours["get_after_patch"].body);
+    assert_eq!(ours_after["metageneration"], "2");
+    assert_ne!(ours_after["updated"], ours_before["updated"]);
+    assert_eq!(
+        ours_after["metadata"],
+        json!({"expires": "2031-01-01T00:00:00Z"})
+    );
+    assert_eq!(
+        ours["patch"].body, *ours_after,
+        "GCS answers PATCH with the resource"
+    );
+
+    let (fake_before, fake_after) = (&fake["get"].body, &fake["get_after_patch"].body);
+    let changed = "fake-gcs-server changed its PATCH behaviour; update the expected differences";
+    assert_eq!(fake_after["metageneration"], "1", "{changed}");
+    assert_eq!(fake_after["updated"], fake_before["updated"], "{changed}");
+    assert_eq!(fake_after["metadata"]["owner"], "", "{changed}");
+    assert_eq!(fake_after["metadata"]["expires"], "2031-01-01T00:00:00Z");
+    assert!(
+        fake["patch"].body.get("metageneration").is_none(),
+        "{changed}"
+    );
+    assert!(fake["patch"].body.get("created").is_some(), "{changed}");
+}
+
+/// Smaller wire differences the backend must tolerate either way:
+/// fake-gcs writes Go `RFC3339Nano` timestamps (microseconds with trailing
+/// zeros trimmed, so 1 to 6 fraction digits; GCS: always 3), omits the
+/// generation from `id`, and its DELETE body is `null`.
+#[tokio::test]
+async fn format_known_fake_gcs_deviations() {
+    let Some((ours, fake)) = both().await else {
+        return;
+    };
+    let fraction = |v: &Value| {
+        v.as_str()
+            .and_then(|s| s.split_once('.'))
+            .map_or(0, |(_, f)| f.len() - 1)
+    };
+    let stamps = |s: &Steps| -> Vec<usize> {
+        let resources = ["media_insert", "multipart_insert", "get", "get_after_patch"];
+        let fields = ["updated", "timeCreated", "timeStorageClassUpdated"];
+        let each = resources
+            .iter()
+            .flat_map(|r| fields.iter().map(move |f| (*r, *f)));
+        each.map(|(r, f)| fraction(&s[r].body[f])).collect()
+    };
+    assert!(
+        stamps(&ours).iter().all(|&digits| digits == 3),
+        "{:?}",
+        stamps(&ours)
+    );
+    let fake_digits = stamps(&fake);
+    assert!(
+        fake_digits.iter().all(|&d| d <= 6) && fake_digits.iter().any(|&d| d > 3),
+        "fake-gcs-server timestamp precision changed: {fake_digits:?}"
+    );
+    let g = str_field(&ours["get"].body, "generation");
+    assert!(str_field(&ours["get"].body, "id").ends_with(&format!("/{g}")));
+    let fake_g = str_field(&fake["get"].body, "generation");
+    assert!(
+        !str_field(&fake["get"].body, "id").ends_with(&fake_g),
+        "fake-gcs-server now puts the generation in id"
+    );
+    assert_eq!(ours["delete"].body, Value::Null, "204 has no body");
+}
