@@ -14,7 +14,7 @@ use sqlx::sqlite::{
 };
 
 use crate::config::LocalConfig;
-use crate::host::ProcessId;
+use crate::host::{self, ProcessId};
 
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS anylock_leases (
     name        TEXT PRIMARY KEY NOT NULL,
@@ -115,6 +115,26 @@ impl Client {
                 .with_source(e)
             })?;
         }
+        // First-time setup (switching a new file to WAL, creating the table) can answer
+        // SQLITE_BUSY at once, without consulting the busy handler, when several processes
+        // open a fresh file together (seen in CI: 1 of 320 concurrent opens). Opening is not
+        // a lock attempt, so it is retried here, within the busy timeout.
+        let deadline = tokio::time::Instant::now() + config.busy_timeout();
+        loop {
+            match Self::try_open(config).await {
+                Err(err)
+                    if err.kind() == ErrorKind::Unavailable
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    let jitter = u64::from(host::wall_ms().unsigned_abs() % 40);
+                    tokio::time::sleep(Duration::from_millis(10 + jitter)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn try_open(config: &LocalConfig) -> Result<Self, Error> {
         let options = SqliteConnectOptions::new()
             .filename(config.path())
             .create_if_missing(true)
