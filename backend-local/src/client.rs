@@ -126,7 +126,7 @@ impl Client {
                     if err.kind() == ErrorKind::Unavailable
                         && tokio::time::Instant::now() < deadline =>
                 {
-                    let jitter = u64::from(host::wall_ms().unsigned_abs() % 40);
+                    let jitter = host::wall_ms().unsigned_abs() % 40;
                     tokio::time::sleep(Duration::from_millis(10 + jitter)).await;
                 }
                 other => return other,
