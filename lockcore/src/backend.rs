@@ -19,6 +19,40 @@ use crate::types::{Acquire, AcquireRequest, FenceToken, HolderInfo, Lease};
 /// (connection lost); waiters then fall back to polling.
 pub type ReleaseEvents = Pin<Box<dyn Stream<Item = ()> + Send + 'static>>;
 
+/// A waiter's place in a backend's FIFO queue, from [`LockBackend::enqueue`].
+///
+/// The [`Locker`](crate::Locker) holds the ticket for the rest of the acquisition and drops it
+/// when the acquisition ends (granted, timed out, failed or cancelled). Dropping the ticket
+/// drops the backend's `place`, whose `Drop` leaves the queue unless the place already
+/// became the grant.
+pub struct QueueTicket {
+    events: Option<ReleaseEvents>,
+    _place: Box<dyn std::any::Any + Send + Sync>,
+}
+
+impl QueueTicket {
+    /// A ticket owning `place`; `events` wake the waiter when its place may be first.
+    pub fn new(place: impl std::any::Any + Send + Sync, events: Option<ReleaseEvents>) -> Self {
+        Self {
+            events,
+            _place: Box::new(place),
+        }
+    }
+
+    /// Takes the wake-up events, leaving the place held.
+    pub(crate) fn take_events(&mut self) -> Option<ReleaseEvents> {
+        self.events.take()
+    }
+}
+
+impl fmt::Debug for QueueTicket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("QueueTicket")
+            .field("events", &self.events.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 /// One lease-lock backend: single attempts against one coordination system.
 ///
 /// A backend performs exactly one attempt per call: no loops, no sleeps, no retries.
@@ -111,6 +145,25 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         .with_lock(name))
     }
 
+    /// Joins the FIFO queue of waiters for `request.name`, where the backend has one.
+    ///
+    /// # Contract
+    /// - `Ok(None)` (the default): no queue; waiters retry with backoff, woken by
+    ///   [`subscribe`](Self::subscribe) events.
+    /// - Called by a waiting acquire (never try-once) after an attempt for `request`
+    ///   returned `Held`, at most once per acquisition; the caller then retries at once, and
+    ///   after that on the ticket's events or its backoff.
+    /// - While the ticket lives, the backend keeps this waiter's place (keeping alive
+    ///   whatever holds it), and `acquire(request)` for the same owner returns `Acquired`
+    ///   only once the place is first, turning the place into the grant; later contenders
+    ///   cannot jump ahead of it.
+    /// - Dropping the ticket leaves the queue promptly unless the place became the grant;
+    ///   if the process dies, the place expires with the request's TTL.
+    async fn enqueue(&self, request: &AcquireRequest) -> Result<Option<QueueTicket>> {
+        let _ = request;
+        Ok(None)
+    }
+
     /// The server's current wall-clock time, where the backend exposes it, so tools can
     /// estimate clock skew (`anylock check`). Expiry never depends on this.
     ///
@@ -159,6 +212,9 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
     }
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         (**self).break_lock(name).await
+    }
+    async fn enqueue(&self, request: &AcquireRequest) -> Result<Option<QueueTicket>> {
+        (**self).enqueue(request).await
     }
     async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
         (**self).server_time().await

@@ -48,7 +48,7 @@ mod types;
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
 
-pub use backend::{LockBackend, ReleaseEvents};
+pub use backend::{LockBackend, QueueTicket, ReleaseEvents};
 pub use backoff::{Backoff, Jitter, MAX_BACKOFF_CAP};
 pub use error::{Error, ErrorKind, Result, RetryStatus};
 pub use guarantees::{Durability, Exclusion, ExpiryClock, Fairness, Fencing, Guarantees, Waiting};

@@ -7,7 +7,7 @@ use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, sleep_until, timeout_at};
 
-use crate::backend::{LockBackend, ReleaseEvents};
+use crate::backend::{LockBackend, QueueTicket, ReleaseEvents};
 use crate::backoff::JitterRng;
 use crate::driver::{Driver, Shared};
 use crate::error::{Error, ErrorKind, Result};
@@ -181,7 +181,13 @@ impl Locker {
                 Ok(Acquire::Held(holder)) if options.wait() == WaitMode::TryOnce => {
                     return Err(held_error(holder));
                 }
-                Ok(Acquire::Held(holder)) => wait.holder = Some(holder),
+                Ok(Acquire::Held(holder)) => {
+                    wait.holder = Some(holder);
+                    if wait.join_queue(&self.backend, request).await {
+                        // Our place may already be first: try again before sleeping.
+                        continue;
+                    }
+                }
                 Err(err) if err.kind() == ErrorKind::Timeout => {
                     return Err(wait.timed_out(Some(err)));
                 }
@@ -337,6 +343,9 @@ struct Wait {
     backoff: crate::backoff::Backoff,
     holder: Option<HolderInfo>,
     last_error: Option<Error>,
+    /// Our place in the backend's FIFO queue; dropped (leaving the queue) with `Wait`.
+    ticket: Option<QueueTicket>,
+    queue_tried: bool,
 }
 
 impl Wait {
@@ -364,6 +373,43 @@ impl Wait {
             backoff: options.backoff().clone(),
             holder: None,
             last_error: None,
+            ticket: None,
+            queue_tried: false,
+        }
+    }
+
+    /// Joins the backend's waiter queue, once per acquisition; `true` when newly queued.
+    /// The call runs in its own task, so a ticket that arrives after this future was
+    /// dropped is dropped there, leaving the queue.
+    async fn join_queue(
+        &mut self,
+        backend: &Arc<dyn LockBackend>,
+        request: &AcquireRequest,
+    ) -> bool {
+        if std::mem::replace(&mut self.queue_tried, true) {
+            return false;
+        }
+        let (tx, rx) = oneshot::channel();
+        let (backend, req) = (Arc::clone(backend), request.clone());
+        tokio::spawn(async move {
+            let _ = tx.send(backend.enqueue(&req).await);
+        });
+        let limit = self
+            .deadline
+            .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        match timeout_at(limit, rx).await {
+            Ok(Ok(Ok(Some(mut ticket)))) => {
+                if let Some(events) = ticket.take_events() {
+                    self.events = Some(events);
+                }
+                self.ticket = Some(ticket);
+                true
+            }
+            Ok(Ok(Err(err))) => {
+                tracing::debug!(error = %err, "could not join the waiters' queue; retrying without it");
+                false
+            }
+            _ => false,
         }
     }
 

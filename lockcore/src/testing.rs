@@ -148,6 +148,9 @@ impl LockBackend for FaultyBackend {
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         self.inner.break_lock(name).await
     }
+    async fn enqueue(&self, request: &AcquireRequest) -> Result<Option<crate::QueueTicket>> {
+        self.inner.enqueue(request).await
+    }
     fn guarantees(&self) -> Guarantees {
         self.inner.guarantees()
     }
