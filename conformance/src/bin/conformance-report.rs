@@ -1,4 +1,4 @@
-//! Prints a Markdown table of the latest conformance run of every backend, from
+//! Prints a Markdown table of the latest result of every conformance case per backend, from
 //! `target/conformance/*.jsonl` (or `$ANYLOCK_RESULTS_DIR`).
 //!
 //! `cargo run -q -p conformance --bin conformance-report`
@@ -39,11 +39,19 @@ const COLUMNS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-fn latest_run(lines: Vec<Line>) -> Vec<Line> {
-    let Some(run) = lines.iter().map(|l| l.run.clone()).max() else {
-        return lines;
-    };
-    lines.into_iter().filter(|l| l.run == run).collect()
+/// The latest result of every case: a backend's cases may run in several test processes
+/// (a private server for durability, say), so "latest" is per case, not per process.
+fn latest_per_case(lines: Vec<Line>) -> Vec<Line> {
+    let mut latest: BTreeMap<String, Line> = BTreeMap::new();
+    for line in lines {
+        let newer = latest
+            .get(&line.case)
+            .is_none_or(|seen| line.run >= seen.run);
+        if newer {
+            latest.insert(line.case.clone(), line);
+        }
+    }
+    latest.into_values().collect()
 }
 
 fn row(backend: &str, lines: &[Line]) -> String {
@@ -97,7 +105,7 @@ fn main() -> ExitCode {
         if backend.ends_with("-defect") {
             continue;
         }
-        rows.push(row(&backend, &latest_run(lines)));
+        rows.push(row(&backend, &latest_per_case(lines)));
     }
     let titles: Vec<&str> = COLUMNS.iter().map(|(_, _, title)| *title).collect();
     println!(
