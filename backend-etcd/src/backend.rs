@@ -9,13 +9,14 @@ use etcd_client::{EventType, KeyValue};
 use futures_util::stream;
 use lockcore::{
     Acquire, AcquireRequest, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
-    FenceToken, Fencing, Guarantees, HolderInfo, Lease, LockBackend, LockName, ReleaseEvents,
-    Result, Waiting,
+    FenceToken, Fencing, Guarantees, HolderInfo, Lease, LockBackend, LockName, QueueTicket,
+    ReleaseEvents, Result, Waiting,
 };
 
 use crate::client::{Created, EtcdClient};
 use crate::config::EtcdConfig;
 use crate::keys::{self, Layout};
+use crate::queue::{Claim, Queue};
 
 /// Locks in etcd, laid out like etcd's own `concurrency.Mutex` (see the crate docs).
 ///
@@ -25,6 +26,7 @@ pub struct EtcdBackend {
     client: Arc<EtcdClient>,
     layout: Layout,
     config: Arc<EtcdConfig>,
+    queue: Arc<Queue>,
 }
 
 impl EtcdBackend {
@@ -40,10 +42,12 @@ impl EtcdBackend {
     /// # Cancel safety
     /// Cancel safe: it makes no network calls.
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
-        let client = EtcdClient::new(&config)?;
+        let client = Arc::new(EtcdClient::new(&config)?);
+        let layout = Layout::new(config.prefix());
         Ok(Self {
-            client: Arc::new(client),
-            layout: Layout::new(config.prefix()),
+            queue: Arc::new(Queue::new(Arc::clone(&client), layout.clone())),
+            client,
+            layout,
             config: Arc::new(config),
         })
     }
@@ -126,6 +130,42 @@ impl EtcdBackend {
         }
     }
 
+    /// The attempt of a contender without a queue place: LeaseGrant, then one Txn that
+    /// creates our key only if the lock has no key at all (2 RPCs). When held: revoke the
+    /// unused lease and read the holder's TTL (2 more, concurrently).
+    async fn acquire_unqueued(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let name = &request.name;
+        let granted = self.client.grant(ttl_secs(request.ttl)).await;
+        let (lease, granted) = granted.map_err(|e| e.with_lock(name))?;
+        let prefix = self.layout.lock_prefix(name);
+        let key = self.layout.key(name, lease);
+        let value = keys::encode_value(&request.owner);
+        let created = match self
+            .client
+            .create_if_free(&prefix, &key, &value, lease)
+            .await
+        {
+            Ok(created) => created,
+            Err(err) => {
+                self.discard_in_background(lease);
+                return Err(err.with_lock(name));
+            }
+        };
+        match created {
+            Created::Won { revision } => Ok(Acquire::Acquired(
+                self.lease_for(request, lease, granted, revision),
+            )),
+            Created::Held { head } if keys::is_owned_by(head.value(), &request.owner) => self
+                .retake(request, (lease, granted), head)
+                .await
+                .map_err(|e| e.with_lock(name)),
+            Created::Held { head } => {
+                let (_, remaining) = tokio::join!(self.discard(lease), self.remaining(&head));
+                Ok(Acquire::Held(holder_info(&head, remaining.ok().flatten())))
+            }
+        }
+    }
+
     /// Revokes a lease we granted but will not use (it holds no key, or a key nobody will
     /// refresh). Failure is harmless: the lease expires by its TTL.
     async fn discard(&self, lease: i64) {
@@ -166,7 +206,7 @@ impl EtcdBackend {
 }
 
 /// What the etcd backend promises, without connecting (for comparison tables). See
-/// `docs/etcd.md` for why each field has its value, and why fairness is not FIFO.
+/// `docs/etcd.md` for why each field has its value, and how FIFO waiting works.
 pub fn guarantees() -> Guarantees {
     Guarantees::new(
         Exclusion::Consensus,
@@ -174,14 +214,14 @@ pub fn guarantees() -> Guarantees {
         ExpiryClock::Server,
     )
     .with_waiting(Waiting::Notified)
-    .with_fairness(Fairness::None)
+    .with_fairness(Fairness::Fifo)
     .with_same_owner_retake(true)
     .with_durability(Durability::SurvivesRestart)
     .with_notes(
         "Leases expire on the etcd leader's clock (whole seconds, at least ~2 s); the \
-         fence token is the key's create revision (cluster-wide, so tokens jump). Not \
-         FIFO: lockcore's one-attempt contract cannot keep a waiter's queue key, so \
-         waiters race after each release; etcdctl/Go waiters do queue and go first.",
+         fence token is the key's create revision (cluster-wide, so tokens jump). FIFO: \
+         a waiting acquire keeps a queue key (its create revision is its place) for the \
+         whole wait, in one queue shared with etcdctl/Go waiters.",
     )
 }
 
@@ -225,41 +265,45 @@ impl LockBackend for EtcdBackend {
         "etcd"
     }
 
-    /// LeaseGrant, then one Txn that creates our key only if the lock has no key at all
-    /// (2 RPCs). When held: revoke the unused lease and read the holder's TTL (2 more,
-    /// concurrently). Never creates a key it does not own, so a try-once attempt leaves
-    /// nothing behind.
+    /// For a queued waiter (see [`enqueue`](Self::enqueue)): one Txn that turns our queue
+    /// key into the grant if it is first, plus a keep-alive (2 RPCs); else the head's TTL
+    /// (2 RPCs). Otherwise LeaseGrant, then one Txn that creates our key only if the lock
+    /// has no key at all (2 RPCs); when held, revoke the unused lease and read the
+    /// holder's TTL (2 more, concurrently). Never creates a key it does not own, so a
+    /// try-once attempt leaves nothing behind, and newcomers queue behind waiters.
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        let name = &request.name;
-        let granted = self.client.grant(ttl_secs(request.ttl)).await;
-        let (lease, granted) = granted.map_err(|e| e.with_lock(name))?;
-        let prefix = self.layout.lock_prefix(name);
-        let key = self.layout.key(name, lease);
-        let value = keys::encode_value(&request.owner);
-        let created = match self
-            .client
-            .create_if_free(&prefix, &key, &value, lease)
-            .await
-        {
-            Ok(created) => created,
+        let claimed = self.queue.claim(request).await;
+        match claimed.map_err(|e| e.with_lock(&request.name))? {
+            Claim::Won(place) => Ok(Acquire::Acquired(self.lease_for(
+                request,
+                place.lease,
+                place.granted_ttl,
+                place.revision,
+            ))),
+            Claim::Behind(head) => {
+                let remaining = self.remaining(&head).await.ok().flatten();
+                Ok(Acquire::Held(holder_info(&head, remaining)))
+            }
+            Claim::NotQueued => self.acquire_unqueued(request).await,
+        }
+    }
+
+    /// A LeaseGrant and a key in the lock's FIFO queue (a Txn), kept alive until the
+    /// ticket is dropped or the key becomes the grant; the ticket's events are a
+    /// [`subscribe`](Self::subscribe) watch (1 more RPC).
+    async fn enqueue(&self, request: &AcquireRequest) -> Result<Option<QueueTicket>> {
+        let joined = self.queue.join(request, ttl_secs(request.ttl)).await;
+        let Some(place) = joined.map_err(|e| e.with_lock(&request.name))? else {
+            return Ok(None);
+        };
+        let events = match self.subscribe(&request.name).await {
+            Ok(events) => events,
             Err(err) => {
-                self.discard_in_background(lease);
-                return Err(err.with_lock(name));
+                tracing::debug!(error = %err, "no watch for a queued waiter; it polls");
+                None
             }
         };
-        match created {
-            Created::Won { revision } => Ok(Acquire::Acquired(
-                self.lease_for(request, lease, granted, revision),
-            )),
-            Created::Held { head } if keys::is_owned_by(head.value(), &request.owner) => self
-                .retake(request, (lease, granted), head)
-                .await
-                .map_err(|e| e.with_lock(name)),
-            Created::Held { head } => {
-                let (_, remaining) = tokio::join!(self.discard(lease), self.remaining(&head));
-                Ok(Acquire::Held(holder_info(&head, remaining.ok().flatten())))
-            }
-        }
+        Ok(Some(QueueTicket::new(place, events)))
     }
 
     /// LeaseKeepAlive and a Range on our key, concurrently (2 RPCs, one round trip).

@@ -22,6 +22,8 @@ pub(crate) enum Op {
     LeaseGrant,
     CreateIfFree,
     Retake,
+    Enqueue,
+    Claim,
     LeaseRevoke,
     Delete,
     KeepAlive,
@@ -36,6 +38,8 @@ impl Op {
             Self::LeaseGrant => "LeaseGrant",
             Self::CreateIfFree => "Txn (create if free)",
             Self::Retake => "Txn (same-owner retake)",
+            Self::Enqueue => "Txn (join the queue)",
+            Self::Claim => "Txn (claim a queue place)",
             Self::LeaseRevoke => "LeaseRevoke",
             Self::Delete => "DeleteRange",
             Self::KeepAlive => "LeaseKeepAlive",
@@ -48,7 +52,13 @@ impl Op {
     fn writes(self) -> bool {
         matches!(
             self,
-            Self::LeaseGrant | Self::CreateIfFree | Self::Retake | Self::LeaseRevoke | Self::Delete
+            Self::LeaseGrant
+                | Self::CreateIfFree
+                | Self::Retake
+                | Self::Enqueue
+                | Self::Claim
+                | Self::LeaseRevoke
+                | Self::Delete
         )
     }
 }
@@ -205,7 +215,7 @@ impl EtcdClient {
 
     /// Runs one RPC on the current member under the request timeout, maps its error, and
     /// moves to the next member after a temporary failure.
-    async fn call<T, F>(&self, op: Op, rpc: F) -> Result<T>
+    pub(crate) async fn call<T, F>(&self, op: Op, rpc: F) -> Result<T>
     where
         F: AsyncFnOnce(etcd_client::Client) -> Result<T, etcd_client::Error>,
     {
@@ -387,21 +397,21 @@ fn random_index(members: usize) -> usize {
     usize::try_from(hasher.finish() % members.max(1) as u64).unwrap_or(0)
 }
 
-fn first_created() -> GetOptions {
+pub(crate) fn first_created() -> GetOptions {
     GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Ascend)
         .with_limit(1)
 }
 
-fn revision_of(header: Option<&etcd_client::ResponseHeader>, op: Op) -> Result<i64> {
+pub(crate) fn revision_of(header: Option<&etcd_client::ResponseHeader>, op: Op) -> Result<i64> {
     header
         .map(|h| h.revision())
         .filter(|rev| *rev > 0)
         .ok_or_else(|| malformed(op, "the reply has no revision"))
 }
 
-fn malformed(op: Op, what: &str) -> Error {
+pub(crate) fn malformed(op: Op, what: &str) -> Error {
     Error::new(ErrorKind::Protocol, format!("{}: {what}", op.name())).with_backend("etcd")
 }
 

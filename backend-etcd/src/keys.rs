@@ -90,6 +90,16 @@ pub(crate) fn encode_value(owner: &Identity) -> Vec<u8> {
     serde_json::to_vec(&value).unwrap_or_else(|_| owner.as_str().as_bytes().to_vec())
 }
 
+/// The value of a queued waiter's key: the owner, without an acquisition time (the
+/// claim that turns the place into the grant rewrites it with [`encode_value`]).
+pub(crate) fn encode_queued_value(owner: &Identity) -> Vec<u8> {
+    let value = Value {
+        owner: owner.as_str().to_owned(),
+        acquired_unix_ms: None,
+    };
+    serde_json::to_vec(&value).unwrap_or_else(|_| owner.as_str().as_bytes().to_vec())
+}
+
 /// Who a stored key names, and when it was acquired if the writer said.
 ///
 /// Keys written by `etcdctl lock` and Go's `concurrency.Mutex` have an empty value; they
@@ -174,5 +184,8 @@ mod tests {
         assert!(at.is_none());
         assert_eq!(decode_value(b"plain", 1).0.as_str(), "plain");
         assert!(!is_owned_by(b"", &me));
+        let queued = encode_queued_value(&me);
+        assert!(is_owned_by(&queued, &me));
+        assert_eq!(decode_value(&queued, 7), (me.clone(), None));
     }
 }

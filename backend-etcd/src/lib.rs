@@ -1,6 +1,7 @@
 //! anylock backend for etcd: a lease per lock holder, the lock key created in a
 //! transaction only when the lock is free, the key's create revision as the fence token,
-//! and a watch that wakes waiters when the key is deleted.
+//! FIFO waiting in a queue of keys shared with etcd's own lock, and a watch that wakes
+//! waiters when a key is deleted.
 //!
 //! # Key layout (shared with `etcdctl lock` and Go's `concurrency.Mutex`)
 //! A lock named `N` under the key prefix `P` (from the URL path) is the set of keys
@@ -18,10 +19,17 @@
 //! - refresh: `LeaseKeepAlive` + `Range` on our key, concurrently: a key deleted by an
 //!   operator turns the guard Lost even while the lease lives.
 //! - release: `LeaseRevoke` (etcd deletes exactly the keys bound to our lease).
-//! - waiting: a `Watch` for delete events under `P + N + "/"`.
+//! - waiting (FIFO, lockcore's `enqueue`): a waiting acquire that found the lock held
+//!   puts its own key (`LeaseGrant` + `Txn`), kept alive every TTL/3 while it waits. Its
+//!   create revision is its place in the one queue that etcdctl and Go waiters also join.
+//!   Its later attempts are one `Txn` that turns the key into the grant once no older key
+//!   exists (token = its create revision), plus a keep-alive. Giving up (timeout, error,
+//!   cancellation) revokes the queue lease. Woken by a `Watch` for delete events under
+//!   `P + N + "/"`.
 //! - break (operator): delete the owner key, as `etcdctl del` would.
 //!
-//! See `docs/etcd.md` for guarantees, the fairness analysis and measurements.
+//! See `docs/etcd.md` for guarantees, how FIFO waiting works and its caveats, and
+//! measurements.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -39,6 +47,7 @@ mod backend;
 mod client;
 mod config;
 mod keys;
+mod queue;
 
 pub use backend::{EtcdBackend, guarantees};
 pub use config::{DEFAULT_PORT, EtcdConfig, SCHEME, TLS_SCHEME, URL_ENV};

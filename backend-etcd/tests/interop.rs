@@ -141,3 +141,68 @@ async fn anylock_waits_while_etcdctl_holds() {
     assert!(status.expect("status").success());
     let _ = std::fs::remove_file(&done);
 }
+
+/// anylock and etcdctl waiters share one FIFO queue: with anylock holding, an anylock
+/// waiter queued before an `etcdctl lock` waiter gets the lock first, and one queued after
+/// it gets the lock only once etcdctl's command has finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn anylock_and_etcdctl_waiters_are_served_in_queue_order() {
+    let Some(endpoints) = common::shared_endpoints() else {
+        return;
+    };
+    let prefix = common::random_prefix("interop-fifo");
+    let backend = Arc::new(common::backend(&endpoints, &prefix).await);
+    let lock = backend.lock_prefix(&LockName::new("queue").expect("name"));
+    let mut raw = common::raw(&endpoints).await;
+    let locker =
+        Locker::new(backend.clone()).with_options(LockOptions::new(Duration::from_secs(30)));
+    let holder = locker.acquire("queue").await.expect("acquire");
+    let first = locker.clone();
+    let first = tokio::spawn(async move { first.acquire("queue").await });
+    queued(&mut raw, &lock, 2).await;
+    let (ran, done) = (marker(), marker());
+    let script = format!("touch {}; sleep 2; touch {}", ran.display(), done.display());
+    let mut child = etcdctl_lock(&endpoints, lock.trim_end_matches('/'), &script);
+    queued(&mut raw, &lock, 3).await;
+    let second = locker.clone();
+    let second = tokio::spawn(async move { second.acquire("queue").await });
+    queued(&mut raw, &lock, 4).await;
+    holder.release().await.expect("release");
+    let first = timeout(Duration::from_secs(10), first)
+        .await
+        .expect("the first anylock waiter did not get the lock")
+        .expect("task")
+        .expect("acquire");
+    sleep(Duration::from_secs(1)).await;
+    assert!(!ran.exists(), "etcdctl ran while the first waiter held");
+    assert!(!second.is_finished(), "the second waiter jumped etcdctl");
+    first.release().await.expect("release");
+    let second = timeout(Duration::from_secs(15), second)
+        .await
+        .expect("the second anylock waiter did not get the lock")
+        .expect("task")
+        .expect("acquire");
+    assert!(ran.exists(), "etcdctl never ran");
+    assert!(
+        done.exists(),
+        "the second waiter got the lock while etcdctl held it"
+    );
+    second.release().await.expect("release");
+    let status = timeout(Duration::from_secs(10), child.wait()).await;
+    assert!(status.expect("etcdctl exits").expect("status").success());
+    for file in [ran, done] {
+        let _ = std::fs::remove_file(file);
+    }
+}
+
+/// Waits (up to 5 s) until `count` keys are queued under `lock`.
+async fn queued(raw: &mut etcd_client::Client, lock: &str, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while common::keys_under(raw, lock).await.len() != count {
+        assert!(
+            Instant::now() < deadline,
+            "{count} keys never queued under {lock}"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+}

@@ -3,6 +3,7 @@
 //! "not claimed".
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lockcore::{
@@ -98,20 +99,31 @@ pub async fn fifo_claim(h: &dyn Harness) -> Report {
     let ttl = Duration::from_secs(30);
     let (name, holder) = hold(h, "fifo", ttl).await;
     let order = Arc::new(Mutex::new(Vec::new()));
+    // Holders inside the critical section: the holder counts until it releases.
+    let inside = Arc::new(AtomicUsize::new(1));
     let mut tasks = Vec::new();
     for index in 0..3 {
         let waiter = locker(h.backend(), ttl, Duration::from_secs(60));
-        let (name, order) = (name.clone(), order.clone());
+        let (name, order, inside) = (name.clone(), order.clone(), inside.clone());
         tasks.push(tokio::spawn(async move {
             let guard = waiter.acquire(&name).await.expect("acquire");
+            let others = inside.fetch_add(1, Ordering::SeqCst);
             order.lock().await.push(index);
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            inside.fetch_sub(1, Ordering::SeqCst);
             guard.release().await.expect("release");
+            others
         }));
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+    inside.fetch_sub(1, Ordering::SeqCst);
     holder.release().await.expect("release");
     for task in tasks {
-        task.await.expect("waiter");
+        let others = task.await.expect("waiter");
+        assert_eq!(
+            others, 0,
+            "a waiter got the lock while another holder was inside"
+        );
     }
     assert_eq!(
         *order.lock().await,

@@ -1,0 +1,298 @@
+//! FIFO waiting: a waiter's key in the lock's queue, kept for the whole acquisition.
+//!
+//! [`Queue::join`] (lockcore's `enqueue`) grants a lease with the request's TTL and puts
+//! the waiter's key `P + escape(N) + "/" + <lease hex>` bound to it, as Go's
+//! `concurrency.Mutex` does: the key's create revision is the waiter's place, shared with
+//! etcdctl and Go waiters. A task keeps the lease alive every third of its TTL while the
+//! place waits. The [`Ticket`] (owned by lockcore's `QueueTicket`) leaves the queue when
+//! dropped: it stops the keep-alive and revokes the lease, which deletes the key.
+//!
+//! [`Queue::claim`] is the queued waiter's attempt: one Txn that, if our key still has its
+//! create revision and no key under the prefix has a lower one, rewrites its value with the
+//! acquisition time (same key, same lease, same create revision), then one keep-alive, so
+//! the lease runs a full TTL from this attempt on. The place becomes the grant: the
+//! keep-alive task stops and lockcore's refresher takes over the lease.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
+use lockcore::{AcquireRequest, Error, ErrorKind, Result};
+use tokio::task::JoinHandle;
+
+use crate::client::{EtcdClient, Op, first_created, malformed, revision_of};
+use crate::keys::{self, Layout};
+
+/// A place's state: waiting, turned into the grant, or gone (left or vanished).
+const WAITING: u8 = 0;
+const GRANTED: u8 = 1;
+const LEFT: u8 = 2;
+
+/// A queued waiter: its lock's prefix and its owner identity.
+type Slot = (Vec<u8>, String);
+
+/// The places of the waiters queued through one backend (and its clones).
+pub(crate) struct Queue {
+    client: Arc<EtcdClient>,
+    layout: Layout,
+    places: Mutex<HashMap<Slot, Arc<Place>>>,
+}
+
+/// One waiter's key in a lock's queue.
+pub(crate) struct Place {
+    /// The lease the key is bound to; it becomes the grant's lease.
+    pub(crate) lease: i64,
+    /// The TTL etcd granted the lease, in seconds.
+    pub(crate) granted_ttl: i64,
+    /// The key's create revision: the place in the queue, and the grant's fence token.
+    pub(crate) revision: i64,
+    key: Vec<u8>,
+    state: AtomicU8,
+    keep_alive: JoinHandle<()>,
+}
+
+/// What a queued attempt found.
+pub(crate) enum Claim {
+    /// Our key was first: the place is now the grant.
+    Won(Arc<Place>),
+    /// Our key waits behind `head`, the key with the lowest create revision.
+    Behind(KeyValue),
+    /// No usable place (not queued, or our key vanished): take the normal path.
+    NotQueued,
+}
+
+/// A queued waiter's place as lockcore's `QueueTicket` owns it: dropping it leaves the
+/// queue unless the place became the grant.
+pub(crate) struct Ticket {
+    queue: Arc<Queue>,
+    slot: Slot,
+    place: Arc<Place>,
+}
+
+/// What the claim Txn saw.
+enum Seen {
+    First,
+    Behind(KeyValue),
+    Vanished,
+}
+
+impl Queue {
+    /// An empty queue registry.
+    pub(crate) fn new(client: Arc<EtcdClient>, layout: Layout) -> Self {
+        Self {
+            client,
+            layout,
+            places: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn places(&self) -> MutexGuard<'_, HashMap<Slot, Arc<Place>>> {
+        self.places.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn slot(&self, request: &AcquireRequest) -> Slot {
+        let prefix = self.layout.lock_prefix(&request.name);
+        (prefix, request.owner.as_str().to_owned())
+    }
+
+    /// Joins the queue of `request.name` (LeaseGrant + Txn). `None` when this owner already
+    /// waits there (two acquisitions sharing one identity): that one keeps the place.
+    pub(crate) async fn join(
+        self: &Arc<Self>,
+        request: &AcquireRequest,
+        ttl_secs: i64,
+    ) -> Result<Option<Ticket>> {
+        let slot = self.slot(request);
+        if self.places().contains_key(&slot) {
+            return Ok(None);
+        }
+        let (lease, granted_ttl) = self.client.grant(ttl_secs).await?;
+        let key = self.layout.key(&request.name, lease);
+        let value = keys::encode_queued_value(&request.owner);
+        let revision = match self.put_place(&key, &value, lease).await {
+            Ok(revision) => revision,
+            Err(err) => {
+                revoke_in_background(&self.client, lease);
+                return Err(err);
+            }
+        };
+        let keep_alive = spawn_keep_alive(Arc::clone(&self.client), lease, granted_ttl);
+        let place = Arc::new(Place {
+            lease,
+            granted_ttl,
+            revision,
+            key,
+            state: AtomicU8::new(WAITING),
+            keep_alive,
+        });
+        let mut places = self.places();
+        if places.contains_key(&slot) {
+            drop(places);
+            place.leave(&self.client);
+            return Ok(None);
+        }
+        places.insert(slot.clone(), Arc::clone(&place));
+        let queue = Arc::clone(self);
+        Ok(Some(Ticket { queue, slot, place }))
+    }
+
+    /// One Txn: put our key bound to `lease` unless it exists; its create revision.
+    async fn put_place(&self, key: &[u8], value: &[u8], lease: i64) -> Result<i64> {
+        let absent = Compare::create_revision(key, CompareOp::Equal, 0);
+        let put = TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease)));
+        let txn = Txn::new().when([absent]).and_then([put]);
+        let resp = self
+            .client
+            .call(Op::Enqueue, async |mut c: etcd_client::Client| {
+                c.txn(txn).await
+            })
+            .await?;
+        if !resp.succeeded() {
+            return Err(malformed(Op::Enqueue, "a fresh lease's key already exists"));
+        }
+        revision_of(resp.header(), Op::Enqueue)
+    }
+
+    /// The queued attempt of `request`'s owner, if it waits in the queue: `Won` only when
+    /// its key is first (Txn + LeaseKeepAlive), `Behind` otherwise (Txn). Never creates a
+    /// key or a lease.
+    pub(crate) async fn claim(&self, request: &AcquireRequest) -> Result<Claim> {
+        let slot = self.slot(request);
+        let Some(place) = self.places().get(&slot).cloned() else {
+            return Ok(Claim::NotQueued);
+        };
+        let value = keys::encode_value(&request.owner);
+        match self.claim_txn(&slot.0, &place, &value).await? {
+            Seen::Behind(head) => return Ok(Claim::Behind(head)),
+            Seen::Vanished => return Ok(self.forget(&slot, &place)),
+            Seen::First => {}
+        }
+        match self.client.keep_alive(place.lease).await {
+            Err(err) if err.kind() == ErrorKind::Lost => return Ok(self.forget(&slot, &place)),
+            other => other?,
+        }
+        let granted =
+            place
+                .state
+                .compare_exchange(WAITING, GRANTED, Ordering::AcqRel, Ordering::Acquire);
+        if granted.is_err() {
+            return Err(Error::unavailable(
+                "the waiter left the queue while its place was being claimed",
+            ));
+        }
+        place.keep_alive.abort();
+        self.remove(&slot, &place);
+        Ok(Claim::Won(place))
+    }
+
+    /// One Txn: if our key is unchanged and no key under `prefix` was created before it,
+    /// rewrite its value (same lease, same create revision); else read the head and ours.
+    async fn claim_txn(&self, prefix: &[u8], place: &Place, value: &[u8]) -> Result<Seen> {
+        let ours = Compare::create_revision(place.key.as_slice(), CompareOp::Equal, place.revision);
+        let first =
+            Compare::create_revision(prefix, CompareOp::Greater, place.revision - 1).with_prefix();
+        let options = PutOptions::new().with_lease(place.lease);
+        let txn = Txn::new()
+            .when([ours, first])
+            .and_then([TxnOp::put(place.key.as_slice(), value, Some(options))])
+            .or_else([
+                TxnOp::get(prefix, Some(first_created())),
+                TxnOp::get(place.key.as_slice(), None),
+            ]);
+        let resp = self
+            .client
+            .call(Op::Claim, async |mut c: etcd_client::Client| {
+                c.txn(txn).await
+            })
+            .await?;
+        if resp.succeeded() {
+            return Ok(Seen::First);
+        }
+        let mut gets = resp.op_responses().into_iter().filter_map(|op| match op {
+            TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
+            _ => None,
+        });
+        let (head, ours) = (gets.next(), gets.next());
+        let (Some(head), Some(ours)) = (head, ours) else {
+            return Err(malformed(Op::Claim, "no reads in the failure branch"));
+        };
+        let still_ours = ours
+            .first()
+            .is_some_and(|kv| kv.create_revision() == place.revision && kv.lease() == place.lease);
+        match head.into_iter().next() {
+            Some(head) if still_ours => Ok(Seen::Behind(head)),
+            _ => Ok(Seen::Vanished),
+        }
+    }
+
+    /// Our key vanished (lease expired, key deleted by an operator): drop the place.
+    fn forget(&self, slot: &Slot, place: &Arc<Place>) -> Claim {
+        tracing::debug!(lease = %format!("{:x}", place.lease), "our queue key vanished; acquiring without a place");
+        self.remove(slot, place);
+        place.leave(&self.client);
+        Claim::NotQueued
+    }
+
+    /// Removes `slot`'s entry if it is still `place`.
+    fn remove(&self, slot: &Slot, place: &Arc<Place>) {
+        let mut places = self.places();
+        if places.get(slot).is_some_and(|p| Arc::ptr_eq(p, place)) {
+            places.remove(slot);
+        }
+    }
+}
+
+impl Place {
+    /// Leaves the queue unless the place became the grant: stops the keep-alive and
+    /// revokes the lease (deleting the key) in the background.
+    fn leave(&self, client: &Arc<EtcdClient>) {
+        let left = self
+            .state
+            .compare_exchange(WAITING, LEFT, Ordering::AcqRel, Ordering::Acquire);
+        if left.is_ok() {
+            self.keep_alive.abort();
+            revoke_in_background(client, self.lease);
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.queue.remove(&self.slot, &self.place);
+        self.place.leave(&self.queue.client);
+    }
+}
+
+/// Revokes `lease` on the current runtime without waiting; without a runtime (or if the
+/// revoke fails), the lease expires by its TTL.
+fn revoke_in_background(client: &Arc<EtcdClient>, lease: i64) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::debug!(lease = %format!("{lease:x}"), "no runtime to revoke a queue lease; it expires by its TTL");
+        return;
+    };
+    let client = Arc::clone(client);
+    runtime.spawn(async move {
+        if let Err(err) = client.revoke(lease).await {
+            tracing::debug!(error = %err, lease = %format!("{lease:x}"), "revoking a queue lease failed");
+        }
+    });
+}
+
+/// Keeps `lease` alive every third of its TTL until aborted or the lease is gone.
+fn spawn_keep_alive(client: Arc<EtcdClient>, lease: i64, ttl_secs: i64) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let ttl = Duration::from_secs(u64::try_from(ttl_secs).unwrap_or(1).max(1));
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + ttl / 3, ttl / 3);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticks.tick().await;
+            match client.keep_alive(lease).await {
+                Err(err) if err.kind() == ErrorKind::Lost => return,
+                Err(err) => tracing::debug!(error = %err, "keeping a queue lease alive failed"),
+                Ok(()) => {}
+            }
+        }
+    })
+}
