@@ -20,7 +20,7 @@
 //! | `redlock://h1:p1,h2:p2,h3:p3`, `redlocks://` | Redlock over independent Redis nodes | `redis` |
 //! | `postgres://user:pw@host/db` | PostgreSQL lease table | `postgres` |
 //! | `etcd://h1:2379,h2:2379/prefix` | etcd | `etcd` |
-//! | `gs://bucket/prefix` | Google Cloud Storage | `gcs` |
+//! | `gs://bucket/prefix` (emulator via `STORAGE_EMULATOR_HOST`, token via `GCS_ACCESS_TOKEN`) | Google Cloud Storage | `gcs` |
 //!
 //! Every feature is on by default. Passwords and tokens never appear in the `Display` or
 //! `Debug` output of a [`BackendUrl`] or [`Config`], nor in errors from this crate.
@@ -157,6 +157,8 @@ async fn connect_url(url: &BackendUrl) -> Result<Arc<dyn LockBackend>, Error> {
                 backend_postgres::PostgresBackend::connect(config).await?,
             ))
         }
+        #[cfg(feature = "gcs")]
+        "gs" => Ok(Arc::new(backend_gcs::GcsBackend::from_url(url.expose())?)),
         #[cfg(feature = "etcd")]
         "etcd" | "etcds" => Ok(Arc::new(
             backend_etcd::EtcdBackend::from_url(url.expose()).await?,
@@ -205,6 +207,8 @@ pub fn compiled_guarantees() -> Vec<(&'static str, Guarantees)> {
         ("postgres", backend_postgres::guarantees()),
         #[cfg(feature = "etcd")]
         ("etcd", backend_etcd::guarantees()),
+        #[cfg(feature = "gcs")]
+        ("gcs", backend_gcs::guarantees()),
         ("memory", MemoryBackend::new().guarantees()),
     ]
     .into()

@@ -1,0 +1,301 @@
+//! [`GcsBackend`]: seed 000's lock object, judged on the server's clock.
+
+use std::time::{Duration, SystemTime};
+
+use async_trait::async_trait;
+use lockcore::{
+    Acquire, AcquireRequest, Durability, Error, Exclusion, ExpiryClock, Fairness, FenceToken,
+    Fencing, Guarantees, HolderInfo, Lease, LockBackend, LockName, LockOptions, Result, Waiting,
+};
+
+use crate::client::{Answer, GcsClient, Preconditions, Reply};
+use crate::config::GcsConfig;
+use crate::object::{self, LockObject};
+
+/// How many create attempts one `acquire` makes at most: the first, one after the object
+/// vanished or a stale/own object was deleted, and one more for a second such race.
+const MAX_INSERTS: usize = 3;
+
+/// The shortest refresh interval real GCS sustains: about one mutation per second per
+/// object name.
+pub const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+
+const NOTES: &str = "Real GCS sustains about one mutation per second per object, so the \
+refresh interval must be at least 1 s (check options with backend_gcs::validate_options); \
+each call costs tens of milliseconds. Expiry is judged by comparing the object's `updated` \
+plus its TTL with the server's one-second-resolution Date header, so a lapsed lock is taken \
+over up to 2 s after its TTL.";
+
+/// What [`GcsBackend`] promises, without connecting. See `docs/gcs.md`.
+pub fn guarantees() -> Guarantees {
+    Guarantees::new(
+        Exclusion::SingleStore,
+        Fencing::Monotonic,
+        ExpiryClock::Server,
+    )
+    .with_waiting(Waiting::Polled)
+    .with_fairness(Fairness::None)
+    .with_same_owner_retake(true)
+    .with_durability(Durability::SurvivesRestart)
+    .with_notes(NOTES)
+}
+
+/// Seed 000's defaults: TTL 5 min, refresh every 37 s, 3 failed refreshes tolerated.
+pub fn default_options() -> LockOptions {
+    LockOptions::new(Duration::from_secs(300))
+        .with_refresh_interval(Duration::from_secs(37))
+        .with_max_refresh_failures(3)
+}
+
+/// Checks `options` against real GCS's limits: lockcore's own rules, plus a refresh
+/// interval of at least [`MIN_REFRESH_INTERVAL`].
+///
+/// # Errors
+/// [`InvalidInput`](lockcore::ErrorKind::InvalidInput) when they break either.
+pub fn validate_options(options: &LockOptions) -> Result<()> {
+    options.validate()?;
+    if options.refresh_interval() < MIN_REFRESH_INTERVAL {
+        return Err(Error::invalid_input(format!(
+            "refresh interval {:?} is below GCS's ~1 mutation/s per object; use a TTL of at \
+             least 8 s or set the interval to 1 s or more",
+            options.refresh_interval()
+        )));
+    }
+    Ok(())
+}
+
+/// A lock backend over one GCS bucket: one object per lock name.
+#[derive(Debug, Clone)]
+pub struct GcsBackend {
+    client: GcsClient,
+}
+
+impl GcsBackend {
+    /// A backend for `config`. Makes no request.
+    ///
+    /// # Errors
+    /// [`Config`](lockcore::ErrorKind::Config) when the HTTP client cannot be built.
+    pub fn new(config: GcsConfig) -> Result<Self> {
+        Ok(Self {
+            client: GcsClient::new(config)?,
+        })
+    }
+
+    /// A backend for a `gs://bucket/prefix[?endpoint=…]` URL.
+    ///
+    /// # Errors
+    /// As [`GcsConfig::from_url`] and [`GcsBackend::new`].
+    pub fn from_url(url: &str) -> Result<Self> {
+        Self::new(GcsConfig::from_url(url)?)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &GcsConfig {
+        self.client.config()
+    }
+
+    /// One create-if-absent and what follows a 412, up to [`MAX_INSERTS`] creates.
+    async fn try_acquire(&self, object: &str, request: &AcquireRequest) -> Result<Acquire> {
+        let mut last_seen: Option<HolderInfo> = None;
+        for _ in 0..MAX_INSERTS {
+            let metadata = object::metadata(&request.owner, request.ttl);
+            let created = self.client.insert(
+                object,
+                metadata,
+                Preconditions {
+                    generation: Some(0),
+                    metageneration: None,
+                },
+            );
+            match created.await?.reply {
+                Reply::Ok(Some(obj)) => return Ok(Acquire::Acquired(lease(request, &obj))),
+                Reply::Ok(None) => return Err(protocol("the insert reply has no object")),
+                Reply::NotFound => return Err(no_bucket()),
+                Reply::PreconditionFailed => {}
+            }
+            let Answer { reply, date } = self.client.get(object).await?;
+            let existing = match reply {
+                Reply::Ok(Some(obj)) => obj,
+                Reply::NotFound => continue, // vanished: create again at once
+                _ => return Err(protocol("the object read has no object")),
+            };
+            let date = date.ok_or_else(|| protocol("GCS sent no Date header"))?;
+            if existing.is_owned_by(&request.owner) || existing.is_stale(date) {
+                // Our own leftover, or lapsed on the server's clock: delete exactly that
+                // grant; a 412/404 means someone else moved first, and the next round sees it.
+                let exact = Preconditions::exact(existing.generation, existing.metageneration);
+                self.client.delete(object, exact).await?;
+                last_seen = Some(existing.holder(Some(date)));
+                continue;
+            }
+            return Ok(Acquire::Held(existing.holder(Some(date))));
+        }
+        match last_seen {
+            Some(holder) => Ok(Acquire::Held(holder)),
+            None => Err(Error::unavailable(
+                "the lock object kept vanishing during the attempt; retry",
+            )),
+        }
+    }
+
+    async fn try_refresh(&self, object: &str, lease: &Lease) -> Result<Lease> {
+        let (generation, metageneration) = object::parse_grant(lease.grant())?;
+        let metadata = object::metadata(lease.owner(), lease.ttl());
+        let exact = Preconditions::exact(generation, metageneration);
+        let answer = self.client.patch(object, metadata, exact).await?;
+        match answer.reply {
+            Reply::Ok(Some(obj)) if obj.is_owned_by(lease.owner()) => {
+                Ok(lease.clone().with_grant(obj.grant()))
+            }
+            Reply::Ok(_) => Err(Error::lost("the lock object now names another owner")),
+            Reply::NotFound => Err(Error::lost("the lock object was deleted")),
+            Reply::PreconditionFailed => self.recover_refresh(object, lease, generation).await,
+        }
+    }
+
+    /// After a refresh's 412: an earlier PATCH whose reply was lost may have applied and
+    /// moved the metageneration. Adopt it when the object is still this grant (same
+    /// generation, our identity) and fresh on the server's clock; otherwise the lock is lost.
+    async fn recover_refresh(&self, object: &str, lease: &Lease, generation: u64) -> Result<Lease> {
+        let Answer { reply, date } = self.client.get(object).await?;
+        match (reply, date) {
+            (Reply::Ok(Some(obj)), Some(date))
+                if obj.generation == generation
+                    && obj.is_owned_by(lease.owner())
+                    && !obj.is_stale(date) =>
+            {
+                Ok(lease.clone().with_grant(obj.grant()))
+            }
+            _ => Err(Error::lost(
+                "the lock object changed (deleted, taken over or replaced)",
+            )),
+        }
+    }
+
+    async fn try_release(&self, object: &str, lease: &Lease) -> Result<()> {
+        let (generation, metageneration) = object::parse_grant(lease.grant())?;
+        let exact = Preconditions::exact(generation, metageneration);
+        match self.client.delete(object, exact).await?.reply {
+            Reply::Ok(_) | Reply::NotFound | Reply::PreconditionFailed => Ok(()),
+        }
+    }
+
+    /// The live, unexpired object of `object`, with the server time it was read at.
+    async fn current(&self, object: &str) -> Result<Option<(LockObject, SystemTime)>> {
+        let Answer { reply, date } = self.client.get(object).await?;
+        match reply {
+            Reply::Ok(Some(obj)) => {
+                let date = date.ok_or_else(|| protocol("GCS sent no Date header"))?;
+                Ok((!obj.is_stale(date)).then_some((obj, date)))
+            }
+            Reply::NotFound => Ok(None),
+            _ => Err(protocol("the object read has no object")),
+        }
+    }
+
+    async fn try_break(&self, object: &str) -> Result<Option<HolderInfo>> {
+        let Answer { reply, date } = self.client.get(object).await?;
+        let obj = match reply {
+            Reply::Ok(Some(obj)) => obj,
+            Reply::NotFound => return Ok(None),
+            _ => return Err(protocol("the object read has no object")),
+        };
+        let only = Preconditions {
+            generation: Some(obj.generation),
+            metageneration: None,
+        };
+        match self.client.delete(object, only).await?.reply {
+            Reply::Ok(_) => {}
+            Reply::NotFound => return Ok(None),
+            Reply::PreconditionFailed => {
+                return Err(Error::unavailable(
+                    "the lock changed hands while breaking it; retry",
+                ));
+            }
+        }
+        let stale = date.is_none_or(|date| obj.is_stale(date));
+        Ok((!stale).then(|| obj.holder(date)))
+    }
+}
+
+fn lease(request: &AcquireRequest, obj: &LockObject) -> Lease {
+    Lease::new(
+        request.name.clone(),
+        request.owner.clone(),
+        request.ttl,
+        obj.grant(),
+    )
+    .with_token(FenceToken::new(obj.generation))
+}
+
+fn protocol(message: &'static str) -> Error {
+    Error::new(lockcore::ErrorKind::Protocol, message)
+}
+
+fn no_bucket() -> Error {
+    Error::new(lockcore::ErrorKind::Config, "the GCS bucket does not exist")
+}
+
+#[async_trait]
+impl LockBackend for GcsBackend {
+    fn backend_name(&self) -> &str {
+        "gcs"
+    }
+
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let object = self.config().object_name(&request.name)?;
+        let result = self.try_acquire(&object, request).await;
+        result.map_err(|e| e.with_backend("gcs").with_lock(&request.name))
+    }
+
+    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        let object = self.config().object_name(lease.name())?;
+        let result = self.try_refresh(&object, lease).await;
+        result.map_err(|e| e.with_backend("gcs").with_lock(lease.name()))
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        let object = self.config().object_name(lease.name())?;
+        let result = self.try_release(&object, lease).await;
+        result.map_err(|e| e.with_backend("gcs").with_lock(lease.name()))
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        let object = self.config().object_name(name)?;
+        let current = self.current(&object).await;
+        let current = current.map_err(|e| e.with_backend("gcs").with_lock(name))?;
+        Ok(current.map(|(obj, date)| obj.holder(Some(date))))
+    }
+
+    fn guarantees(&self) -> Guarantees {
+        guarantees()
+    }
+
+    async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        let object = self.config().object_name(name)?;
+        let result = self.try_break(&object).await;
+        result.map_err(|e| e.with_backend("gcs").with_lock(name))
+    }
+
+    async fn server_time(&self) -> Result<Option<SystemTime>> {
+        let answer = self.client.bucket().await?;
+        Ok(answer.date)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_must_respect_the_mutation_rate() {
+        validate_options(&default_options()).expect("seed 000's defaults fit");
+        let fast = LockOptions::new(Duration::from_secs(3));
+        assert_eq!(
+            validate_options(&fast).unwrap_err().kind(),
+            lockcore::ErrorKind::InvalidInput
+        );
+        let ok = LockOptions::new(Duration::from_secs(8));
+        validate_options(&ok).expect("8 s TTL refreshes every 1 s");
+    }
+}

@@ -1,0 +1,328 @@
+//! The GCS JSON API calls the lock makes, and the one place that maps their failures to
+//! lockcore errors.
+
+use std::time::SystemTime;
+
+use lockcore::{Error, ErrorKind, Result};
+use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
+use reqwest::{Method, RequestBuilder, StatusCode};
+use serde_json::{Value, json};
+
+use crate::config::GcsConfig;
+use crate::object::LockObject;
+
+/// Characters left unescaped in a path segment (RFC 3986 unreserved).
+const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+const BOUNDARY: &str = "anylock-gcs-boundary-7c1f";
+
+/// Whether a call may have changed the object (decides timeout → outcome unknown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Call {
+    Read,
+    Write,
+}
+
+/// A call's outcome when the status is one the lock logic decides on itself.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// 200 with an object resource (or 204: no body).
+    Ok(Option<LockObject>),
+    /// 404: no live object.
+    NotFound,
+    /// 412: a precondition failed.
+    PreconditionFailed,
+}
+
+/// One reply with the server's clock reading (`Date`).
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub(crate) reply: Reply,
+    pub(crate) date: Option<SystemTime>,
+}
+
+/// The object preconditions a call sends as query parameters.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Preconditions {
+    pub(crate) generation: Option<u64>,
+    pub(crate) metageneration: Option<u64>,
+}
+
+impl Preconditions {
+    pub(crate) fn exact(generation: u64, metageneration: u64) -> Self {
+        Self {
+            generation: Some(generation),
+            metageneration: Some(metageneration),
+        }
+    }
+
+    /// The query string (`ifGenerationMatch=…&ifMetagenerationMatch=…`), possibly empty.
+    fn query(self) -> String {
+        let mut query = Vec::new();
+        if let Some(g) = self.generation {
+            query.push(format!("ifGenerationMatch={g}"));
+        }
+        if let Some(m) = self.metageneration {
+            query.push(format!("ifMetagenerationMatch={m}"));
+        }
+        query.join("&")
+    }
+}
+
+/// A reqwest client bound to one bucket.
+#[derive(Debug, Clone)]
+pub(crate) struct GcsClient {
+    http: reqwest::Client,
+    config: GcsConfig,
+}
+
+impl GcsClient {
+    pub(crate) fn new(config: GcsConfig) -> Result<Self> {
+        #[cfg(feature = "tls")]
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let http = reqwest::Client::builder()
+            .timeout(config.timeout())
+            .connect_timeout(config.timeout())
+            .build()
+            .map_err(|e| {
+                Error::new(
+                    ErrorKind::Config,
+                    format!("cannot build the HTTP client: {e}"),
+                )
+            })?;
+        Ok(Self { http, config })
+    }
+
+    pub(crate) fn config(&self) -> &GcsConfig {
+        &self.config
+    }
+
+    /// Creates `object` empty with `metadata`, `Cache-Control: no-store`, under
+    /// `preconditions` (`ifGenerationMatch=0`: only if absent). A multipart upload.
+    pub(crate) async fn insert(
+        &self,
+        object: &str,
+        metadata: Value,
+        preconditions: Preconditions,
+    ) -> Result<Answer> {
+        let resource = json!({
+            "name": object,
+            "cacheControl": "no-store",
+            "contentType": "application/octet-stream",
+            "metadata": metadata,
+        });
+        let body = format!(
+            "--{BOUNDARY}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{resource}\r\n\
+             --{BOUNDARY}\r\nContent-Type: application/octet-stream\r\n\r\n\r\n--{BOUNDARY}--\r\n"
+        );
+        let url = format!(
+            "{}/upload/storage/v1/b/{}/o?uploadType=multipart&{}",
+            self.config.endpoint(),
+            segment(self.config.bucket()),
+            preconditions.query()
+        );
+        let request = self
+            .http
+            .post(url)
+            .header(
+                "Content-Type",
+                format!("multipart/related; boundary={BOUNDARY}"),
+            )
+            .body(body);
+        self.send(request, Call::Write).await
+    }
+
+    /// Reads the object resource.
+    pub(crate) async fn get(&self, object: &str) -> Result<Answer> {
+        let request = self
+            .http
+            .get(self.object_url(object, Preconditions::default()));
+        self.send(request, Call::Read).await
+    }
+
+    /// Merges `metadata` into the object's metadata under `preconditions`.
+    pub(crate) async fn patch(
+        &self,
+        object: &str,
+        metadata: Value,
+        preconditions: Preconditions,
+    ) -> Result<Answer> {
+        let request = self
+            .http
+            .request(Method::PATCH, self.object_url(object, preconditions))
+            .json(&json!({ "metadata": metadata }));
+        self.send(request, Call::Write).await
+    }
+
+    /// Deletes the object under `preconditions`.
+    pub(crate) async fn delete(
+        &self,
+        object: &str,
+        preconditions: Preconditions,
+    ) -> Result<Answer> {
+        let request = self.http.delete(self.object_url(object, preconditions));
+        self.send(request, Call::Write).await
+    }
+
+    /// Reads the bucket resource, for its `Date` header.
+    pub(crate) async fn bucket(&self) -> Result<Answer> {
+        let url = format!(
+            "{}/storage/v1/b/{}",
+            self.config.endpoint(),
+            segment(self.config.bucket())
+        );
+        self.send(self.http.get(url), Call::Read).await
+    }
+
+    fn object_url(&self, object: &str, preconditions: Preconditions) -> String {
+        format!(
+            "{}/storage/v1/b/{}/o/{}?{}",
+            self.config.endpoint(),
+            segment(self.config.bucket()),
+            segment(object),
+            preconditions.query()
+        )
+    }
+
+    async fn send(&self, mut request: RequestBuilder, call: Call) -> Result<Answer> {
+        if let Some(token) = self.config.token() {
+            request = request.bearer_auth(token);
+        }
+        let response = request
+            .send()
+            .await
+            .map_err(|e| map_error(Failure::Transport(e), call))?;
+        let date = response
+            .headers()
+            .get(reqwest::header::DATE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| httpdate::parse_http_date(v).ok());
+        let status = response.status();
+        let reply = match status {
+            StatusCode::NOT_FOUND => Reply::NotFound,
+            StatusCode::PRECONDITION_FAILED => Reply::PreconditionFailed,
+            StatusCode::NO_CONTENT => Reply::Ok(None),
+            s if s.is_success() => {
+                let body = response
+                    .bytes()
+                    .await
+                    .map_err(|e| map_error(Failure::Transport(e), call))?;
+                Reply::Ok(parse_object(&body)?)
+            }
+            s => return Err(map_error(Failure::Status(s.as_u16()), call)),
+        };
+        Ok(Answer { reply, date })
+    }
+}
+
+/// A 200 body: an object resource, or nothing (fake-gcs-server answers `null` to DELETE;
+/// a bucket resource has no generation).
+fn parse_object(body: &[u8]) -> Result<Option<LockObject>> {
+    let value: Value = match serde_json::from_slice(body) {
+        Ok(value) => value,
+        Err(_) if body.is_empty() => return Ok(None),
+        Err(e) => {
+            return Err(Error::new(
+                ErrorKind::Protocol,
+                format!("GCS answered malformed JSON: {e}"),
+            ));
+        }
+    };
+    if value.get("generation").is_none() {
+        return Ok(None);
+    }
+    LockObject::from_json(&value).map(Some)
+}
+
+fn segment(text: &str) -> String {
+    utf8_percent_encode(text, SEGMENT).to_string()
+}
+
+/// What failed: an HTTP status the lock logic does not handle itself, or the transport.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    Status(u16),
+    Transport(reqwest::Error),
+}
+
+/// The one mapping from GCS failures to lockcore errors.
+///
+/// | failure | kind | retry |
+/// |---|---|---|
+/// | 400 | `InvalidInput` | permanent |
+/// | 401, 403 | `PermissionDenied` | permanent |
+/// | 404 (bucket missing: object 404s are handled by the caller) | `Config` | permanent |
+/// | 408, 429, 5xx | `Unavailable` | temporary |
+/// | other status | `Protocol` | permanent |
+/// | connect error | `Unavailable` | temporary |
+/// | timeout or broken reply on a write | `OutcomeUnknown` | temporary |
+/// | timeout or broken reply on a read | `Unavailable` | temporary |
+pub(crate) fn map_error(failure: Failure, call: Call) -> Error {
+    let error = match failure {
+        Failure::Status(400) => Error::invalid_input("GCS rejected the request as invalid (400)"),
+        Failure::Status(code @ (401 | 403)) => Error::new(
+            ErrorKind::PermissionDenied,
+            format!("GCS refused the credentials ({code}); check the token and bucket IAM"),
+        ),
+        Failure::Status(404) => {
+            Error::new(ErrorKind::Config, "the GCS bucket does not exist (404)")
+        }
+        Failure::Status(code @ (408 | 429 | 500..=599)) => {
+            Error::unavailable(format!("GCS answered {code}; retry later"))
+        }
+        Failure::Status(code) => Error::new(
+            ErrorKind::Protocol,
+            format!("GCS answered unexpected status {code}"),
+        ),
+        Failure::Transport(e) if e.is_connect() => {
+            Error::unavailable("cannot connect to GCS").with_source(e.without_url())
+        }
+        Failure::Transport(e) => {
+            let what = if e.is_timeout() {
+                "timed out"
+            } else {
+                "failed"
+            };
+            let kind = match call {
+                Call::Write => ErrorKind::OutcomeUnknown,
+                Call::Read => ErrorKind::Unavailable,
+            };
+            Error::new(kind, format!("the GCS request {what}")).with_source(e.without_url())
+        }
+    };
+    let status = error.kind().default_status();
+    error.with_backend("gcs").with_status(status)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lockcore::RetryStatus;
+
+    #[test]
+    fn statuses_map_to_kinds_and_retry() {
+        let cases = [
+            (400, ErrorKind::InvalidInput, RetryStatus::Permanent),
+            (401, ErrorKind::PermissionDenied, RetryStatus::Permanent),
+            (403, ErrorKind::PermissionDenied, RetryStatus::Permanent),
+            (404, ErrorKind::Config, RetryStatus::Permanent),
+            (408, ErrorKind::Unavailable, RetryStatus::Temporary),
+            (429, ErrorKind::Unavailable, RetryStatus::Temporary),
+            (503, ErrorKind::Unavailable, RetryStatus::Temporary),
+            (302, ErrorKind::Protocol, RetryStatus::Permanent),
+        ];
+        for (code, kind, status) in cases {
+            let error = map_error(Failure::Status(code), Call::Write);
+            assert_eq!((error.kind(), error.status()), (kind, status), "{code}");
+        }
+    }
+
+    #[test]
+    fn names_are_escaped_as_one_segment() {
+        assert_eq!(segment("locks/a b~c"), "locks%2Fa%20b~c");
+    }
+}

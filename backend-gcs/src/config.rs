@@ -1,0 +1,304 @@
+//! [`GcsConfig`]: bucket, prefix, endpoint, token and timeout, from a `gs://` URL.
+
+use std::fmt;
+use std::time::Duration;
+
+use lockcore::{Error, LockName, Result};
+
+/// The public GCS JSON API endpoint.
+pub const DEFAULT_ENDPOINT: &str = "https://storage.googleapis.com";
+/// The per-request timeout (each HTTP call, not a whole acquire).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// The longest object name GCS accepts, in UTF-8 bytes.
+pub const MAX_OBJECT_NAME_LEN: usize = 1024;
+/// Environment variable naming an emulator endpoint; talked to without auth.
+pub const EMULATOR_ENV: &str = "STORAGE_EMULATOR_HOST";
+/// Environment variable holding an OAuth2 bearer token for real GCS.
+pub const TOKEN_ENV: &str = "GCS_ACCESS_TOKEN";
+
+/// Where the lock objects live and how to reach them.
+///
+/// `Debug` and `Display` never show the access token.
+#[derive(Clone, PartialEq, Eq)]
+pub struct GcsConfig {
+    endpoint: String,
+    bucket: String,
+    prefix: String,
+    timeout: Duration,
+    token: Option<String>,
+}
+
+impl GcsConfig {
+    /// A configuration for `bucket` on real GCS with an empty prefix, reading
+    /// [`EMULATOR_ENV`] and [`TOKEN_ENV`] from the environment.
+    ///
+    /// # Errors
+    /// [`InvalidInput`](lockcore::ErrorKind::InvalidInput) for a bad bucket name.
+    pub fn new(bucket: impl Into<String>) -> Result<Self> {
+        let bucket = bucket.into();
+        validate_bucket(&bucket)?;
+        let emulator = std::env::var(EMULATOR_ENV).ok().filter(|v| !v.is_empty());
+        let token = std::env::var(TOKEN_ENV).ok().filter(|v| !v.is_empty());
+        let config = Self {
+            endpoint: DEFAULT_ENDPOINT.to_owned(),
+            bucket,
+            prefix: String::new(),
+            timeout: DEFAULT_TIMEOUT,
+            token: if emulator.is_some() { None } else { token },
+        };
+        match emulator {
+            Some(host) => config.with_endpoint(&host),
+            None => Ok(config),
+        }
+    }
+
+    /// Parses `gs://bucket/prefix[?endpoint=http://host:port&timeout_ms=N]`.
+    ///
+    /// The object of lock `name` is `prefix + name` (`gs://b/locks/` gives `locks/NAME`).
+    /// An `endpoint` parameter (or [`EMULATOR_ENV`]) points at an emulator, without auth.
+    /// Unknown parameters are rejected.
+    ///
+    /// # Errors
+    /// [`InvalidInput`](lockcore::ErrorKind::InvalidInput) for another scheme, a bad bucket,
+    /// prefix or parameter.
+    pub fn from_url(url: &str) -> Result<Self> {
+        let rest = url
+            .trim()
+            .strip_prefix("gs://")
+            .ok_or_else(|| Error::invalid_input("a GCS URL starts with gs://"))?;
+        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let (bucket, prefix) = path.split_once('/').unwrap_or((path, ""));
+        let prefix = percent_encoding::percent_decode_str(prefix)
+            .decode_utf8()
+            .map_err(|_| Error::invalid_input("the prefix is not UTF-8"))?;
+        let mut config = Self::new(bucket)?.with_prefix(prefix)?;
+        for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
+            config = match &*key {
+                "endpoint" => config.with_endpoint(&value)?,
+                "timeout_ms" => match value.parse::<u64>() {
+                    Ok(ms) if ms > 0 => config.with_timeout(Duration::from_millis(ms)),
+                    _ => {
+                        return Err(Error::invalid_input(
+                            "timeout_ms must be a positive integer",
+                        ));
+                    }
+                },
+                other => {
+                    return Err(Error::invalid_input(format!(
+                        "unknown GCS URL parameter {other:?} (known: endpoint, timeout_ms)"
+                    )));
+                }
+            };
+        }
+        Ok(config)
+    }
+
+    /// Talks to `endpoint` (`http://127.0.0.1:4443`, or `host:port` as in
+    /// `STORAGE_EMULATOR_HOST`) without auth, instead of real GCS.
+    ///
+    /// # Errors
+    /// [`InvalidInput`](lockcore::ErrorKind::InvalidInput) when it is not an HTTP(S) URL.
+    pub fn with_endpoint(mut self, endpoint: &str) -> Result<Self> {
+        let endpoint = endpoint.trim().trim_end_matches('/');
+        let endpoint = if endpoint.contains("://") {
+            endpoint.to_owned()
+        } else {
+            format!("http://{endpoint}")
+        };
+        let parsed = url::Url::parse(&endpoint)
+            .map_err(|e| Error::invalid_input(format!("bad GCS endpoint: {e}")))?;
+        if !matches!(parsed.scheme(), "http" | "https") || parsed.host().is_none() {
+            return Err(Error::invalid_input(
+                "a GCS endpoint is an http(s)://host[:port] URL",
+            ));
+        }
+        self.endpoint = endpoint;
+        self.token = None;
+        Ok(self)
+    }
+
+    /// Sets the object-name prefix.
+    ///
+    /// # Errors
+    /// [`InvalidInput`](lockcore::ErrorKind::InvalidInput) when the prefix alone breaks the
+    /// GCS naming rules (CR or LF, over 1024 bytes, `.well-known/acme-challenge/`).
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Result<Self> {
+        let prefix = prefix.into();
+        if !prefix.is_empty() {
+            validate_object_name(&format!("{prefix}x"))?;
+        }
+        self.prefix = prefix;
+        Ok(self)
+    }
+
+    /// Sets the per-request timeout (default [`DEFAULT_TIMEOUT`]).
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// Sends `Authorization: Bearer <token>` with every request.
+    pub fn with_access_token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// The JSON API base URL.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The bucket.
+    pub fn bucket(&self) -> &str {
+        &self.bucket
+    }
+
+    /// The object-name prefix.
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The per-request timeout.
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub(crate) fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
+    /// The object name of lock `name`: `prefix + name`, checked against GCS's rules.
+    ///
+    /// # Errors
+    /// [`InvalidInput`](lockcore::ErrorKind::InvalidInput) when the result is not a valid
+    /// GCS object name.
+    pub fn object_name(&self, name: &LockName) -> Result<String> {
+        let object = format!("{}{}", self.prefix, name.as_str());
+        validate_object_name(&object)?;
+        Ok(object)
+    }
+}
+
+/// GCS object naming rules (cloud.google.com/storage/docs/objects#naming).
+fn validate_object_name(object: &str) -> Result<()> {
+    let problem = if object.is_empty() {
+        Some("is empty".to_owned())
+    } else if object.len() > MAX_OBJECT_NAME_LEN {
+        Some(format!(
+            "is {} bytes; GCS allows {MAX_OBJECT_NAME_LEN}",
+            object.len()
+        ))
+    } else if object.contains(['\r', '\n']) {
+        Some("contains a carriage return or line feed".to_owned())
+    } else if object == "." || object == ".." {
+        Some("is \".\" or \"..\"".to_owned())
+    } else if object.starts_with(".well-known/acme-challenge/") {
+        Some("starts with \".well-known/acme-challenge/\"".to_owned())
+    } else {
+        None
+    };
+    match problem {
+        Some(why) => Err(Error::invalid_input(format!(
+            "GCS object name {object:?} {why}"
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// GCS bucket naming rules, the common subset: 3–222 characters of lowercase letters,
+/// digits, `-`, `_` and `.`, starting and ending with a letter or digit.
+fn validate_bucket(bucket: &str) -> Result<()> {
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.".contains(c);
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if (3..=222).contains(&bucket.len())
+        && bucket.chars().all(ok_char)
+        && edge(bucket.chars().next())
+        && edge(bucket.chars().last())
+    {
+        Ok(())
+    } else {
+        Err(Error::invalid_input(format!(
+            "{bucket:?} is not a valid GCS bucket name (3-222 of a-z 0-9 - _ .)"
+        )))
+    }
+}
+
+impl fmt::Display for GcsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "gs://{}/{}", self.bucket, self.prefix)?;
+        if self.endpoint != DEFAULT_ENDPOINT {
+            write!(f, "?endpoint={}", self.endpoint)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for GcsConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GcsConfig")
+            .field("endpoint", &self.endpoint)
+            .field("bucket", &self.bucket)
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("token", &self.token.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(url: &str) -> GcsConfig {
+        GcsConfig::from_url(url).expect("valid")
+    }
+
+    #[test]
+    fn parses_bucket_prefix_and_params() {
+        let c = config("gs://locks-1/app/?endpoint=http://127.0.0.1:4443&timeout_ms=250");
+        assert_eq!(c.bucket(), "locks-1");
+        assert_eq!(c.prefix(), "app/");
+        assert_eq!(c.endpoint(), "http://127.0.0.1:4443");
+        assert_eq!(c.timeout(), Duration::from_millis(250));
+        let name = LockName::new("job").unwrap();
+        assert_eq!(c.object_name(&name).unwrap(), "app/job");
+        assert_eq!(config("gs://locks-1").prefix(), "");
+    }
+
+    #[test]
+    fn rejects_bad_urls() {
+        for url in [
+            "s3://b/p",
+            "gs://UPPER/p",
+            "gs://ab",
+            "gs://b-ok/p?nope=1",
+            "gs://b-ok/p?timeout_ms=0",
+            "gs://b-ok/p?endpoint=ftp://x",
+            "gs://b-ok/.well-known/acme-challenge/",
+        ] {
+            let err = GcsConfig::from_url(url).expect_err(url);
+            assert_eq!(err.kind(), lockcore::ErrorKind::InvalidInput, "{url}");
+        }
+    }
+
+    #[test]
+    fn object_names_follow_gcs_rules() {
+        let c = config("gs://bucket");
+        for bad in [".", "..", ".well-known/acme-challenge/x"] {
+            let name = LockName::new(bad).unwrap();
+            assert!(c.object_name(&name).is_err(), "{bad}");
+        }
+        let long = config(&format!("gs://bucket/{}", "p".repeat(900)));
+        let name = LockName::new("n".repeat(200)).unwrap();
+        assert!(long.object_name(&name).is_err(), "over 1024 bytes");
+        assert!(c.object_name(&LockName::new(".x").unwrap()).is_ok());
+    }
+
+    #[test]
+    fn debug_and_display_hide_the_token() {
+        let c = config("gs://bucket/p").with_access_token("ya29.s3cr3t");
+        assert!(!format!("{c:?}").contains("s3cr3t"));
+        assert!(!format!("{c}").contains("s3cr3t"));
+        assert!(format!("{c:?}").contains("***"));
+    }
+}

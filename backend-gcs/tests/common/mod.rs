@@ -1,0 +1,142 @@
+//! Shared test support: an in-process GCS test server with a fresh bucket, and raw
+//! operator calls that bypass the backend.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use backend_gcs::{GcsBackend, GcsConfig};
+use gcs_test_server::GcsTestServer;
+use lockcore::Identity;
+use serde_json::{Value, json};
+
+/// A test server with one bucket and a random prefix.
+pub struct Gcs {
+    pub server: GcsTestServer,
+    pub bucket: String,
+    pub prefix: String,
+    http: reqwest::Client,
+}
+
+impl Gcs {
+    pub async fn start() -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let server = GcsTestServer::start().await;
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default()
+            .subsec_nanos();
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let bucket = format!("anylock-test-{nanos}-{n}");
+        assert!(server.create_bucket(&bucket));
+        // Building a backend first installs the rustls crypto provider that a plain
+        // `reqwest::Client` needs under the `tls` feature.
+        drop(GcsBackend::from_url("gs://provider-warmup").expect("backend"));
+        Self {
+            server,
+            bucket,
+            prefix: format!("locks-{nanos}/"),
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// A backend talking to `endpoint` (the server, or a proxy in front of it).
+    pub fn backend_at(&self, endpoint: &str) -> GcsBackend {
+        let config = GcsConfig::new(&self.bucket)
+            .and_then(|c| c.with_endpoint(endpoint))
+            .and_then(|c| c.with_prefix(&self.prefix))
+            .expect("valid config")
+            .with_timeout(Duration::from_secs(5));
+        GcsBackend::new(config).expect("backend")
+    }
+
+    pub fn backend(&self) -> GcsBackend {
+        self.backend_at(&self.server.url())
+    }
+
+    fn object_url(&self, name: &str) -> String {
+        let object = format!("{}{name}", self.prefix).replace('/', "%2F");
+        format!(
+            "{}/storage/v1/b/{}/o/{object}",
+            self.server.url(),
+            self.bucket
+        )
+    }
+
+    /// The object resource, or `None` on 404.
+    pub async fn raw_get(&self, name: &str) -> Option<Value> {
+        let response = self
+            .http
+            .get(self.object_url(name))
+            .send()
+            .await
+            .expect("GET");
+        if response.status() == 404 {
+            return None;
+        }
+        assert!(response.status().is_success(), "GET {}", response.status());
+        Some(response.json().await.expect("JSON"))
+    }
+
+    /// Deletes the object without preconditions, as an operator would.
+    pub async fn raw_delete(&self, name: &str) {
+        let response = self
+            .http
+            .delete(self.object_url(name))
+            .send()
+            .await
+            .expect("DELETE");
+        assert!(
+            response.status().is_success() || response.status() == 404,
+            "DELETE {}",
+            response.status()
+        );
+    }
+
+    /// Overwrites the object (a new generation) so `owner` holds it for `ttl`.
+    pub async fn raw_put(&self, name: &str, owner: &Identity, ttl: Duration) {
+        let metadata = json!({"identity": owner.as_str(), "ttl_ms": ttl.as_millis().to_string()});
+        let resource = json!({"name": format!("{}{name}", self.prefix), "metadata": metadata});
+        let body = format!(
+            "--b\r\nContent-Type: application/json\r\n\r\n{resource}\r\n--b\r\n\
+             Content-Type: application/octet-stream\r\n\r\n\r\n--b--\r\n"
+        );
+        let url = format!(
+            "{}/upload/storage/v1/b/{}/o?uploadType=multipart",
+            self.server.url(),
+            self.bucket
+        );
+        let response = self
+            .http
+            .post(url)
+            .header("Content-Type", "multipart/related; boundary=b")
+            .body(body)
+            .send()
+            .await
+            .expect("insert");
+        assert!(
+            response.status().is_success(),
+            "insert {}",
+            response.status()
+        );
+    }
+}
+
+impl Gcs {
+    /// Patches the object's metadata without preconditions (bumps metageneration).
+    pub async fn raw_patch(&self, name: &str, metadata: Value) {
+        let response = self
+            .http
+            .patch(self.object_url(name))
+            .json(&json!({ "metadata": metadata }))
+            .send()
+            .await
+            .expect("PATCH");
+        assert!(
+            response.status().is_success(),
+            "PATCH {}",
+            response.status()
+        );
+    }
+}

@@ -1,0 +1,304 @@
+//! GCS-specific behaviour against the in-process test server: API cost, the server clock,
+//! transient faults, recovery from a lost refresh reply, naming rules and redaction.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backend_gcs::{GcsBackend, GcsConfig};
+use common::Gcs;
+use gcs_test_server::{ClockOffset, Fault};
+use lockcore::{
+    Acquire, AcquireRequest, ErrorKind, Health, Identity, Lease, LockBackend, LockName,
+    LockOptions, Locker,
+};
+use serde_json::json;
+
+fn name(text: &str) -> LockName {
+    LockName::new(text).expect("valid name")
+}
+
+async fn take(backend: &GcsBackend, lock: &str, owner: &Identity, ttl: Duration) -> Acquire {
+    let request = AcquireRequest::new(name(lock), owner.clone(), ttl);
+    backend.acquire(&request).await.expect("acquire")
+}
+
+async fn grant(backend: &GcsBackend, lock: &str, ttl: Duration) -> Lease {
+    match take(backend, lock, &Identity::unique(), ttl).await {
+        Acquire::Acquired(lease) => lease,
+        Acquire::Held(holder) => panic!("held by {holder:?}"),
+    }
+}
+
+/// Issue 7: an uncontended lock cycle costs exactly two API calls.
+#[tokio::test]
+async fn an_uncontended_cycle_is_two_api_calls() {
+    let gcs = Gcs::start().await;
+    let backend = gcs.backend();
+    gcs.server.clear_requests();
+    let lease = grant(&backend, "cycle", Duration::from_secs(30)).await;
+    backend.release(&lease).await.expect("release");
+    let calls: Vec<_> = gcs
+        .server
+        .requests()
+        .into_iter()
+        .map(|r| r.method)
+        .collect();
+    assert_eq!(calls, ["POST", "DELETE"]);
+    assert!(
+        gcs.raw_get("cycle").await.is_none(),
+        "release left the object"
+    );
+}
+
+/// The wire calls carry GCS's preconditions as query parameters.
+#[tokio::test]
+async fn writes_carry_their_preconditions() {
+    let gcs = Gcs::start().await;
+    let backend = gcs.backend();
+    let lease = grant(&backend, "pre", Duration::from_secs(30)).await;
+    let lease = backend.refresh(&lease).await.expect("refresh");
+    backend.release(&lease).await.expect("release");
+    let requests = gcs.server.requests();
+    let query = |method: &str| {
+        let r = requests.iter().find(|r| r.method == method).expect(method);
+        r.query.clone().unwrap_or_default()
+    };
+    assert!(query("POST").contains("ifGenerationMatch=0"));
+    for method in ["PATCH", "DELETE"] {
+        let q = query(method);
+        assert!(q.contains("ifGenerationMatch="), "{method}: {q}");
+        assert!(q.contains("ifMetagenerationMatch="), "{method}: {q}");
+    }
+    let object = gcs.raw_get("pre").await;
+    assert!(object.is_none());
+}
+
+/// Server clock 1 h behind the client: another holder's fresh lock stays held, although a
+/// client-clock check (Vault, the Ruby gem) would call it an hour stale and steal it.
+#[tokio::test]
+async fn a_fresh_lock_is_held_whatever_the_client_clock_says() {
+    let gcs = Gcs::start().await;
+    gcs.server
+        .set_clock_offset(ClockOffset::Behind(Duration::from_secs(3600)));
+    let backend = gcs.backend();
+    let holder = grant(&backend, "skew", Duration::from_secs(5)).await;
+    match take(
+        &backend,
+        "skew",
+        &Identity::unique(),
+        Duration::from_secs(5),
+    )
+    .await
+    {
+        Acquire::Held(info) => {
+            assert_eq!(info.owner(), holder.owner());
+            let left = info.expires_in().expect("time left");
+            assert!(left <= Duration::from_secs(5), "{left:?}");
+        }
+        Acquire::Acquired(_) => panic!("stole a fresh lock on the client's clock"),
+    }
+    let inspected = backend.inspect(&name("skew")).await.expect("inspect");
+    assert_eq!(
+        inspected.map(|i| i.owner().clone()),
+        Some(holder.owner().clone())
+    );
+}
+
+/// A lock whose `updated` + TTL has passed on the server's clock is taken over, although
+/// the client's clock says it is still fresh; the new grant fences higher.
+#[tokio::test]
+async fn a_lock_stale_on_the_server_clock_is_taken_over() {
+    let gcs = Gcs::start().await;
+    let backend = gcs.backend();
+    let old = grant(&backend, "stale", Duration::from_secs(60)).await;
+    gcs.server
+        .set_clock_offset(ClockOffset::Ahead(Duration::from_secs(3600)));
+    assert_eq!(
+        backend.inspect(&name("stale")).await.expect("inspect"),
+        None
+    );
+    let new = grant(&backend, "stale", Duration::from_secs(60)).await;
+    assert!(new.token() > old.token());
+    assert!(
+        backend
+            .refresh(&old)
+            .await
+            .is_err_and(|e| e.kind() == ErrorKind::Lost)
+    );
+}
+
+/// Seed 000: a lock of the same identity is deleted and retaken at once, with a new token.
+#[tokio::test]
+async fn the_same_identity_retakes_at_once() {
+    let gcs = Gcs::start().await;
+    let backend = gcs.backend();
+    let owner = Identity::unique();
+    let Acquire::Acquired(first) = take(&backend, "retake", &owner, Duration::from_secs(60)).await
+    else {
+        panic!("held")
+    };
+    let Acquire::Acquired(second) = take(&backend, "retake", &owner, Duration::from_secs(60)).await
+    else {
+        panic!("same identity not retaken")
+    };
+    assert!(second.token() > first.token());
+}
+
+/// A refresh whose reply was lost moved the metageneration; the next refresh recognises
+/// the object as still its own and adopts it.
+#[tokio::test]
+async fn a_refresh_after_a_lost_reply_recovers() {
+    let gcs = Gcs::start().await;
+    let backend = gcs.backend();
+    let lease = grant(&backend, "lost-reply", Duration::from_secs(30)).await;
+    gcs.raw_patch("lost-reply", json!({"expires": "later"}))
+        .await;
+    let refreshed = backend.refresh(&lease).await.expect("recognised as ours");
+    assert_ne!(refreshed.grant(), lease.grant());
+    backend.refresh(&refreshed).await.expect("refresh again");
+}
+
+/// An operator changed the owner in place (same generation): the refresh must not write
+/// our identity back over it.
+#[tokio::test]
+async fn a_refresh_never_overwrites_a_changed_owner() {
+    let gcs = Gcs::start().await;
+    let backend = gcs.backend();
+    let lease = grant(&backend, "intruder", Duration::from_secs(30)).await;
+    gcs.raw_patch("intruder", json!({"identity": "intruder"}))
+        .await;
+    let err = backend
+        .refresh(&lease)
+        .await
+        .expect_err("refreshed a changed lock");
+    assert_eq!(err.kind(), ErrorKind::Lost);
+    let object = gcs.raw_get("intruder").await.expect("object");
+    assert_eq!(object["metadata"]["identity"], "intruder");
+}
+
+/// 503 bursts are transient: the guard degrades, then recovers.
+#[tokio::test]
+async fn server_errors_degrade_then_recover() {
+    let gcs = Gcs::start().await;
+    let options = LockOptions::new(Duration::from_secs(4))
+        .with_refresh_interval(Duration::from_millis(200))
+        .with_max_refresh_failures(10);
+    let locker = Locker::new(Arc::new(gcs.backend())).with_options(options);
+    let guard = locker.acquire("burst").await.expect("acquire");
+    let mut health = guard.health();
+    gcs.server.inject(Fault::ServerErrors { count: 2 });
+    let wait = Duration::from_secs(5);
+    tokio::time::timeout(
+        wait,
+        health.wait_for(|h| matches!(h, Health::Degraded { .. })),
+    )
+    .await
+    .expect("never degraded")
+    .expect("health");
+    tokio::time::timeout(wait, health.wait_for(|h| *h == Health::Healthy))
+        .await
+        .expect("never recovered")
+        .expect("health");
+    guard.release().await.expect("release");
+}
+
+/// 429 (GCS's per-object mutation limit) on refresh is temporary, not Lost.
+#[tokio::test]
+async fn rate_limited_refresh_is_temporary() {
+    let gcs = Gcs::start().await;
+    gcs.server.inject(Fault::gcs_rate_limit());
+    let backend = gcs.backend();
+    let lease = grant(&backend, "rate", Duration::from_secs(30)).await;
+    let err = backend.refresh(&lease).await.expect_err("429 expected");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_temporary());
+    gcs.server.clear_faults();
+    backend
+        .refresh(&lease)
+        .await
+        .expect("refresh after the limit");
+}
+
+/// Names GCS rejects fail with InvalidInput before any request is sent.
+#[tokio::test]
+async fn bad_object_names_are_invalid_input() {
+    let gcs = Gcs::start().await;
+    let config = GcsConfig::new(&gcs.bucket)
+        .and_then(|c| c.with_endpoint(&gcs.server.url()))
+        .expect("config");
+    let backend = GcsBackend::new(config).expect("backend");
+    gcs.server.clear_requests();
+    for bad in [".", "..", ".well-known/acme-challenge/token"] {
+        let request = AcquireRequest::new(name(bad), Identity::unique(), Duration::from_secs(5));
+        let err = backend.acquire(&request).await.expect_err(bad);
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{bad}: {err}");
+    }
+    assert!(
+        gcs.server.requests().is_empty(),
+        "a bad name reached the server"
+    );
+}
+
+/// The access token never shows in Debug, Display or errors.
+#[tokio::test]
+async fn the_token_is_redacted() {
+    let gcs = Gcs::start().await;
+    let config = GcsConfig::new(&gcs.bucket)
+        .and_then(|c| c.with_endpoint(&gcs.server.url()))
+        .expect("config")
+        .with_access_token("ya29.s3cr3t-token");
+    let backend = GcsBackend::new(config.clone()).expect("backend");
+    gcs.server.inject(Fault::ServerErrors { count: 1 });
+    let err = backend.inspect(&name("x")).await.expect_err("503");
+    for text in [
+        format!("{config:?}"),
+        config.to_string(),
+        format!("{backend:?}"),
+        format!("{err:?}"),
+        err.to_string(),
+    ] {
+        assert!(!text.contains("s3cr3t"), "token leaked: {text}");
+    }
+}
+
+/// `server_time` reports the server's clock, not the client's.
+#[tokio::test]
+async fn server_time_is_the_servers_clock() {
+    let gcs = Gcs::start().await;
+    gcs.server
+        .set_clock_offset(ClockOffset::Ahead(Duration::from_secs(3600)));
+    let server = gcs
+        .backend()
+        .server_time()
+        .await
+        .expect("call")
+        .expect("Date");
+    let ahead = server
+        .duration_since(std::time::SystemTime::now())
+        .expect("ahead");
+    assert!(ahead > Duration::from_secs(3590), "{ahead:?}");
+}
+
+/// `break_lock` removes another holder's lock and turns its refresh Lost.
+#[tokio::test]
+async fn break_lock_removes_the_holder() {
+    let gcs = Gcs::start().await;
+    let backend = gcs.backend();
+    let lease = grant(&backend, "break", Duration::from_secs(30)).await;
+    let broken = backend.break_lock(&name("break")).await.expect("break");
+    assert_eq!(
+        broken.map(|h| h.owner().clone()),
+        Some(lease.owner().clone())
+    );
+    assert_eq!(
+        backend.break_lock(&name("break")).await.expect("again"),
+        None
+    );
+    let err = backend
+        .refresh(&lease)
+        .await
+        .expect_err("refresh after break");
+    assert_eq!(err.kind(), ErrorKind::Lost);
+}
