@@ -292,7 +292,7 @@ async fn drop_stops_the_server() {
     assert_eq!(gcs.get("x", "").await.status(), 404);
     drop(server);
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let fresh = reqwest::Client::builder().no_proxy().build().unwrap();
+    let fresh = common::http_client();
     let url = format!("{}/storage/v1/b/bkt/o/x", gcs.base);
     assert!(
         fresh.get(url).send().await.is_err(),

@@ -44,12 +44,20 @@ fn with_query(url: String, query: &str) -> String {
     }
 }
 
+/// A plain-HTTP test client. In a workspace build, cargo unifies reqwest's features with
+/// backend-gcs's `rustls-no-provider`, and every client then needs a rustls crypto provider
+/// installed, even for `http://`; install ring's (a no-op when one is already installed).
+pub fn http_client() -> Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    Client::builder()
+        .no_proxy()
+        .build()
+        .expect("reqwest client")
+}
+
 impl Gcs {
     pub fn new(base: &str, bucket: &str) -> Self {
-        let http = Client::builder()
-            .no_proxy()
-            .build()
-            .expect("reqwest client");
+        let http = http_client();
         Self {
             http,
             base: base.trim_end_matches('/').to_owned(),
