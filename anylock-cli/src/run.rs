@@ -2,7 +2,6 @@
 //! lock is lost, release at the end.
 
 use std::io::IsTerminal;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use anylock::Config;
@@ -33,8 +32,8 @@ pub(crate) async fn run(args: RunArgs, config: &Config) -> u8 {
 async fn run_inner(args: RunArgs, config: &Config) -> Result<u8, Error> {
     let options = options(&args, config)?;
     let backend = crate::select::connect(&config.backend_url()).await?;
-    let locker = Locker::new(backend.clone()).with_options(options);
-    let guard = acquire_with_status(&locker, &backend, &args.name).await?;
+    let locker = Locker::new(backend).with_options(options);
+    let guard = acquire_with_status(&locker, &args.name).await?;
     tracing::info!(lock = %args.name, token = ?guard.fence_token(), "acquired");
     Ok(supervise(guard, &args).await)
 }
@@ -67,11 +66,7 @@ fn options(args: &RunArgs, config: &Config) -> Result<LockOptions, Error> {
 
 /// Acquires, showing who holds the lock meanwhile: a live line on a terminal, one log line
 /// otherwise.
-async fn acquire_with_status(
-    locker: &Locker,
-    backend: &Arc<dyn LockBackend>,
-    name: &str,
-) -> Result<LockGuard, Error> {
+async fn acquire_with_status(locker: &Locker, name: &str) -> Result<LockGuard, Error> {
     let tty = std::io::stderr().is_terminal();
     let acquire = locker.acquire(name);
     tokio::pin!(acquire);
@@ -92,7 +87,7 @@ async fn acquire_with_status(
                 if tty {
                     eprint!("\r\x1b[2K{line}");
                 } else if !shown {
-                    eprintln!("anylock: {line} (backend: {})", backend.backend_name());
+                    eprintln!("anylock: {line} (backend: {})", locker.backend().backend_name());
                 }
                 shown = true;
             }

@@ -12,10 +12,6 @@ use crate::client::{Answer, GcsClient, Preconditions, Reply};
 use crate::config::GcsConfig;
 use crate::object::{self, LockObject};
 
-/// How many create attempts one `acquire` makes at most: the first, one after the object
-/// vanished or a stale/own object was deleted, and one more for a second such race.
-const MAX_INSERTS: usize = 3;
-
 /// The shortest refresh interval real GCS sustains: about one mutation per second per
 /// object name.
 pub const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
@@ -94,46 +90,70 @@ impl GcsBackend {
         self.client.config()
     }
 
-    /// One create-if-absent and what follows a 412, up to [`MAX_INSERTS`] creates.
+    /// One attempt (seed 000, "Taking the lock"): create-if-absent; on 412 read the object;
+    /// if it vanished, or is our own leftover or stale on the server's clock (then deleted
+    /// exactly), create once more at once. At most two creates, no loop: anything else is
+    /// reported and lockcore decides when to try again.
     async fn try_acquire(&self, object: &str, request: &AcquireRequest) -> Result<Acquire> {
-        let mut last_seen: Option<HolderInfo> = None;
-        for _ in 0..MAX_INSERTS {
-            let metadata = object::metadata(&request.owner, request.ttl);
-            let created = self.client.insert(
-                object,
-                metadata,
-                Preconditions {
-                    generation: Some(0),
-                    metageneration: None,
-                },
-            );
-            match created.await?.reply {
-                Reply::Ok(Some(obj)) => return Ok(Acquire::Acquired(lease(request, &obj))),
-                Reply::Ok(None) => return Err(protocol("the insert reply has no object")),
-                Reply::NotFound => return Err(no_bucket()),
-                Reply::PreconditionFailed => {}
-            }
-            let Answer { reply, date } = self.client.get(object).await?;
-            let existing = match reply {
-                Reply::Ok(Some(obj)) => obj,
-                Reply::NotFound => continue, // vanished: create again at once
-                _ => return Err(protocol("the object read has no object")),
-            };
-            let date = date.ok_or_else(|| protocol("GCS sent no Date header"))?;
-            if existing.is_owned_by(&request.owner) || existing.is_stale(date) {
-                // Our own leftover, or lapsed on the server's clock: delete exactly that
-                // grant; a 412/404 means someone else moved first, and the next round sees it.
-                let exact = Preconditions::exact(existing.generation, existing.metageneration);
-                self.client.delete(object, exact).await?;
-                last_seen = Some(existing.holder(Some(date)));
-                continue;
-            }
-            return Ok(Acquire::Held(existing.holder(Some(date))));
+        if let Some(acquired) = self.create(object, request).await? {
+            return Ok(acquired);
         }
-        match last_seen {
-            Some(holder) => Ok(Acquire::Held(holder)),
-            None => Err(Error::unavailable(
-                "the lock object kept vanishing during the attempt; retry",
+        let Some((existing, date)) = self.read(object).await? else {
+            return self.create_again(object, request, None).await;
+        };
+        if existing.is_owned_by(&request.owner) || existing.is_stale(date) {
+            // A 412/404 on this delete means someone else moved first; the create says so.
+            let exact = Preconditions::exact(existing.generation, existing.metageneration);
+            self.client.delete(object, exact).await?;
+            let seen = existing.holder(Some(date));
+            return self.create_again(object, request, Some(seen)).await;
+        }
+        Ok(Acquire::Held(existing.holder(Some(date))))
+    }
+
+    /// Create-if-absent: `Some` when granted, `None` on 412.
+    async fn create(&self, object: &str, request: &AcquireRequest) -> Result<Option<Acquire>> {
+        let metadata = object::metadata(&request.owner, request.ttl);
+        let absent = Preconditions {
+            generation: Some(0),
+            metageneration: None,
+        };
+        match self.client.insert(object, metadata, absent).await?.reply {
+            Reply::Ok(Some(obj)) => Ok(Some(Acquire::Acquired(lease(request, &obj)))),
+            Reply::Ok(None) => Err(protocol("the insert reply has no object")),
+            Reply::NotFound => Err(no_bucket()),
+            Reply::PreconditionFailed => Ok(None),
+        }
+    }
+
+    /// The object and the server's `Date`, or `None` when it does not exist.
+    async fn read(&self, object: &str) -> Result<Option<(LockObject, SystemTime)>> {
+        let Answer { reply, date } = self.client.get(object).await?;
+        match reply {
+            Reply::Ok(Some(obj)) => {
+                let date = date.ok_or_else(|| protocol("GCS sent no Date header"))?;
+                Ok(Some((obj, date)))
+            }
+            Reply::NotFound => Ok(None),
+            _ => Err(protocol("the object read has no object")),
+        }
+    }
+
+    /// The attempt's second and last create; on 412 someone else moved first.
+    async fn create_again(
+        &self,
+        object: &str,
+        request: &AcquireRequest,
+        seen: Option<HolderInfo>,
+    ) -> Result<Acquire> {
+        if let Some(acquired) = self.create(object, request).await? {
+            return Ok(acquired);
+        }
+        match (self.read(object).await?, seen) {
+            (Some((winner, date)), _) => Ok(Acquire::Held(winner.holder(Some(date)))),
+            (None, Some(seen)) => Ok(Acquire::Held(seen)),
+            (None, None) => Err(Error::unavailable(
+                "the lock object changed twice during the attempt; retry",
             )),
         }
     }
@@ -182,23 +202,13 @@ impl GcsBackend {
 
     /// The live, unexpired object of `object`, with the server time it was read at.
     async fn current(&self, object: &str) -> Result<Option<(LockObject, SystemTime)>> {
-        let Answer { reply, date } = self.client.get(object).await?;
-        match reply {
-            Reply::Ok(Some(obj)) => {
-                let date = date.ok_or_else(|| protocol("GCS sent no Date header"))?;
-                Ok((!obj.is_stale(date)).then_some((obj, date)))
-            }
-            Reply::NotFound => Ok(None),
-            _ => Err(protocol("the object read has no object")),
-        }
+        let found = self.read(object).await?;
+        Ok(found.filter(|(obj, date)| !obj.is_stale(*date)))
     }
 
     async fn try_break(&self, object: &str) -> Result<Option<HolderInfo>> {
-        let Answer { reply, date } = self.client.get(object).await?;
-        let obj = match reply {
-            Reply::Ok(Some(obj)) => obj,
-            Reply::NotFound => return Ok(None),
-            _ => return Err(protocol("the object read has no object")),
+        let Some((obj, date)) = self.read(object).await? else {
+            return Ok(None);
         };
         let only = Preconditions {
             generation: Some(obj.generation),
@@ -213,8 +223,7 @@ impl GcsBackend {
                 ));
             }
         }
-        let stale = date.is_none_or(|date| obj.is_stale(date));
-        Ok((!stale).then(|| obj.holder(date)))
+        Ok((!obj.is_stale(date)).then(|| obj.holder(Some(date))))
     }
 }
 

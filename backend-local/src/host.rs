@@ -66,10 +66,13 @@ pub(crate) enum Liveness {
     Unknown,
 }
 
-/// This process.
+/// This process, read from `/proc` once (pid and start time never change).
 pub(crate) fn this_process() -> Option<ProcessId> {
-    let pid = std::process::id();
-    process_start(pid).map(|start| ProcessId { pid, start })
+    static ME: OnceLock<Option<ProcessId>> = OnceLock::new();
+    *ME.get_or_init(|| {
+        let pid = std::process::id();
+        process_start(pid).map(|start| ProcessId { pid, start })
+    })
 }
 
 /// Whether `process` is still running (on this boot).

@@ -104,6 +104,11 @@ fn list(shared: &Shared, bucket: &str, query: &Query) -> Result<Response<Body>, 
     Ok(json_response(StatusCode::OK, &body))
 }
 
+/// `200 OK` with the object's JSON resource.
+fn object_ok(shared: &Shared, object: &crate::store::Object) -> Response<Body> {
+    json_response(StatusCode::OK, &wire::object_json(object, &shared.base_url))
+}
+
 fn insert(
     shared: &Shared,
     bucket: &str,
@@ -114,10 +119,7 @@ fn insert(
     let new = new_object(request, query)?;
     let now = shared.clock.now();
     let object = store(shared).insert(bucket, new, pre, now)?;
-    Ok(json_response(
-        StatusCode::OK,
-        &wire::object_json(&object, &shared.base_url),
-    ))
+    Ok(object_ok(shared, &object))
 }
 
 /// The object an upload describes: `uploadType=media` takes the name from
@@ -172,10 +174,7 @@ fn get(
     }
     let pre = Preconditions::from_query(query)?;
     let object = store(shared).get(bucket, name, pre)?;
-    Ok(json_response(
-        StatusCode::OK,
-        &wire::object_json(&object, &shared.base_url),
-    ))
+    Ok(object_ok(shared, &object))
 }
 
 fn media(
@@ -219,10 +218,7 @@ fn patch(
     let patch = wire::read_patch(&request.body)?;
     let now = shared.clock.now();
     let object = store(shared).patch(bucket, name, patch, pre, now)?;
-    Ok(json_response(
-        StatusCode::OK,
-        &wire::object_json(&object, &shared.base_url),
-    ))
+    Ok(object_ok(shared, &object))
 }
 
 fn delete(

@@ -15,7 +15,7 @@ use tokio::time::{Instant, sleep_until, timeout, timeout_at};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::LockBackend;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, Result, RetryStatus};
 use crate::options::LockOptions;
 use crate::state::{Event, Health, LostReason, transition};
 use crate::types::Lease;
@@ -198,8 +198,11 @@ impl Driver {
         }
         while let Some(cmd) = self.commands.recv().await {
             if let Command::Release(reply) = cmd {
-                let err = Error::lost(format!("the lease was lost before release: {reason}"))
+                let mut err = Error::lost(format!("the lease was lost before release: {reason}"))
                     .in_context(self.backend.backend_name(), lease.name());
+                if matches!(reason, LostReason::TooManyFailures { .. }) {
+                    err = err.with_status(RetryStatus::Persistent);
+                }
                 let _ = reply.send(Err(err));
                 return;
             }

@@ -43,8 +43,6 @@ pub enum ErrorKind {
     Unsupported,
     /// The backend answered something the protocol does not allow (malformed reply).
     Protocol,
-    /// The lease was already released through this guard.
-    Released,
 }
 
 impl ErrorKind {
@@ -61,7 +59,6 @@ impl ErrorKind {
             Self::Config => "configuration error",
             Self::Unsupported => "unsupported",
             Self::Protocol => "protocol error",
-            Self::Released => "already released",
         }
     }
 

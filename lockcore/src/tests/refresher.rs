@@ -10,6 +10,7 @@ use crate::testing::{Fault, Op};
 use crate::{
     Acquire, AcquireRequest, ErrorKind, FenceToken, Guarantees, Health, HolderInfo, Identity,
     Lease, LockBackend, LockName, LockOptions, Locker, LostReason, MemoryBackend, Result,
+    RetryStatus,
 };
 
 /// TTL 800 ms: refresh every 100 ms, drift 10 ms, Lost after 3 failures.
@@ -66,6 +67,13 @@ async fn transient_failures_degrade_then_lose_after_the_limit() {
     assert!(guard.cancellation_token().is_cancelled());
     assert_eq!(guard.remaining_validity(), ms(0));
     assert!(!guard.is_held());
+    let err = guard.release().await.expect_err("lost before release");
+    assert_eq!(err.kind(), ErrorKind::Lost);
+    assert_eq!(
+        err.status(),
+        RetryStatus::Persistent,
+        "transient failures, retries exhausted"
+    );
 }
 
 #[tokio::test(start_paused = true)]
