@@ -11,10 +11,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::time::{Instant, sleep_until, timeout, timeout_at};
+use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::LockBackend;
+use crate::clock::Clock;
 use crate::error::{Error, ErrorKind, Result, RetryStatus};
 use crate::options::LockOptions;
 use crate::state::{Event, Health, LostReason, transition};
@@ -24,15 +25,18 @@ use crate::types::Lease;
 #[derive(Debug)]
 pub(crate) struct Shared {
     lease: Mutex<Lease>,
+    /// On `clock`'s time line.
     validity: Mutex<Instant>,
+    pub(crate) clock: Clock,
     pub(crate) cancel: CancellationToken,
 }
 
 impl Shared {
-    pub(crate) fn new(lease: Lease, validity: Instant) -> Self {
+    pub(crate) fn new(lease: Lease, validity: Instant, clock: Clock) -> Self {
         Self {
             lease: Mutex::new(lease),
             validity: Mutex::new(validity),
+            clock,
             cancel: CancellationToken::new(),
         }
     }
@@ -105,29 +109,30 @@ impl Driver {
 
     async fn idle(&mut self, next_refresh: Instant) -> Step {
         let validity = self.shared.validity();
+        let clock = &self.shared.clock;
         tokio::select! {
             biased;
             cmd = self.commands.recv() => Step::Command(cmd),
-            () = sleep_until(validity) => Step::Expired,
-            () = sleep_until(next_refresh) => Step::Refresh,
+            () = clock.sleep_until(validity) => Step::Expired,
+            () = clock.sleep_until(next_refresh) => Step::Refresh,
         }
     }
 
     async fn refresh(&mut self) -> Step {
         let validity = self.shared.validity();
         let lease = self.shared.lease();
-        let sent = Instant::now();
-        let limit = (sent + self.options.refresh_timeout()).min(validity);
-        let call = timeout_at(limit, self.backend.refresh(&lease));
+        let clock = &self.shared.clock;
+        let sent = clock.now();
+        let limit = sent + self.options.refresh_timeout();
         tokio::select! {
             biased;
             cmd = self.commands.recv() => Step::Command(cmd),
-            () = sleep_until(validity) => Step::Expired,
-            result = call => Step::Refreshed(sent, result.unwrap_or_else(|_| {
-                Err(Error::new(ErrorKind::OutcomeUnknown, format!(
-                    "refresh got no reply within {:?}", limit.saturating_duration_since(sent)
-                )))
-            })),
+            () = clock.sleep_until(validity) => Step::Expired,
+            result = self.backend.refresh(&lease) => Step::Refreshed(sent, result),
+            () = clock.sleep_until(limit) => Step::Refreshed(sent, Err(Error::new(
+                ErrorKind::OutcomeUnknown,
+                format!("refresh got no reply within {:?}", self.options.refresh_timeout()),
+            ))),
         }
     }
 

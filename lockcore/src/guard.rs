@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::driver::{Command, Shared};
@@ -91,10 +90,11 @@ impl LockGuard {
     /// `true` while the lease is believed to be ours (`Healthy` or `Degraded`) and its
     /// local validity has not run out.
     pub fn is_held(&self) -> bool {
-        self.state().is_held() && Instant::now() < self.shared.validity()
+        self.state().is_held() && self.shared.clock.now() < self.shared.validity()
     }
 
-    /// How long the lease is still valid by the local monotonic clock: counted from when
+    /// How long the lease is still valid by the locker's [`Clock`](crate::Clock) (the
+    /// runtime's monotonic clock unless set otherwise): counted from when
     /// the last successful acquire or refresh request was *sent*, minus the drift
     /// allowance. Zero once the lease is lost or released.
     pub fn remaining_validity(&self) -> Duration {
@@ -103,7 +103,7 @@ impl LockGuard {
         }
         self.shared
             .validity()
-            .saturating_duration_since(Instant::now())
+            .saturating_duration_since(self.shared.clock.now())
     }
 
     /// Resolves when the lease is lost, with the reason.

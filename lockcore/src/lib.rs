@@ -23,10 +23,12 @@
 //! - [`LockGuard`]: a held lease with its [`Health`], refreshed in the background.
 //! - [`state`]: the pure health state machine; the refresher drives it.
 //! - [`MemoryBackend`]: the in-process reference backend.
+//! - [`Clock`]: the monotonic clock guards follow, adjustable to replay clock faults.
 //! - [`Error`]: one error type with an [`ErrorKind`] and a [`RetryStatus`].
 
 mod backend;
 mod backoff;
+mod clock;
 mod driver;
 mod error;
 mod guarantees;
@@ -50,6 +52,7 @@ pub struct ReadmeDoctests;
 
 pub use backend::{LockBackend, QueueTicket, ReleaseEvents};
 pub use backoff::{Backoff, Jitter, MAX_BACKOFF_CAP};
+pub use clock::{Clock, ClockControl};
 pub use error::{Error, ErrorKind, Result, RetryStatus};
 pub use guarantees::{Durability, Exclusion, ExpiryClock, Fairness, Fencing, Guarantees, Waiting};
 pub use guard::LockGuard;

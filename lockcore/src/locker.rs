@@ -9,6 +9,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 
 use crate::backend::{LockBackend, QueueTicket, ReleaseEvents};
 use crate::backoff::JitterRng;
+use crate::clock::Clock;
 use crate::driver::{Driver, Shared};
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::LockGuard;
@@ -39,6 +40,7 @@ pub struct Locker {
     identity: Option<Identity>,
     options: LockOptions,
     rng: Arc<Mutex<JitterRng>>,
+    clock: Clock,
 }
 
 impl Locker {
@@ -50,6 +52,7 @@ impl Locker {
             identity: None,
             options: LockOptions::default(),
             rng: Arc::new(Mutex::new(JitterRng::from_entropy())),
+            clock: Clock::system(),
         }
     }
 
@@ -72,6 +75,14 @@ impl Locker {
     /// Seeds the backoff jitter, for reproducible tests.
     pub fn with_jitter_seed(self, seed: u64) -> Self {
         *self.rng.lock().unwrap_or_else(PoisonError::into_inner) = JitterRng::seeded(seed);
+        self
+    }
+
+    /// Sets the clock guards follow for lease validity and refresh timing (by default the
+    /// runtime's monotonic clock). Acquire waits and timeouts keep the runtime's clock. An
+    /// adjustable clock replays client clock faults; see [`Clock`].
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
         self
     }
 
@@ -168,7 +179,7 @@ impl Locker {
         // a zero or tiny wait still means "one real try"; later ones stop at the deadline.
         let mut deadline = None;
         loop {
-            let sent = Instant::now();
+            let sent = self.clock.now();
             let outcome = self.attempt(request, options, deadline).await;
             deadline = wait.deadline;
             match outcome {
@@ -256,7 +267,7 @@ impl Locker {
     fn start_guard(&self, lease: Lease, sent: Instant, options: &LockOptions) -> Option<LockGuard> {
         let ttl = lease.ttl().min(options.ttl());
         let validity = (sent + ttl).checked_sub(options.drift()).unwrap_or(sent);
-        if validity <= Instant::now() {
+        if validity <= self.clock.now() {
             tracing::debug!(lock = %lease.name(), "lease arrived with no validity left; releasing");
             let backend = Arc::clone(&self.backend);
             tokio::spawn(async move {
@@ -264,7 +275,7 @@ impl Locker {
             });
             return None;
         }
-        let shared = Arc::new(Shared::new(lease, validity));
+        let shared = Arc::new(Shared::new(lease, validity, self.clock.clone()));
         let (health_tx, health_rx) = watch::channel(Health::Healthy);
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
         let driver = Driver {

@@ -2,6 +2,7 @@
 //! a scripted fault-injecting backend. Time is virtual: bounds are exact, not generous.
 
 mod acquire;
+mod clock;
 mod queue;
 mod refresher;
 

@@ -1,0 +1,239 @@
+//! [`Clock`]: the monotonic clock a held lease's validity and refresh schedule follow.
+//!
+//! By default it is the runtime's clock (`tokio::time::Instant`, so tests on tokio's paused
+//! clock stay exact). [`Clock::adjustable`] gives a clock that a [`ClockControl`] can jump
+//! forwards or backwards, to replay a client-side clock fault (seed 003, "Making the lock
+//! safe with fencing": a clock that jumps lets a holder believe its lease is still valid).
+//! Nothing in production needs to adjust it; the reliability harness does.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// The clock a [`Locker`](crate::Locker)'s guards use for lease validity and refresh
+/// timing. Cheap to clone; clones share one offset.
+///
+/// A backward jump makes the guard believe its lease is valid for longer than the server
+/// does, and schedules its refreshes later: exactly the unsafe case fencing tokens exist
+/// for. A forward jump makes the guard give up early, which is safe.
+///
+/// ```
+/// use std::{sync::Arc, time::Duration};
+/// use lockcore::{Clock, LockOptions, Locker, MemoryBackend};
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), lockcore::Error> {
+/// let (clock, control) = Clock::adjustable();
+/// let locker = Locker::new(Arc::new(MemoryBackend::new()))
+///     .with_options(LockOptions::new(Duration::from_secs(10)))
+///     .with_clock(clock);
+/// let guard = locker.acquire("job").await?;
+/// control.jump_forward(Duration::from_secs(60)); // past the validity: the guard lets go
+/// guard.lost().await;
+/// assert!(!guard.is_held());
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Default)]
+pub struct Clock {
+    skew: Option<Arc<Skew>>,
+}
+
+/// Jumps an adjustable [`Clock`]. Every clone of that clock sees the jump at once, and
+/// timers already waiting on it are re-armed.
+#[derive(Clone)]
+pub struct ClockControl {
+    skew: Arc<Skew>,
+}
+
+struct Skew {
+    /// Signed offset from the runtime's clock, in nanoseconds.
+    offset: Mutex<i128>,
+    changed: Notify,
+}
+
+impl Clock {
+    /// The runtime's monotonic clock (the default).
+    pub fn system() -> Self {
+        Self::default()
+    }
+
+    /// A clock that starts equal to the runtime's and moves only when `ClockControl`
+    /// jumps it.
+    pub fn adjustable() -> (Self, ClockControl) {
+        let skew = Arc::new(Skew {
+            offset: Mutex::new(0),
+            changed: Notify::new(),
+        });
+        let control = ClockControl {
+            skew: Arc::clone(&skew),
+        };
+        (Self { skew: Some(skew) }, control)
+    }
+
+    /// The current time on this clock.
+    pub fn now(&self) -> Instant {
+        let now = Instant::now();
+        match &self.skew {
+            None => now,
+            Some(skew) => shift(now, skew.offset()),
+        }
+    }
+
+    /// Sleeps until this clock reads `deadline` or later, following jumps made while it
+    /// sleeps.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn sleep_until(&self, deadline: Instant) {
+        let Some(skew) = &self.skew else {
+            return tokio::time::sleep_until(deadline).await;
+        };
+        loop {
+            let changed = skew.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            let offset = skew.offset();
+            if shift(Instant::now(), offset) >= deadline {
+                return;
+            }
+            tokio::select! {
+                () = tokio::time::sleep_until(shift(deadline, -offset)) => {}
+                () = &mut changed => {}
+            }
+        }
+    }
+}
+
+impl ClockControl {
+    /// Moves the clock forwards by `by`.
+    pub fn jump_forward(&self, by: Duration) {
+        self.skew
+            .add(i128::try_from(by.as_nanos()).unwrap_or(i128::MAX));
+    }
+
+    /// Moves the clock backwards by `by`, as a stalled or stepped-back clock would.
+    pub fn jump_back(&self, by: Duration) {
+        self.skew
+            .add(-i128::try_from(by.as_nanos()).unwrap_or(i128::MAX));
+    }
+
+    /// The clock's total offset from the runtime's clock (negative when behind).
+    pub fn offset_nanos(&self) -> i128 {
+        self.skew.offset()
+    }
+}
+
+impl Skew {
+    fn offset(&self) -> i128 {
+        *self.offset.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn add(&self, delta: i128) {
+        {
+            let mut offset = self.offset.lock().unwrap_or_else(PoisonError::into_inner);
+            *offset = offset.saturating_add(delta);
+        }
+        self.changed.notify_waiters();
+    }
+}
+
+/// `at` moved by `nanos`, saturating at the ends `Instant` can represent.
+fn shift(at: Instant, nanos: i128) -> Instant {
+    let magnitude = Duration::from_nanos(u64::try_from(nanos.unsigned_abs()).unwrap_or(u64::MAX));
+    if nanos >= 0 {
+        at.checked_add(magnitude)
+            .unwrap_or_else(|| at + Duration::from_secs(86_400 * 365 * 30))
+    } else {
+        // Monotonic time starts near boot: a jump back past it pins the clock there.
+        at.checked_sub(magnitude).unwrap_or_else(|| earliest(at))
+    }
+}
+
+fn earliest(at: Instant) -> Instant {
+    let mut step = Duration::from_secs(1 << 40);
+    let mut t = at;
+    while step > Duration::ZERO {
+        if let Some(earlier) = t.checked_sub(step) {
+            t = earlier;
+        }
+        step /= 2;
+    }
+    t
+}
+
+impl fmt::Debug for Clock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.skew {
+            None => f.write_str("Clock::system"),
+            Some(skew) => write!(f, "Clock::adjustable(offset {} ns)", skew.offset()),
+        }
+    }
+}
+
+impl fmt::Debug for ClockControl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "ClockControl(offset {} ns)", self.skew.offset())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn system_clock_is_the_runtime_clock() {
+        let clock = Clock::system();
+        let before = Instant::now();
+        clock.sleep_until(before + Duration::from_secs(5)).await;
+        assert_eq!(clock.now(), before + Duration::from_secs(5));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn jumps_move_now_both_ways() {
+        let (clock, control) = Clock::adjustable();
+        let base = Instant::now();
+        control.jump_forward(Duration::from_secs(3));
+        assert_eq!(clock.now(), base + Duration::from_secs(3));
+        control.jump_back(Duration::from_secs(5));
+        assert_eq!(clock.now() + Duration::from_secs(2), base);
+        assert_eq!(control.offset_nanos(), -2_000_000_000);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_forward_jump_wakes_a_sleeper_early() {
+        let (clock, control) = Clock::adjustable();
+        let start = Instant::now();
+        let sleeper = tokio::spawn({
+            let clock = clock.clone();
+            async move { clock.sleep_until(start + Duration::from_secs(100)).await }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        control.jump_forward(Duration::from_secs(99));
+        sleeper.await.unwrap();
+        assert_eq!(Instant::now(), start + Duration::from_secs(1));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_backward_jump_makes_a_sleeper_wait_longer() {
+        let (clock, control) = Clock::adjustable();
+        let start = Instant::now();
+        let sleeper = tokio::spawn({
+            let clock = clock.clone();
+            async move { clock.sleep_until(start + Duration::from_secs(10)).await }
+        });
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        control.jump_back(Duration::from_secs(20));
+        sleeper.await.unwrap();
+        assert_eq!(Instant::now(), start + Duration::from_secs(30));
+    }
+
+    #[test]
+    fn shifting_far_back_saturates_instead_of_panicking() {
+        let now = std::time::Instant::now();
+        let at = Instant::from_std(now);
+        let far = shift(at, -i128::from(u64::MAX));
+        assert!(far <= at);
+        assert!(shift(at, i128::MAX) > at);
+    }
+}

@@ -1,0 +1,63 @@
+//! Client clock faults through an adjustable [`Clock`]: what a jump does to a held lease.
+
+use super::{Rig, ms};
+use crate::testing::Op;
+use crate::{Clock, Health, LockOptions, LostReason};
+
+/// TTL 800 ms: refresh every 100 ms, drift 10 ms.
+fn rig_with_clock() -> (Rig, crate::ClockControl) {
+    let mut rig = Rig::new(LockOptions::new(ms(800)));
+    let (clock, control) = Clock::adjustable();
+    rig.locker = rig.locker.clone().with_clock(clock);
+    (rig, control)
+}
+
+/// Seed 003's clock scenario on the client: a clock stepped back makes the holder keep
+/// believing in a lease the server has already expired and granted to someone else.
+/// This is the unsafe case; only a fence token protects the resource from it.
+#[tokio::test(start_paused = true)]
+async fn a_backward_jump_keeps_a_holder_believing_in_an_expired_lease() {
+    let (rig, control) = rig_with_clock();
+    let guard = rig.locker.acquire("job").await.expect("free");
+    control.jump_back(ms(5_000));
+    tokio::time::sleep(ms(2_000)).await;
+    assert_eq!(
+        rig.faulty.calls(Op::Refresh),
+        0,
+        "refresh schedule moved 5 s later"
+    );
+    let rival = rig.rival().try_acquire("job").await.expect("ok");
+    let rival = rival.expect("the server expired the lease after 800 ms");
+    assert!(rival.fence_token() > guard.fence_token());
+    assert!(
+        guard.is_held(),
+        "the stepped-back holder still believes it holds the lock"
+    );
+    assert_eq!(guard.state(), Health::Healthy);
+}
+
+/// A clock that jumps forwards past the validity makes the guard give the lease up at
+/// once: early, which is safe.
+#[tokio::test(start_paused = true)]
+async fn a_forward_jump_past_the_validity_turns_the_guard_lost() {
+    let (rig, control) = rig_with_clock();
+    let guard = rig.locker.acquire("job").await.expect("free");
+    control.jump_forward(ms(10_000));
+    let reason = tokio::time::timeout(ms(50), guard.lost())
+        .await
+        .expect("lost at once");
+    assert_eq!(reason, LostReason::ValidityExpired);
+    assert!(!guard.is_held());
+    assert_eq!(guard.remaining_validity(), ms(0));
+}
+
+/// Without jumps an adjustable clock behaves exactly like the runtime's.
+#[tokio::test(start_paused = true)]
+async fn an_unmoved_adjustable_clock_refreshes_on_schedule() {
+    let (rig, _control) = rig_with_clock();
+    let guard = rig.locker.acquire("job").await.expect("free");
+    tokio::time::sleep(ms(1_050)).await;
+    assert_eq!(rig.faulty.calls(Op::Refresh), 10);
+    assert!(guard.is_held());
+    assert!(guard.remaining_validity() > ms(600));
+}
