@@ -164,6 +164,20 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         Ok(None)
     }
 
+    /// Checks options against this backend's own limits, beyond
+    /// [`LockOptions::validate`](crate::LockOptions::validate) (for example a store that
+    /// accepts about one write per second per object needs a refresh interval of at least
+    /// a second). [`Locker`](crate::Locker) calls it before every acquisition.
+    ///
+    /// # Contract
+    /// - `Ok(())` (the default) when the backend has no extra limits.
+    /// - No I/O; an [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) error that
+    ///   names the limit and how to meet it.
+    fn check_options(&self, options: &crate::LockOptions) -> Result<()> {
+        let _ = options;
+        Ok(())
+    }
+
     /// The server's current wall-clock time, where the backend exposes it, so tools can
     /// estimate clock skew (`anylock check`). Expiry never depends on this.
     ///
@@ -215,6 +229,9 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
     }
     async fn enqueue(&self, request: &AcquireRequest) -> Result<Option<QueueTicket>> {
         (**self).enqueue(request).await
+    }
+    fn check_options(&self, options: &crate::LockOptions) -> Result<()> {
+        (**self).check_options(options)
     }
     async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
         (**self).server_time().await

@@ -132,7 +132,8 @@ impl Locker {
     /// abandoned (and released if it later succeeds).
     ///
     /// # Errors
-    /// - [`ErrorKind::InvalidInput`] for a bad name or options (never retried);
+    /// - [`ErrorKind::InvalidInput`] for a bad name or options, including options outside
+    ///   the backend's own limits ([`LockBackend::check_options`]); never retried;
     /// - [`ErrorKind::Held`] with the holder in `TryOnce` mode;
     /// - [`ErrorKind::Timeout`] with the last holder when the deadline passes;
     /// - the backend's error when it is permanent, or in `TryOnce` mode.
@@ -149,6 +150,7 @@ impl Locker {
         let name = LockName::new(name).map_err(context)?;
         options
             .validate()
+            .and_then(|()| self.backend.check_options(options))
             .map_err(|e| e.in_context(self.backend.backend_name(), &name))?;
         let owner = self.identity.clone().unwrap_or_else(Identity::unique);
         let request = AcquireRequest::new(name, owner, options.ttl());

@@ -154,6 +154,9 @@ impl LockBackend for FaultyBackend {
     fn guarantees(&self) -> Guarantees {
         self.inner.guarantees()
     }
+    fn check_options(&self, options: &crate::LockOptions) -> Result<()> {
+        self.inner.check_options(options)
+    }
     async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
         if self.state().no_notifications {
             return Ok(None);

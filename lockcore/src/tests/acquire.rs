@@ -85,6 +85,8 @@ async fn a_polling_waiter_never_sleeps_past_the_holders_remaining_ttl() {
 struct Recorder {
     inner: MemoryBackend,
     at: Mutex<Vec<Instant>>,
+    /// A backend limit, as a store with a per-object write rate would have.
+    min_refresh: Duration,
 }
 
 #[async_trait]
@@ -108,6 +110,14 @@ impl LockBackend for Recorder {
     fn guarantees(&self) -> Guarantees {
         self.inner.guarantees()
     }
+    fn check_options(&self, options: &LockOptions) -> Result<()> {
+        if options.refresh_interval() < self.min_refresh {
+            return Err(crate::Error::invalid_input(
+                "refresh interval below the store's limit",
+            ));
+        }
+        Ok(())
+    }
 }
 
 async fn attempt_gaps(backoff: Backoff, wait: Duration) -> Vec<Duration> {
@@ -117,6 +127,7 @@ async fn attempt_gaps(backoff: Backoff, wait: Duration) -> Vec<Duration> {
     let recorder = Arc::new(Recorder {
         inner: memory,
         at: Mutex::default(),
+        min_refresh: Duration::ZERO,
     });
     let waiter = Locker::new(recorder.clone()).with_jitter_seed(11);
     let opts = options(3_600_000)
@@ -277,6 +288,30 @@ async fn permanent_errors_are_not_retried() {
     let err = rig.locker.acquire("job").await.expect_err("denied");
     assert_eq!(err.kind(), ErrorKind::PermissionDenied);
     assert_eq!(rig.faulty.calls(Op::Acquire), 1);
+}
+
+/// A backend's own option limits (`check_options`) stop the acquisition before any attempt.
+#[tokio::test(start_paused = true)]
+async fn options_outside_the_backends_limits_never_reach_it() {
+    let recorder = Arc::new(Recorder {
+        inner: MemoryBackend::new(),
+        at: Mutex::default(),
+        min_refresh: ms(1000),
+    });
+    let locker = Locker::new(recorder.clone());
+    let err = locker
+        .acquire_with("job", &options(3000))
+        .await
+        .expect_err("refresh every 375 ms is below the limit");
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert!(err.to_string().contains("store's limit"), "{err}");
+    assert!(recorder.at.lock().expect("lock").is_empty());
+    let guard = locker
+        .acquire_with("job", &options(8000))
+        .await
+        .expect("1 s refresh fits");
+    assert_eq!(recorder.at.lock().expect("lock").len(), 1);
+    guard.release().await.expect("released");
 }
 
 #[tokio::test(start_paused = true)]
