@@ -6,14 +6,14 @@ use std::time::{Duration, Instant};
 use anylock::{BackendUrl, Config};
 use lockcore::{Error, ErrorKind, HolderInfo, LockName, LockOptions, Locker, WaitMode};
 
-use crate::run::ago;
+use crate::run::{ago, timestamp};
 
-fn describe(name: &str, holder: &HolderInfo) -> String {
+pub(crate) fn describe(name: &str, holder: &HolderInfo) -> String {
     let mut text = format!("{name} is held by {}", holder.owner());
     if let Some(since) = holder.acquired_at() {
         text.push_str(&format!(
             "\n  since:       {} ({} ago)",
-            humantime::format_rfc3339_seconds(since),
+            timestamp(since),
             ago(since)
         ));
     }

@@ -6,6 +6,8 @@ mod admin;
 mod child;
 mod cli;
 mod exit;
+#[cfg(test)]
+mod prop_tests;
 mod run;
 mod select;
 
@@ -49,8 +51,10 @@ fn main() -> ExitCode {
 
 fn init_logging(verbose: u8) {
     let level = match verbose {
-        // lockcore's own "lease lost" warning would repeat the CLI's message.
-        0 => "warn,lockcore=error",
+        // lockcore's own "lease lost" warning would repeat the CLI's message, and
+        // gcp_auth warns on each internal retry while it probes for credentials; the
+        // CLI's one-line error says what failed.
+        0 => "warn,lockcore=error,gcp_auth=error",
         1 => "info",
         2 => "debug",
         _ => "trace",

@@ -47,7 +47,7 @@ fn duration(text: &str, what: &str) -> Result<Duration, Error> {
     })
 }
 
-fn options(args: &RunArgs, config: &Config) -> Result<LockOptions, Error> {
+pub(crate) fn options(args: &RunArgs, config: &Config) -> Result<LockOptions, Error> {
     let ttl = match (args.ttl, &config.ttl) {
         (Some(ttl), _) => ttl,
         (None, Some(text)) => duration(text, "ttl")?,
@@ -99,10 +99,7 @@ async fn acquire_with_status(locker: &Locker, name: &str) -> Result<LockGuard, E
 pub(crate) fn describe_wait(name: &str, holder: &HolderInfo) -> String {
     let mut line = format!("waiting for {name}, held by {}", holder.owner().host_pid());
     if let Some(since) = holder.acquired_at() {
-        line.push_str(&format!(
-            " since {}",
-            humantime::format_rfc3339_seconds(since)
-        ));
+        line.push_str(&format!(" since {}", timestamp(since)));
     }
     if let Some(left) = holder.expires_in() {
         let secs = Duration::from_secs(left.as_secs());
@@ -217,6 +214,17 @@ async fn release(guard: LockGuard, name: &str) -> bool {
             eprintln!("anylock: warning: release failed ({err}); the lease expires by its TTL");
             true
         }
+    }
+}
+
+/// `t` in RFC 3339, for people. humantime panics (inside `Display`) on times before 1970
+/// or after 9999, which a foreign value decoded by a backend can hold.
+pub(crate) fn timestamp(t: SystemTime) -> String {
+    const END_OF_9999: Duration = Duration::from_secs(253_402_300_800);
+    match t.duration_since(std::time::UNIX_EPOCH) {
+        Ok(since) if since < END_OF_9999 => humantime::format_rfc3339_seconds(t).to_string(),
+        Ok(_) => "<after 9999-12-31>".to_owned(),
+        Err(_) => "<before 1970-01-01>".to_owned(),
     }
 }
 

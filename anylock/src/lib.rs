@@ -20,7 +20,7 @@
 //! | `redlock://h1:p1,h2:p2,h3:p3`, `redlocks://` | Redlock over independent Redis nodes | `redis` |
 //! | `postgres://user:pw@host/db` | PostgreSQL lease table | `postgres` |
 //! | `etcd://h1:2379,h2:2379/prefix` | etcd | `etcd` |
-//! | `gs://bucket/prefix` (emulator via `STORAGE_EMULATOR_HOST`, token via `GCS_ACCESS_TOKEN`) | Google Cloud Storage | `gcs` |
+//! | `gs://bucket/prefix` (Google credentials, `GCS_ACCESS_TOKEN`, or an emulator via `STORAGE_EMULATOR_HOST`) | Google Cloud Storage | `gcs` |
 //!
 //! Every feature is on by default. Passwords and tokens never appear in the `Display` or
 //! `Debug` output of a [`BackendUrl`] or [`Config`], nor in errors from this crate.
@@ -75,6 +75,11 @@ pub const SCHEMES: &[Scheme] = &[
         scheme: "redlock",
         feature: Some("redis"),
         backend: "Redlock over Redis nodes",
+    },
+    Scheme {
+        scheme: "redlocks",
+        feature: Some("redis"),
+        backend: "Redlock over Redis nodes, TLS",
     },
     Scheme {
         scheme: "postgres",
@@ -141,28 +146,29 @@ async fn connect_url(url: &BackendUrl) -> Result<Arc<dyn LockBackend>, Error> {
             ),
         ));
     }
+    // Schemes are case-insensitive (RFC 3986 3.1); the backends match them in lowercase.
+    #[allow(unused_variables)]
+    let url = format!("{scheme}{}", &url.expose()[scheme.len()..]);
     match scheme.as_str() {
         "memory" => Ok(Arc::new(MemoryBackend::new())),
         #[cfg(feature = "local")]
         "local" => {
-            let config = backend_local::LocalConfig::from_url(url.expose())?;
+            let config = backend_local::LocalConfig::from_url(&url)?;
             Ok(Arc::new(backend_local::LocalBackend::open(config).await?))
         }
         #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redlock" | "redlocks" => backend_redis::connect(url.expose()).await,
+        "redis" | "rediss" | "redlock" | "redlocks" => backend_redis::connect(&url).await,
         #[cfg(feature = "postgres")]
         "postgres" | "postgresql" => {
-            let config = backend_postgres::PostgresConfig::from_url(url.expose())?;
+            let config = backend_postgres::PostgresConfig::from_url(&url)?;
             Ok(Arc::new(
                 backend_postgres::PostgresBackend::connect(config).await?,
             ))
         }
         #[cfg(feature = "gcs")]
-        "gs" => Ok(Arc::new(backend_gcs::GcsBackend::from_url(url.expose())?)),
+        "gs" => Ok(Arc::new(backend_gcs::GcsBackend::from_url(&url)?)),
         #[cfg(feature = "etcd")]
-        "etcd" | "etcds" => Ok(Arc::new(
-            backend_etcd::EtcdBackend::from_url(url.expose()).await?,
-        )),
+        "etcd" | "etcds" => Ok(Arc::new(backend_etcd::EtcdBackend::from_url(&url).await?)),
         _ => Err(Error::new(
             ErrorKind::Config,
             format!(

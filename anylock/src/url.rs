@@ -46,30 +46,63 @@ const SECRET_PARAMS: &[&str] = &["password", "pass", "token", "secret", "key", "
 
 /// Replaces the password of every `user:password@host` (also in comma-separated host
 /// lists) and the value of secret-looking query parameters with `***`.
+///
+/// Passwords are hidden even when written without percent-encoding: a raw `/`, `?` or `#`
+/// in a password would end the authority before its `@` (`redis://:pa/ss@h`), so the
+/// user info is taken to run to the URL's last `@`. When in doubt, this hides too much
+/// rather than too little.
 pub fn redact(url: &str) -> String {
+    let url = redact_params(url);
     let (scheme, rest) = match url.split_once("://") {
         Some((scheme, rest)) => (Some(scheme), rest),
-        None => (None, url),
+        None => (None, url.as_str()),
     };
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let after_last_at = rest.rfind('@').map_or(0, |at| at + 1);
+    let end = rest[after_last_at..]
+        .find(['/', '?', '#'])
+        .map_or(rest.len(), |i| after_last_at + i);
     let (authority, tail) = rest.split_at(end);
-    let authority: Vec<String> = authority.split(',').map(redact_userinfo).collect();
-    let (path, query) = match tail.split_once('?') {
-        Some((path, query)) => (path, Some(query)),
-        None => (tail, None),
-    };
     let mut out = String::new();
     if let Some(scheme) = scheme {
         out.push_str(scheme);
         out.push_str("://");
     }
-    out.push_str(&authority.join(","));
-    out.push_str(path);
-    if let Some(query) = query {
-        out.push('?');
-        out.push_str(&redact_query(query));
-    }
+    out.push_str(&redact_authority(authority));
+    out.push_str(tail);
     out
+}
+
+/// Redacts each `user:password@host` of a host list. An entry without `@` before a later
+/// one with `@` is taken as part of that one's password (a raw `,` in a password), and so
+/// is everything up to the last `@` when only some entries name a password.
+fn redact_authority(authority: &str) -> String {
+    let entries: Vec<&str> = authority.split(',').collect();
+    let Some(last_at) = entries.iter().rposition(|e| e.contains('@')) else {
+        return authority.to_owned();
+    };
+    let with_at = entries[..=last_at].iter().filter(|e| e.contains('@'));
+    let with_password = with_at.clone().filter(|e| has_password(e)).count();
+    let mixed = with_password > 0 && with_password < with_at.count();
+    let mut groups = Vec::new();
+    let mut pending: Vec<&str> = Vec::new();
+    for entry in &entries[..=last_at] {
+        pending.push(entry);
+        if entry.contains('@') && !mixed {
+            groups.push(redact_userinfo(&pending.join(",")));
+            pending.clear();
+        }
+    }
+    if !pending.is_empty() {
+        groups.push(redact_userinfo(&pending.join(",")));
+    }
+    groups.extend(entries[last_at + 1..].iter().map(|e| (*e).to_owned()));
+    groups.join(",")
+}
+
+fn has_password(entry: &str) -> bool {
+    entry
+        .rsplit_once('@')
+        .is_some_and(|(userinfo, _)| userinfo.contains(':'))
 }
 
 fn redact_userinfo(host: &str) -> String {
@@ -82,17 +115,27 @@ fn redact_userinfo(host: &str) -> String {
     }
 }
 
-fn redact_query(query: &str) -> String {
-    let pairs: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((key, _)) if SECRET_PARAMS.contains(&key.to_ascii_lowercase().as_str()) => {
-                format!("{key}=***")
-            }
-            _ => pair.to_owned(),
-        })
-        .collect();
-    pairs.join("&")
+/// Replaces the value of every secret-looking `key=value` that follows a `?` or `&`,
+/// wherever it is (a raw `?` in a password can make the real query look like a path).
+fn redact_params(url: &str) -> String {
+    let mut out = String::with_capacity(url.len());
+    let mut done = 0;
+    let mut search = 0;
+    while let Some(found) = url[search..].find(['?', '&']) {
+        let start = search + found + 1;
+        search = start;
+        let param = &url[start..];
+        let Some(eq) = param.find('=') else { continue };
+        if !SECRET_PARAMS.contains(&param[..eq].to_ascii_lowercase().as_str()) {
+            continue;
+        }
+        out.push_str(&url[done..=start + eq]);
+        out.push_str("***");
+        done = param.find('&').map_or(url.len(), |amp| start + amp);
+        search = done;
+    }
+    out.push_str(&url[done..]);
+    out
 }
 
 #[cfg(test)]

@@ -241,13 +241,15 @@ fn holder_info(head: &KeyValue, remaining: Option<Duration>) -> HolderInfo {
 }
 
 /// Whole seconds, rounded up, at least 1: etcd lease TTLs are whole seconds.
-fn ttl_secs(ttl: Duration) -> i64 {
-    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+pub(crate) fn ttl_secs(ttl: Duration) -> i64 {
+    let secs = ttl
+        .as_secs()
+        .saturating_add(u64::from(ttl.subsec_nanos() > 0));
     i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
 }
 
 /// The lease id and create revision stored in a lease's grant (`"<lease hex>:<rev>"`).
-fn parse_grant(lease: &Lease) -> Result<(i64, i64)> {
+pub(crate) fn parse_grant(lease: &Lease) -> Result<(i64, i64)> {
     let parsed = lease
         .grant()
         .split_once(':')

@@ -121,7 +121,19 @@ impl EtcdConfig {
                  (etcd://user:password@h1,h2); percent-encode '@' as %40",
             ));
         }
-        let mut config = Self::new(hosts.split(','))?.with_prefix(&decode(path, "prefix")?);
+        let endpoints = Self::new(hosts.split(',')).map_err(|err| {
+            // A raw '/' or '?' in a password ends the host list before its '@' (`u:pa/ss@h`):
+            // then the "host" holds part of the password and must not be echoed.
+            if userinfo.is_none() && (path.contains('@') || query.contains('@')) {
+                Error::invalid_input(
+                    "malformed etcd URL host list; percent-encode '/', '?', '#' and '@' \
+                     in a password (%2F, %3F, %23, %40)",
+                )
+            } else {
+                err
+            }
+        })?;
+        let mut config = endpoints.with_prefix(&decode(path, "prefix")?);
         config.tls = tls;
         if let Some(userinfo) = userinfo {
             let (user, password) = userinfo.split_once(':').unwrap_or((userinfo, ""));
@@ -158,6 +170,13 @@ impl EtcdConfig {
             "ca" => self.ca = Some(PathBuf::from(value)),
             "cert" => self.cert = Some(PathBuf::from(value)),
             "key" => self.key = Some(PathBuf::from(value)),
+            // An option with '@' is most likely the end of a password with a raw '?'.
+            other if other.contains('@') => {
+                return Err(Error::invalid_input(
+                    "unknown etcd URL option (not shown: it holds '@'; percent-encode '?' \
+                     and '@' in a password as %3F and %40)",
+                ));
+            }
             other => {
                 return Err(Error::invalid_input(format!(
                     "unknown etcd URL option {other:?} (known: tls, timeout, connect_timeout, \
@@ -277,26 +296,28 @@ impl EtcdConfig {
         }
         for (name, path) in [("ca", &self.ca), ("cert", &self.cert), ("key", &self.key)] {
             if let Some(path) = path {
-                options.push(format!("{name}={}", path.display()));
+                let path = path.display().to_string();
+                options.push(format!("{name}={}", escape(&path, "&?")));
             }
         }
         options
     }
 }
 
-/// Shows the config as a URL with the password replaced by `***`.
+/// Shows the config as a URL with the password replaced by `***`; with the password put
+/// back, it parses to the same config.
 impl fmt::Display for EtcdConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let scheme = if self.tls { TLS_SCHEME } else { SCHEME };
         write!(f, "{scheme}://")?;
         if let Some(user) = &self.user {
-            write!(f, "{user}")?;
+            f.write_str(&escape(user, "@:/?"))?;
             if self.password.as_deref().is_some_and(|p| !p.is_empty()) {
                 f.write_str(":***")?;
             }
             f.write_str("@")?;
         }
-        write!(f, "{}/{}", self.hosts.join(","), self.prefix)?;
+        write!(f, "{}/{}", self.hosts.join(","), escape(&self.prefix, "?"))?;
         let options = self.options_for_display();
         if !options.is_empty() {
             write!(f, "?{}", options.join("&"))?;
@@ -392,6 +413,20 @@ fn show_duration(d: Duration) -> String {
     } else {
         format!("{}ms", d.as_millis())
     }
+}
+
+/// Percent-encodes `%` and the `special` (ASCII) characters of a URL component, so that
+/// [`decode`] gives `text` back.
+fn escape(text: &str, special: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for ch in text.chars() {
+        if ch == '%' || special.contains(ch) {
+            out.push_str(&format!("%{:02X}", u32::from(ch)));
+        } else {
+            out.push(ch);
+        }
+    }
+    out
 }
 
 /// Percent-decodes a URL component.

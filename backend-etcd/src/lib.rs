@@ -47,6 +47,8 @@ mod backend;
 mod client;
 mod config;
 mod keys;
+#[cfg(test)]
+mod prop_tests;
 mod queue;
 
 pub use backend::{EtcdBackend, guarantees};

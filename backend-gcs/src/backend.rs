@@ -9,16 +9,11 @@ use lockcore::{
 };
 
 use crate::client::{Answer, GcsClient, Preconditions, Reply};
-use crate::config::GcsConfig;
+use crate::config::{GcsConfig, MIN_REFRESH_INTERVAL};
 use crate::object::{self, LockObject};
 
-/// The shortest refresh interval real GCS sustains: about one mutation per second per
-/// object name.
-pub const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
-
 const NOTES: &str = "Real GCS sustains about one mutation per second per object, so the \
-refresh interval must be at least 1 s (check options with backend_gcs::validate_options); \
-each call costs tens of milliseconds. Expiry is judged by comparing the object's `updated` \
+refresh interval must be at least 1 s (the Locker refuses shorter ones); each call costs tens of milliseconds. Expiry is judged by comparing the object's `updated` \
 plus its TTL with the server's one-second-resolution Date header, so a lapsed lock is taken \
 over up to 2 s after its TTL.";
 
@@ -44,16 +39,22 @@ pub fn default_options() -> LockOptions {
 }
 
 /// Checks `options` against real GCS's limits: lockcore's own rules, plus a refresh
-/// interval of at least [`MIN_REFRESH_INTERVAL`].
+/// interval of at least [`MIN_REFRESH_INTERVAL`]. A [`Locker`](lockcore::Locker) on a
+/// [`GcsBackend`] runs the same check (with the backend's configured minimum) before every
+/// acquisition; call this to check options up front.
 ///
 /// # Errors
 /// [`InvalidInput`](lockcore::ErrorKind::InvalidInput) when they break either.
 pub fn validate_options(options: &LockOptions) -> Result<()> {
     options.validate()?;
-    if options.refresh_interval() < MIN_REFRESH_INTERVAL {
+    check_refresh(options, MIN_REFRESH_INTERVAL)
+}
+
+fn check_refresh(options: &LockOptions, min: Duration) -> Result<()> {
+    if options.refresh_interval() < min {
         return Err(Error::invalid_input(format!(
-            "refresh interval {:?} is below GCS's ~1 mutation/s per object; use a TTL of at \
-             least 8 s or set the interval to 1 s or more",
+            "refresh interval {:?} is below {min:?}, GCS's ~1 mutation/s per object; use a \
+             TTL of at least 8 s or set the interval to 1 s or more",
             options.refresh_interval()
         )));
     }
@@ -249,6 +250,10 @@ fn no_bucket() -> Error {
 impl LockBackend for GcsBackend {
     fn backend_name(&self) -> &str {
         "gcs"
+    }
+
+    fn check_options(&self, options: &LockOptions) -> Result<()> {
+        check_refresh(options, self.config().min_refresh_interval())
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {

@@ -8,6 +8,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde_json::{Value, json};
 
+use crate::auth::Authorizer;
 use crate::config::GcsConfig;
 use crate::object::LockObject;
 
@@ -78,6 +79,7 @@ impl Preconditions {
 pub(crate) struct GcsClient {
     http: reqwest::Client,
     config: GcsConfig,
+    auth: std::sync::Arc<Authorizer>,
 }
 
 impl GcsClient {
@@ -94,7 +96,12 @@ impl GcsClient {
                     format!("cannot build the HTTP client: {e}"),
                 )
             })?;
-        Ok(Self { http, config })
+        let auth = Authorizer::new(config.auth().clone(), config.timeout())?;
+        Ok(Self {
+            http,
+            config,
+            auth: std::sync::Arc::new(auth),
+        })
     }
 
     pub(crate) fn config(&self) -> &GcsConfig {
@@ -189,7 +196,7 @@ impl GcsClient {
     }
 
     async fn send(&self, mut request: RequestBuilder, call: Call) -> Result<Answer> {
-        if let Some(token) = self.config.token() {
+        if let Some(token) = self.auth.bearer().await? {
             request = request.bearer_auth(token);
         }
         let response = request

@@ -1,9 +1,11 @@
-//! [`GcsConfig`]: bucket, prefix, endpoint, token and timeout, from a `gs://` URL.
+//! [`GcsConfig`]: bucket, prefix, endpoint, auth and timeout, from a `gs://` URL.
 
 use std::fmt;
 use std::time::Duration;
 
 use lockcore::{Error, LockName, Result};
+
+use crate::auth::GcsAuth;
 
 /// The public GCS JSON API endpoint.
 pub const DEFAULT_ENDPOINT: &str = "https://storage.googleapis.com";
@@ -15,6 +17,9 @@ pub const MAX_OBJECT_NAME_LEN: usize = 1024;
 pub const EMULATOR_ENV: &str = "STORAGE_EMULATOR_HOST";
 /// Environment variable holding an OAuth2 bearer token for real GCS.
 pub const TOKEN_ENV: &str = "GCS_ACCESS_TOKEN";
+/// The shortest refresh interval real GCS sustains: about one mutation per second per
+/// object.
+pub const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Where the lock objects live and how to reach them.
 ///
@@ -25,12 +30,14 @@ pub struct GcsConfig {
     bucket: String,
     prefix: String,
     timeout: Duration,
-    token: Option<String>,
+    auth: GcsAuth,
+    min_refresh: Duration,
 }
 
 impl GcsConfig {
     /// A configuration for `bucket` on real GCS with an empty prefix, reading
-    /// [`EMULATOR_ENV`] and [`TOKEN_ENV`] from the environment.
+    /// [`EMULATOR_ENV`] and [`TOKEN_ENV`] from the environment. Auth: none with an
+    /// emulator, else the token in [`TOKEN_ENV`] when set, else [`GcsAuth::Google`].
     ///
     /// # Errors
     /// [`InvalidInput`](lockcore::ErrorKind::InvalidInput) for a bad bucket name.
@@ -44,7 +51,8 @@ impl GcsConfig {
             bucket,
             prefix: String::new(),
             timeout: DEFAULT_TIMEOUT,
-            token: if emulator.is_some() { None } else { token },
+            auth: token.map_or(GcsAuth::Google, GcsAuth::AccessToken),
+            min_refresh: MIN_REFRESH_INTERVAL,
         };
         match emulator {
             Some(host) => config.with_endpoint(&host),
@@ -52,15 +60,17 @@ impl GcsConfig {
         }
     }
 
-    /// Parses `gs://bucket/prefix[?endpoint=http://host:port&timeout_ms=N]`.
+    /// Parses `gs://bucket/prefix[?endpoint=URL&auth=MODE&credentials=PATH&timeout_ms=N]`.
     ///
     /// The object of lock `name` is `prefix + name` (`gs://b/locks/` gives `locks/NAME`).
     /// An `endpoint` parameter (or [`EMULATOR_ENV`]) points at an emulator, without auth.
+    /// `auth` overrides the auth mode: `none`, `google` (the credential chain), or `token`
+    /// (the token in [`TOKEN_ENV`]); `credentials=PATH` uses a service-account key file.
     /// Unknown parameters are rejected.
     ///
     /// # Errors
     /// [`InvalidInput`](lockcore::ErrorKind::InvalidInput) for another scheme, a bad bucket,
-    /// prefix or parameter.
+    /// prefix or parameter, or `auth=token` without [`TOKEN_ENV`].
     pub fn from_url(url: &str) -> Result<Self> {
         let rest = url
             .trim()
@@ -68,33 +78,45 @@ impl GcsConfig {
             .ok_or_else(|| Error::invalid_input("a GCS URL starts with gs://"))?;
         let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
         let (bucket, prefix) = path.split_once('/').unwrap_or((path, ""));
+        if bucket.contains(['@', ':']) {
+            // Not echoed: it is most likely `user:password@bucket`, or a password with a
+            // raw `/` cut at that `/`.
+            return Err(Error::invalid_input(
+                "a gs:// URL carries no user or password; credentials come from \
+                 GOOGLE_APPLICATION_CREDENTIALS, gcloud, the metadata server or \
+                 credentials=PATH",
+            ));
+        }
         let prefix = percent_encoding::percent_decode_str(prefix)
             .decode_utf8()
             .map_err(|_| Error::invalid_input("the prefix is not UTF-8"))?;
         let mut config = Self::new(bucket)?.with_prefix(prefix)?;
+        let mut auth = None;
         for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
-            config = match &*key {
-                "endpoint" => config.with_endpoint(&value)?,
-                "timeout_ms" => match value.parse::<u64>() {
-                    Ok(ms) if ms > 0 => config.with_timeout(Duration::from_millis(ms)),
-                    _ => {
-                        return Err(Error::invalid_input(
-                            "timeout_ms must be a positive integer",
-                        ));
-                    }
-                },
+            match &*key {
+                "endpoint" => config = config.with_endpoint(&value)?,
+                "timeout_ms" => config = config.with_timeout(parse_timeout(&value)?),
+                "auth" => auth = Some(parse_auth(&value)?),
+                "credentials" if !value.is_empty() => {
+                    auth = Some(GcsAuth::ServiceAccountKey(value.into_owned().into()));
+                }
                 other => {
                     return Err(Error::invalid_input(format!(
-                        "unknown GCS URL parameter {other:?} (known: endpoint, timeout_ms)"
+                        "unknown or empty GCS URL parameter {other:?} (known: endpoint, auth, \
+                         credentials, timeout_ms)"
                     )));
                 }
-            };
+            }
         }
-        Ok(config)
+        Ok(match auth {
+            Some(auth) => config.with_auth(auth),
+            None => config,
+        })
     }
 
     /// Talks to `endpoint` (`http://127.0.0.1:4443`, or `host:port` as in
-    /// `STORAGE_EMULATOR_HOST`) without auth, instead of real GCS.
+    /// `STORAGE_EMULATOR_HOST`) instead of real GCS, and sets auth to [`GcsAuth::None`]
+    /// (call [`with_auth`](Self::with_auth) afterwards for an endpoint that needs auth).
     ///
     /// # Errors
     /// [`InvalidInput`](lockcore::ErrorKind::InvalidInput) when it is not an HTTP(S) URL.
@@ -112,8 +134,13 @@ impl GcsConfig {
                 "a GCS endpoint is an http(s)://host[:port] URL",
             ));
         }
+        if !parsed.username().is_empty() || parsed.password().is_some() {
+            return Err(Error::invalid_input(
+                "a GCS endpoint carries no user or password; use auth= or credentials=",
+            ));
+        }
         self.endpoint = endpoint;
-        self.token = None;
+        self.auth = GcsAuth::None;
         Ok(self)
     }
 
@@ -137,9 +164,22 @@ impl GcsConfig {
         self
     }
 
-    /// Sends `Authorization: Bearer <token>` with every request.
-    pub fn with_access_token(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(token.into());
+    /// Sends `Authorization: Bearer <token>` with every request, as given.
+    pub fn with_access_token(self, token: impl Into<String>) -> Self {
+        self.with_auth(GcsAuth::AccessToken(token.into()))
+    }
+
+    /// Sets how requests authenticate.
+    pub fn with_auth(mut self, auth: GcsAuth) -> Self {
+        self.auth = auth;
+        self
+    }
+
+    /// Sets the shortest refresh interval lock options may ask for (default
+    /// [`MIN_REFRESH_INTERVAL`], real GCS's per-object mutation rate). Lower it only for a
+    /// test server without that limit.
+    pub fn with_min_refresh_interval(mut self, interval: Duration) -> Self {
+        self.min_refresh = interval;
         self
     }
 
@@ -163,8 +203,14 @@ impl GcsConfig {
         self.timeout
     }
 
-    pub(crate) fn token(&self) -> Option<&str> {
-        self.token.as_deref()
+    /// How requests authenticate.
+    pub fn auth(&self) -> &GcsAuth {
+        &self.auth
+    }
+
+    /// The shortest refresh interval lock options may ask for.
+    pub fn min_refresh_interval(&self) -> Duration {
+        self.min_refresh
     }
 
     /// The object name of lock `name`: `prefix + name`, checked against GCS's rules.
@@ -176,6 +222,30 @@ impl GcsConfig {
         let object = format!("{}{}", self.prefix, name.as_str());
         validate_object_name(&object)?;
         Ok(object)
+    }
+}
+
+fn parse_timeout(value: &str) -> Result<Duration> {
+    match value.parse::<u64>() {
+        Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
+        _ => Err(Error::invalid_input(
+            "timeout_ms must be a positive integer",
+        )),
+    }
+}
+
+fn parse_auth(value: &str) -> Result<GcsAuth> {
+    match value {
+        "none" => Ok(GcsAuth::None),
+        "google" => Ok(GcsAuth::Google),
+        "token" => std::env::var(TOKEN_ENV)
+            .ok()
+            .filter(|t| !t.is_empty())
+            .map(GcsAuth::AccessToken)
+            .ok_or_else(|| Error::invalid_input(format!("auth=token needs {TOKEN_ENV} set"))),
+        other => Err(Error::invalid_input(format!(
+            "unknown GCS auth mode {other:?} (known: none, google, token; or credentials=PATH)"
+        ))),
     }
 }
 
@@ -208,6 +278,11 @@ fn validate_object_name(object: &str) -> Result<()> {
 /// GCS bucket naming rules, the common subset: 3–222 characters of lowercase letters,
 /// digits, `-`, `_` and `.`, starting and ending with a letter or digit.
 fn validate_bucket(bucket: &str) -> Result<()> {
+    if bucket.contains(['@', ':']) {
+        return Err(Error::invalid_input(
+            "a GCS bucket name has no '@' or ':' (and a gs:// URL no user or password)",
+        ));
+    }
     let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.".contains(c);
     let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
     if (3..=222).contains(&bucket.len())
@@ -240,7 +315,8 @@ impl fmt::Debug for GcsConfig {
             .field("bucket", &self.bucket)
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
-            .field("token", &self.token.as_ref().map(|_| "***"))
+            .field("auth", &self.auth)
+            .field("min_refresh", &self.min_refresh)
             .finish()
     }
 }
@@ -274,6 +350,10 @@ mod tests {
             "gs://b-ok/p?nope=1",
             "gs://b-ok/p?timeout_ms=0",
             "gs://b-ok/p?endpoint=ftp://x",
+            "gs://b-ok/p?auth=magic",
+            "gs://b-ok/p?credentials=",
+            "gs://u:pw@b-ok/p",
+            "gs://b-ok/p?endpoint=http://u:pw@127.0.0.1:1",
             "gs://b-ok/.well-known/acme-challenge/",
         ] {
             let err = GcsConfig::from_url(url).expect_err(url);
@@ -292,6 +372,24 @@ mod tests {
         let name = LockName::new("n".repeat(200)).unwrap();
         assert!(long.object_name(&name).is_err(), "over 1024 bytes");
         assert!(c.object_name(&LockName::new(".x").unwrap()).is_ok());
+    }
+
+    #[test]
+    fn auth_follows_the_endpoint_and_the_auth_parameters() {
+        let emulator = config("gs://bucket/p?endpoint=http://127.0.0.1:1");
+        assert_eq!(emulator.auth(), &GcsAuth::None);
+        let both = config("gs://bucket/p?auth=google&endpoint=http://127.0.0.1:1");
+        assert_eq!(
+            both.auth(),
+            &GcsAuth::Google,
+            "auth wins whatever the order"
+        );
+        let key = config("gs://bucket/p?credentials=/etc/anylock/key.json");
+        assert_eq!(
+            key.auth(),
+            &GcsAuth::ServiceAccountKey("/etc/anylock/key.json".into())
+        );
+        assert_eq!(config("gs://bucket/p?auth=none").auth(), &GcsAuth::None);
     }
 
     #[test]

@@ -9,11 +9,14 @@
 //!
 //! See `docs/gcs.md` for the algorithm, costs, auth and limits.
 //!
-//! # URLs
-//! `gs://bucket/prefix[?endpoint=http://host:port&timeout_ms=N]`. Without `endpoint`,
-//! `STORAGE_EMULATOR_HOST` (if set) names an emulator, talked to without auth; otherwise
-//! requests go to `https://storage.googleapis.com` with the bearer token in
-//! `GCS_ACCESS_TOKEN` (if set). `Debug`/`Display` never show the token.
+//! # URLs and auth
+//! `gs://bucket/prefix[?endpoint=URL&auth=none|google|token&credentials=PATH&timeout_ms=N]`.
+//! `endpoint` (or `STORAGE_EMULATOR_HOST`) names an emulator, talked to without auth.
+//! Otherwise requests go to `https://storage.googleapis.com` authenticated by
+//! [`GcsAuth`]: the token in `GCS_ACCESS_TOKEN` if set, else Google's credential chain
+//! through `gcp_auth` (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud application-default
+//! credentials, the metadata server, the gcloud CLI; feature `auth`, on by default).
+//! `Debug`/`Display` never show a token.
 //!
 //! # Example
 //! ```no_run
@@ -23,8 +26,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), lockcore::Error> {
 //! let backend = GcsBackend::from_url("gs://my-locks/app/")?;
-//! let options = backend_gcs::default_options();
-//! backend_gcs::validate_options(&options)?;
+//! let options = backend_gcs::default_options(); // TTL 5 min, refresh every 37 s
 //! let locker = Locker::new(Arc::new(backend)).with_options(options);
 //! let guard = locker.acquire("nightly-report").await?;
 //! println!("fence token {:?}", guard.fence_token());
@@ -32,16 +34,19 @@
 //! # Ok(()) }
 //! ```
 
+mod auth;
 mod backend;
 mod client;
 mod config;
 mod object;
+#[cfg(test)]
+mod prop_tests;
 
-pub use backend::{
-    GcsBackend, MIN_REFRESH_INTERVAL, default_options, guarantees, validate_options,
-};
+pub use auth::{GcsAuth, STORAGE_SCOPE};
+pub use backend::{GcsBackend, default_options, guarantees, validate_options};
 pub use config::{
-    DEFAULT_ENDPOINT, DEFAULT_TIMEOUT, EMULATOR_ENV, GcsConfig, MAX_OBJECT_NAME_LEN, TOKEN_ENV,
+    DEFAULT_ENDPOINT, DEFAULT_TIMEOUT, EMULATOR_ENV, GcsConfig, MAX_OBJECT_NAME_LEN,
+    MIN_REFRESH_INTERVAL, TOKEN_ENV,
 };
 pub use lockcore;
 

@@ -141,7 +141,14 @@ pub(crate) fn parse_rfc3339(text: &str) -> Option<SystemTime> {
         parts.next()?.ok()?,
         parts.next()?.ok()?,
     );
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || h > 23 || m > 59 || s > 60 {
+    // RFC 3339 years have four digits; larger ones would overflow the day arithmetic.
+    if !(0..=9999).contains(&year)
+        || !(1..=12).contains(&month)
+        || !(1..=31).contains(&day)
+        || h > 23
+        || m > 59
+        || s > 60
+    {
         return None;
     }
     if fraction.len() > 9 || !fraction.bytes().all(|b| b.is_ascii_digit()) {

@@ -54,7 +54,8 @@ impl LocalConfig {
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let rest = url
             .strip_prefix("local:")
-            .ok_or_else(|| Error::invalid_input(format!("not a local: URL: {url:?}")))?;
+            // Never echo the URL: another scheme's URL may carry a password.
+            .ok_or_else(|| Error::invalid_input("not a local: URL (expected local:PATH)"))?;
         let path = rest.strip_prefix("//").unwrap_or(rest);
         if path.contains('\0') {
             return Err(Error::invalid_input(
@@ -85,9 +86,13 @@ impl LocalConfig {
     }
 }
 
+/// Shows `local:PATH`, or `local://PATH` when the path itself starts with `//` (which
+/// parsing would otherwise strip), so the output parses back to the same path.
 impl fmt::Display for LocalConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "local:{}", self.path.display())
+        let path = self.path.display().to_string();
+        let slashes = if path.starts_with("//") { "//" } else { "" };
+        write!(f, "local:{slashes}{path}")
     }
 }
 

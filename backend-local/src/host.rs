@@ -99,7 +99,7 @@ fn read_stat(pid: u32) -> Option<(char, u64)> {
     parse_stat(&stat)
 }
 
-fn parse_stat(stat: &str) -> Option<(char, u64)> {
+pub(crate) fn parse_stat(stat: &str) -> Option<(char, u64)> {
     let rest = &stat[stat.rfind(')')? + 1..];
     let mut fields = rest.split_whitespace();
     let state = fields.next()?.chars().next()?;

@@ -24,6 +24,8 @@ mod backend;
 mod client;
 mod config;
 mod host;
+#[cfg(test)]
+mod prop_tests;
 
 pub use backend::{LocalBackend, guarantees};
 pub use config::{LocalConfig, SCHEME};

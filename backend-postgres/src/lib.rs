@@ -37,6 +37,8 @@ mod client;
 mod config;
 pub mod fenced;
 mod notify;
+#[cfg(test)]
+mod prop_tests;
 mod sql;
 mod url;
 

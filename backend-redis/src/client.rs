@@ -280,9 +280,9 @@ impl Node {
         let time = redis::cmd("TIME");
         let reply = tokio::time::timeout(self.timeout, time.query_async::<(u64, u64)>(&mut conn));
         match reply.await {
-            Ok(Ok((secs, micros))) => Ok(std::time::UNIX_EPOCH
-                + Duration::from_secs(secs)
-                + Duration::from_micros(micros)),
+            Ok(Ok((secs, micros))) => {
+                time_from_reply(secs, micros).ok_or_else(|| malformed(Call::Ping, &self.label))
+            }
             Ok(Err(err)) => Err(map_error(&err, Call::Ping, &self.label)),
             Err(_) => Err(timed_out(Call::Ping, &self.label, self.timeout)),
         }
@@ -369,7 +369,15 @@ impl Node {
     }
 }
 
-fn text(value: &Value) -> Option<String> {
+/// The server clock from a `TIME` reply (seconds and microseconds since the Unix epoch);
+/// `None` when no `SystemTime` can hold it.
+pub(crate) fn time_from_reply(secs: u64, micros: u64) -> Option<std::time::SystemTime> {
+    std::time::UNIX_EPOCH
+        .checked_add(Duration::from_secs(secs))?
+        .checked_add(Duration::from_micros(micros))
+}
+
+pub(crate) fn text(value: &Value) -> Option<String> {
     match value {
         Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
         Value::SimpleString(s) => Some(s.clone()),
@@ -378,7 +386,7 @@ fn text(value: &Value) -> Option<String> {
 }
 
 /// `false` (nil) → `Some(None)`; `{value, pttl}` → `Some(Some(..))`; anything else → `None`.
-fn decode_found(reply: Value) -> Option<Option<(String, i64)>> {
+pub(crate) fn decode_found(reply: Value) -> Option<Option<(String, i64)>> {
     match reply {
         Value::Nil | Value::Boolean(false) => Some(None),
         Value::Array(items) => match items.as_slice() {
@@ -389,7 +397,7 @@ fn decode_found(reply: Value) -> Option<Option<(String, i64)>> {
     }
 }
 
-fn decode_acquire(reply: Value) -> Option<AcquireReply> {
+pub(crate) fn decode_acquire(reply: Value) -> Option<AcquireReply> {
     let Value::Array(items) = reply else {
         return None;
     };

@@ -59,9 +59,17 @@ impl RedisConfig {
     ///
     /// # Errors
     /// [`InvalidInput`](lockcore::ErrorKind::InvalidInput) for a malformed URL, an unknown
-    /// parameter or a bad prefix; [`Config`](lockcore::ErrorKind::Config) for `rediss://`
-    /// without the `tls` feature.
+    /// parameter, a bad prefix or a Redlock node list; [`Config`](lockcore::ErrorKind::Config)
+    /// for `rediss://` without the `tls` feature.
     pub fn from_url(url: &str) -> Result<Self> {
+        // Read as one URL, a node list puts the later nodes' passwords in the query or
+        // fragment, where they would be echoed or displayed.
+        if url.contains(",redis://") || url.contains(",rediss://") {
+            return Err(invalid(
+                "a comma-separated list of node URLs is a Redlock configuration; \
+                 use RedlockConfig or a redlock:// URL",
+            ));
+        }
         let (node, params) = parse_node(url)?;
         let config = Self {
             node,

@@ -68,6 +68,8 @@ mod config;
 mod keys;
 mod node_url;
 mod notify;
+#[cfg(test)]
+mod prop_tests;
 mod redlock;
 
 use std::sync::Arc;

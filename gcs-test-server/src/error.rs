@@ -64,6 +64,20 @@ impl ApiError {
         )
     }
 
+    /// 401 for a request without a bearer token, with GCS's message.
+    pub(crate) fn anonymous_caller() -> Self {
+        Self::new(
+            401,
+            "required",
+            "Anonymous caller does not have storage.objects access to the Google Cloud Storage object.",
+        )
+    }
+
+    /// 401 for a bearer token the server never granted.
+    pub(crate) fn invalid_credentials() -> Self {
+        Self::new(401, "authError", "Invalid Credentials")
+    }
+
     /// 503: an injected server error.
     pub(crate) fn backend_error() -> Self {
         Self::new(503, "backendError", "Backend Error")

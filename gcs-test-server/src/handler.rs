@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::server::{RequestRecord, Shared};
-use crate::{admin, api};
+use crate::{admin, api, auth};
 
 /// A response body.
 pub(crate) type Body = Full<Bytes>;
@@ -45,6 +45,9 @@ pub(crate) async fn handle(
     };
     let mut response = if request.path.starts_with(admin::PREFIX) {
         admin::handle(&shared, &request)
+    } else if request.path == auth::TOKEN_PATH {
+        let url = format!("{}{}", shared.base_url, auth::TOKEN_PATH);
+        shared.auth().token(&request, &url)
     } else {
         api_request(&shared, &request).await
     };
@@ -63,8 +66,11 @@ async fn api_request(shared: &Shared, request: &ReadRequest) -> Response<Body> {
     if let Some(delay) = delay {
         tokio::time::sleep(delay).await;
     }
+    let denied = shared.auth().check(request).err();
     let response = if fail {
         error_response(&ApiError::backend_error())
+    } else if let Some(denied) = denied {
+        error_response(&denied)
     } else {
         api::route(shared, request)
     };

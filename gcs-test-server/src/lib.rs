@@ -7,7 +7,8 @@
 //! list, and bucket create/get; the four precondition parameters
 //! (`ifGenerationMatch`, `ifGenerationNotMatch`, `ifMetagenerationMatch`,
 //! `ifMetagenerationNotMatch`) with GCS's 412 and 404 behaviour; strictly
-//! increasing string-typed generations; a `Date` header on every response.
+//! increasing string-typed generations; a `Date` header on every response;
+//! optionally, OAuth2 bearer tokens granted by its own token endpoint.
 //! See `docs/gcs-test-server.md` for what it leaves out and how it differs
 //! from fake-gcs-server.
 //!
@@ -25,6 +26,7 @@
 
 mod admin;
 mod api;
+mod auth;
 mod error;
 mod fault;
 mod handler;

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
+use crate::auth::{AuthState, TOKEN_PATH};
 use crate::fault::{Clock, ClockOffset, Fault, RequestFaults};
 use crate::handler;
 use crate::store::Store;
@@ -42,6 +43,7 @@ pub(crate) struct Shared {
     pub(crate) faults: Mutex<RequestFaults>,
     pub(crate) log: Mutex<Vec<RequestRecord>>,
     pub(crate) clock: Clock,
+    pub(crate) auth: Mutex<AuthState>,
 }
 
 impl Shared {
@@ -79,6 +81,10 @@ impl Shared {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
+    }
+
+    pub(crate) fn auth(&self) -> std::sync::MutexGuard<'_, AuthState> {
+        self.auth.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     fn faults(&self) -> std::sync::MutexGuard<'_, RequestFaults> {
@@ -123,6 +129,7 @@ impl GcsTestServer {
             faults: Mutex::default(),
             log: Mutex::default(),
             clock: Clock::default(),
+            auth: Mutex::default(),
         });
         let accept = tokio::spawn(accept_loop(listener, Arc::clone(&shared)));
         Ok(Self {
@@ -168,6 +175,61 @@ impl GcsTestServer {
     /// header and new generations) relative to the machine's.
     pub fn set_clock_offset(&self, offset: ClockOffset) {
         self.shared.clock.set(offset);
+    }
+
+    /// From now on, API requests need `Authorization: Bearer <token>` with a
+    /// token granted by [`token_url`](Self::token_url) or passed to
+    /// [`allow_token`](Self::allow_token); others get GCS's 401.
+    pub fn require_auth(&self) {
+        self.shared.auth().required = true;
+    }
+
+    /// Accepts `token` as a bearer token (a static token, as from
+    /// `gcloud auth print-access-token`).
+    pub fn allow_token(&self, token: &str) {
+        self.shared.auth().tokens.insert(token.to_owned());
+    }
+
+    /// The OAuth2 token endpoint's URL, for a service-account key's
+    /// `token_uri`.
+    pub fn token_url(&self) -> String {
+        format!("{}{TOKEN_PATH}", self.shared.base_url)
+    }
+
+    /// A service-account key file's JSON whose `token_uri` is this server's
+    /// token endpoint, with a fresh 2048-bit RSA key made by the `openssl`
+    /// command (which must be on `PATH`).
+    ///
+    /// # Panics
+    /// When `openssl` is missing or fails (a test-environment failure).
+    pub fn service_account_key_json(&self) -> String {
+        let out = std::process::Command::new("openssl")
+            .args([
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+            ])
+            .output()
+            .expect("run openssl (scripts/servers install installs it)");
+        assert!(out.status.success(), "openssl genpkey failed");
+        let pem = String::from_utf8(out.stdout).expect("PEM is ASCII");
+        json!({
+            "type": "service_account",
+            "project_id": "anylock-test",
+            "private_key_id": "0123456789abcdef",
+            "private_key": pem,
+            "client_email": "locks@anylock-test.iam.gserviceaccount.com",
+            "client_id": "1",
+            "token_uri": self.token_url(),
+        })
+        .to_string()
+    }
+
+    /// How many tokens the token endpoint has granted.
+    pub fn tokens_granted(&self) -> u64 {
+        self.shared.auth().granted
     }
 
     /// Every API request so far, in the order they completed.

@@ -71,10 +71,15 @@ impl Backoff {
     pub fn delay(&self, attempt: u32, unit: f64) -> Duration {
         let factor = 2u32.saturating_pow(attempt.min(31));
         let ceiling = self.base.saturating_mul(factor).min(self.cap);
-        let unit = unit.clamp(0.0, 1.0);
+        // NaN counts as 0; `scale` keeps float rounding near `Duration::MAX` from panicking.
+        let unit = if unit.is_nan() {
+            0.0
+        } else {
+            unit.clamp(0.0, 1.0)
+        };
         match self.jitter {
-            Jitter::Full => ceiling.mul_f64(unit),
-            Jitter::Equal => ceiling / 2 + (ceiling / 2).mul_f64(unit),
+            Jitter::Full => scale(ceiling, unit),
+            Jitter::Equal => ceiling / 2 + scale(ceiling / 2, unit),
             Jitter::None => ceiling,
         }
     }
@@ -104,6 +109,13 @@ impl Backoff {
         }
         Ok(())
     }
+}
+
+/// `duration × unit` for `unit` in `[0, 1]`, never more than `duration`.
+fn scale(duration: Duration, unit: f64) -> Duration {
+    Duration::try_from_secs_f64(duration.as_secs_f64() * unit)
+        .unwrap_or(duration)
+        .min(duration)
 }
 
 /// SplitMix64: a tiny, fast, seedable generator for jitter (not for secrets).

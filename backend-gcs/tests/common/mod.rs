@@ -11,12 +11,27 @@ use gcs_test_server::GcsTestServer;
 use lockcore::Identity;
 use serde_json::{Value, json};
 
-/// A test server with one bucket and a random prefix.
+/// A test server with one bucket and a random prefix; the bucket's helpers (`Bucket`)
+/// are reachable through `Deref`.
 pub struct Gcs {
     pub server: GcsTestServer,
+    objects: Bucket,
+}
+
+/// A bucket and object prefix on any JSON-API endpoint (the test server or
+/// fake-gcs-server), with a backend for it and raw operator calls that bypass it.
+pub struct Bucket {
+    pub url: String,
     pub bucket: String,
     pub prefix: String,
     http: reqwest::Client,
+}
+
+impl std::ops::Deref for Gcs {
+    type Target = Bucket;
+    fn deref(&self) -> &Bucket {
+        &self.objects
+    }
 }
 
 impl Gcs {
@@ -33,10 +48,18 @@ impl Gcs {
         // Building a backend first installs the rustls crypto provider that a plain
         // `reqwest::Client` needs under the `tls` feature.
         drop(GcsBackend::from_url("gs://provider-warmup").expect("backend"));
+        let objects = Bucket::new(&server.url(), &bucket, &format!("locks-{nanos}/"));
+        Self { server, objects }
+    }
+}
+
+impl Bucket {
+    /// Helpers for objects under `prefix` in `bucket` at `url`.
+    pub fn new(url: &str, bucket: &str, prefix: &str) -> Self {
         Self {
-            server,
-            bucket,
-            prefix: format!("locks-{nanos}/"),
+            url: url.to_owned(),
+            bucket: bucket.to_owned(),
+            prefix: prefix.to_owned(),
             http: reqwest::Client::new(),
         }
     }
@@ -47,21 +70,20 @@ impl Gcs {
             .and_then(|c| c.with_endpoint(endpoint))
             .and_then(|c| c.with_prefix(&self.prefix))
             .expect("valid config")
-            .with_timeout(Duration::from_secs(5));
+            .with_timeout(Duration::from_secs(5))
+            // The test server has no mutation rate limit unless a test injects one, and
+            // the conformance TTL of 3 s refreshes every 375 ms.
+            .with_min_refresh_interval(Duration::from_millis(100));
         GcsBackend::new(config).expect("backend")
     }
 
     pub fn backend(&self) -> GcsBackend {
-        self.backend_at(&self.server.url())
+        self.backend_at(&self.url)
     }
 
     fn object_url(&self, name: &str) -> String {
         let object = format!("{}{name}", self.prefix).replace('/', "%2F");
-        format!(
-            "{}/storage/v1/b/{}/o/{object}",
-            self.server.url(),
-            self.bucket
-        )
+        format!("{}/storage/v1/b/{}/o/{object}", self.url, self.bucket)
     }
 
     /// The object resource, or `None` on 404.
@@ -104,8 +126,7 @@ impl Gcs {
         );
         let url = format!(
             "{}/upload/storage/v1/b/{}/o?uploadType=multipart",
-            self.server.url(),
-            self.bucket
+            self.url, self.bucket
         );
         let response = self
             .http
@@ -123,7 +144,7 @@ impl Gcs {
     }
 }
 
-impl Gcs {
+impl Bucket {
     /// Patches the object's metadata without preconditions (bumps metageneration).
     pub async fn raw_patch(&self, name: &str, metadata: Value) {
         let response = self

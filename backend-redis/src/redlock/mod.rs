@@ -1,6 +1,6 @@
 //! [`RedlockBackend`]: seed 001's Redlock over N independent Redis nodes.
 
-mod quorum;
+pub(crate) mod quorum;
 
 use std::fmt;
 use std::future::Future;

@@ -1,0 +1,178 @@
+//! OAuth2 for tests: a token endpoint that grants bearer tokens for a
+//! service-account JWT assertion, and (when required) a bearer-token check on
+//! every API request, so a client's real auth flow runs end to end.
+//!
+//! `POST /token` takes the form Google's endpoint takes
+//! (`grant_type=urn:ietf:params:oauth:grant-type:jwt-bearer&assertion=JWT`)
+//! and checks the assertion's claims: `iss`, a storage or cloud-platform
+//! `scope`, `aud` equal to this endpoint's URL, and `iat < exp <= iat + 1 h`.
+//! It does not verify the signature: the server never sees the public key.
+//! With auth required, API requests without a granted (or allowed) bearer
+//! token get GCS's 401.
+
+use std::collections::HashSet;
+
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use hyper::{Method, Response, StatusCode};
+use serde_json::{Value, json};
+
+use crate::error::ApiError;
+use crate::handler::{Body, ReadRequest, json_response};
+
+/// The token endpoint's path.
+pub(crate) const TOKEN_PATH: &str = "/token";
+/// How long a granted token lives, as Google reports it.
+const EXPIRES_IN: u64 = 3599;
+const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
+
+/// Which bearer tokens the server accepts, and whether it asks for one.
+#[derive(Debug, Default)]
+pub(crate) struct AuthState {
+    pub(crate) required: bool,
+    pub(crate) tokens: HashSet<String>,
+    pub(crate) granted: u64,
+}
+
+impl AuthState {
+    /// `Ok` when the request may proceed; GCS's 401 otherwise.
+    pub(crate) fn check(&self, request: &ReadRequest) -> Result<(), ApiError> {
+        if !self.required {
+            return Ok(());
+        }
+        let header = request
+            .headers
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        match header.and_then(|h| h.strip_prefix("Bearer ")) {
+            None => Err(ApiError::anonymous_caller()),
+            Some(token) if self.tokens.contains(token) => Ok(()),
+            Some(_) => Err(ApiError::invalid_credentials()),
+        }
+    }
+
+    /// Answers `POST /token`: grants a fresh token for a well-formed assertion.
+    pub(crate) fn token(&mut self, request: &ReadRequest, token_url: &str) -> Response<Body> {
+        if request.method != Method::POST {
+            return oauth_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request",
+                "POST only",
+            );
+        }
+        let form: Vec<(String, String)> = form_urlencoded::parse(&request.body)
+            .map(|(k, v)| (k.into_owned(), v.into_owned()))
+            .collect();
+        let field = |name: &str| {
+            form.iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        if field("grant_type") != Some(JWT_BEARER) {
+            return oauth_error(
+                StatusCode::BAD_REQUEST,
+                "unsupported_grant_type",
+                "Invalid grant_type",
+            );
+        }
+        let checked = field("assertion").map(|a| check_claims(a, token_url));
+        match checked {
+            Some(Ok(())) => {}
+            Some(Err(why)) => return oauth_error(StatusCode::BAD_REQUEST, "invalid_grant", &why),
+            None => {
+                return oauth_error(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request",
+                    "Missing assertion",
+                );
+            }
+        }
+        self.granted += 1;
+        let token = format!("gcs-test-token-{}", self.granted);
+        self.tokens.insert(token.clone());
+        json_response(
+            StatusCode::OK,
+            &json!({ "access_token": token, "expires_in": EXPIRES_IN, "token_type": "Bearer" }),
+        )
+    }
+}
+
+/// `Ok` when the assertion's claims are what Google's endpoint requires.
+fn check_claims(assertion: &str, token_url: &str) -> Result<(), String> {
+    let mut parts = assertion.split('.');
+    let (Some(_header), Some(payload), Some(_signature), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err("the assertion is not a signed JWT (header.payload.signature)".to_owned());
+    };
+    let bytes = URL_SAFE_NO_PAD
+        .decode(payload.trim_end_matches('='))
+        .map_err(|e| format!("the JWT payload is not base64url: {e}"))?;
+    let claims: Value =
+        serde_json::from_slice(&bytes).map_err(|e| format!("the JWT payload is not JSON: {e}"))?;
+    let text = |key: &str| claims.get(key).and_then(Value::as_str).unwrap_or_default();
+    let number = |key: &str| claims.get(key).and_then(Value::as_u64);
+    if text("iss").is_empty() {
+        return Err("the JWT has no iss claim".to_owned());
+    }
+    let scope = text("scope");
+    if !scope.contains("devstorage") && !scope.contains("cloud-platform") {
+        return Err(format!("scope {scope:?} grants no storage access"));
+    }
+    if text("aud") != token_url {
+        return Err(format!("aud {:?} is not {token_url:?}", text("aud")));
+    }
+    match (number("iat"), number("exp")) {
+        (Some(iat), Some(exp)) if iat < exp && exp <= iat + 3600 => Ok(()),
+        _ => Err("iat and exp must satisfy iat < exp <= iat + 3600".to_owned()),
+    }
+}
+
+fn oauth_error(status: StatusCode, error: &str, description: &str) -> Response<Body> {
+    json_response(
+        status,
+        &json!({ "error": error, "error_description": description }),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const URL: &str = "http://127.0.0.1:1/token";
+
+    fn jwt(claims: &Value) -> String {
+        let payload = URL_SAFE_NO_PAD.encode(claims.to_string());
+        format!("e30.{payload}.c2ln")
+    }
+
+    fn good() -> Value {
+        json!({
+            "iss": "sa@p.iam.gserviceaccount.com",
+            "scope": "https://www.googleapis.com/auth/devstorage.read_write",
+            "aud": URL, "iat": 1000, "exp": 4600
+        })
+    }
+
+    #[test]
+    fn accepts_a_well_formed_assertion() {
+        assert!(check_claims(&jwt(&good()), URL).is_ok());
+    }
+
+    #[test]
+    fn rejects_each_broken_claim() {
+        for (key, value) in [
+            ("iss", json!("")),
+            ("scope", json!("https://www.googleapis.com/auth/bigquery")),
+            ("aud", json!("https://oauth2.googleapis.com/token")),
+            ("exp", json!(999)),
+            ("exp", json!(4601)),
+        ] {
+            let mut c = good();
+            c[key] = value;
+            assert!(check_claims(&jwt(&c), URL).is_err(), "{key}");
+        }
+        assert!(check_claims("only.two", URL).is_err());
+        assert!(check_claims("a.!!!.c", URL).is_err());
+    }
+}
