@@ -194,23 +194,31 @@ impl Driver {
         }
     }
 
+    /// After `Lost`, never releases on the holder's behalf: the application may still be
+    /// finishing a step it started while `is_held()` said yes, and releasing now would hand
+    /// the lock over under it (the reliability harness caught exactly that after a client
+    /// clock jump). The lease stays until the application releases or drops the guard
+    /// (then a compare-and-delete, safe even if someone else holds the lock by now) or
+    /// until it expires on the server.
     async fn after_lost(mut self, reason: LostReason) {
         self.shared.cancel.cancel();
         let lease = self.shared.lease();
-        if reason.may_still_be_held() {
-            // Compare-and-delete: safe even if someone else holds the lock by now.
-            let _ = self.release_bounded(&lease).await;
+        let cmd = self.commands.recv().await;
+        let released = if reason.may_still_be_held() {
+            self.release_bounded(&lease).await
+        } else {
+            Ok(())
+        };
+        if let Err(err) = &released {
+            tracing::debug!(error = %err, "release after a lost lease failed; it expires by its TTL");
         }
-        while let Some(cmd) = self.commands.recv().await {
-            if let Command::Release(reply) = cmd {
-                let mut err = Error::lost(format!("the lease was lost before release: {reason}"))
-                    .in_context(self.backend.backend_name(), lease.name());
-                if matches!(reason, LostReason::TooManyFailures { .. }) {
-                    err = err.with_status(RetryStatus::Persistent);
-                }
-                let _ = reply.send(Err(err));
-                return;
+        if let Some(Command::Release(reply)) = cmd {
+            let mut err = Error::lost(format!("the lease was lost before release: {reason}"))
+                .in_context(self.backend.backend_name(), lease.name());
+            if matches!(reason, LostReason::TooManyFailures { .. }) {
+                err = err.with_status(RetryStatus::Persistent);
             }
+            let _ = reply.send(Err(err));
         }
     }
 

@@ -51,6 +51,29 @@ async fn a_forward_jump_past_the_validity_turns_the_guard_lost() {
     assert_eq!(guard.remaining_validity(), ms(0));
 }
 
+/// A forward jump turns the guard Lost, but the library does not release the lock on the
+/// holder's behalf: the holder may be finishing a write it started while `is_held()` was
+/// true, so a rival must wait for the server's expiry or the holder's own release. The
+/// reliability harness caught the earlier behaviour (release at once on Lost) handing the
+/// lock over under an in-flight write.
+#[tokio::test(start_paused = true)]
+async fn a_lost_guard_is_not_released_until_the_holder_lets_go() {
+    let (rig, control) = rig_with_clock();
+    let guard = rig.locker.acquire("job").await.expect("free");
+    control.jump_forward(ms(10_000));
+    guard.lost().await;
+    tokio::time::sleep(ms(100)).await;
+    let rival = rig.rival();
+    assert!(
+        rival.try_acquire("job").await.expect("ok").is_none(),
+        "still held on the server"
+    );
+    drop(guard);
+    tokio::time::sleep(ms(1)).await;
+    let taken = rival.try_acquire("job").await.expect("ok");
+    assert!(taken.is_some(), "free once the holder dropped its guard");
+}
+
 /// Without jumps an adjustable clock behaves exactly like the runtime's.
 #[tokio::test(start_paused = true)]
 async fn an_unmoved_adjustable_clock_refreshes_on_schedule() {
