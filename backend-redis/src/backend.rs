@@ -17,9 +17,9 @@ use crate::keys::{self, LockKeys, StoredValue};
 const NOTES: &str = "One Redis node keeps the lock in memory: a crash or restart without \
     appendfsync=always, or a failover to an asynchronously replicated replica, can forget a \
     held lock and grant it twice. Fence tokens come from a counter key that is never \
-    deleted, so they rise strictly while the node keeps its data; a counter lost in a crash \
-    restarts lower, which makes a resource that checks tokens reject the new holder (safe, \
-    but it needs an operator). Expiry is decided by the server's clock. Good for efficiency \
+    deleted; a missing counter starts at the server clock in microseconds, so tokens keep \
+    rising even across a restart that forgot the counter, and a resource that checks them \
+    rejects the forgotten holder. Expiry is decided by the server's clock. Good for efficiency \
     locks; for correctness locks, have the protected resource check the fence token.";
 
 /// The lock on one Redis server (seed 001's single-instance algorithm, plus fencing).

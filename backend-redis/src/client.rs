@@ -20,7 +20,11 @@ use crate::notify::Notifier;
 /// Takes the lock if it is free or already ours (same owner: a retake with a new grant).
 ///
 /// The fence counter is incremented only when a grant is made and never deleted, so tokens
-/// keep rising across releases and expiries. Redlock passes no counter key: token `0`.
+/// keep rising across releases and expiries. A counter that does not exist (a new name, or
+/// one a restart without persistence forgot) starts at the server's clock in microseconds,
+/// so tokens keep rising across such a restart too: a forgotten counter would otherwise
+/// restart at 1 and hand out tokens a live holder still uses. Redlock passes no counter
+/// key: token `0`.
 pub(crate) const ACQUIRE_LUA: &str = r"
 -- KEYS[1] lock key; KEYS[2] fence counter (single instance only)
 -- ARGV[1] TTL in ms; ARGV[2] owner; ARGV[3] value suffix ':<unix ms>:<nonce>:<owner>'
@@ -31,6 +35,12 @@ end
 local token = 0
 if KEYS[2] then
   token = redis.call('INCR', KEYS[2])
+  if token == 1 then
+    local now = redis.call('TIME')
+    local seed = now[1] .. string.rep('0', 6 - #now[2]) .. now[2]
+    redis.call('SET', KEYS[2], seed)
+    token = tonumber(seed)
+  end
 end
 local value = string.format('%d', token) .. ARGV[3]
 if current then

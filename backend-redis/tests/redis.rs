@@ -75,6 +75,16 @@ async fn each_operation_is_one_command_on_the_server() {
     backend.break_lock(warm.name()).await.expect("break");
 
     let req = request("counted", &me);
+    // The first grant of a name also seeds its fence counter from the server clock.
+    let first = [
+        ("evalsha", 1),
+        ("get", 1),
+        ("incr", 1),
+        ("time", 1),
+        ("set", 2),
+    ];
+    let seeded = assert_commands(stats, "first acquire", &first, take(&backend, &req)).await;
+    backend.release(&seeded).await.expect("release");
     let acquire = [("evalsha", 1), ("get", 1), ("incr", 1), ("set", 1)];
     let lease = assert_commands(stats, "acquire", &acquire, take(&backend, &req)).await;
     let refresh = [("evalsha", 1), ("get", 1), ("pexpire", 1)];
@@ -510,6 +520,37 @@ async fn break_lock_removes_the_holder_and_keeps_tokens_rising() {
         "fencing went back"
     );
     next.release().await.expect("release");
+}
+
+/// A server that forgets everything (a restart without persistence, here `FLUSHALL` on a
+/// private server) must not hand out a fence token a live holder still uses: the counter
+/// restarts at the server clock in microseconds, above every token it gave before. The
+/// reliability harness found the old counter restarting at 1 and a fenced resource then
+/// accepting the forgotten holder's stale write (RELIABILITY.md, `redis-restart`).
+#[tokio::test]
+async fn fence_tokens_keep_rising_when_the_server_forgets_its_data() {
+    if common::redis_url().is_none() {
+        return;
+    }
+    let server = common::PrivateRedis::start().await;
+    let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
+    let me = Identity::unique();
+    let held = take(&backend, &request("forgotten", &me)).await;
+    let mut admin = common::admin(&server.url()).await;
+    redis::cmd("FLUSHALL")
+        .query_async::<()>(&mut admin)
+        .await
+        .expect("FLUSHALL");
+    let after = take(&backend, &request("forgotten", &Identity::unique())).await;
+    assert!(
+        after.token() > held.token(),
+        "{:?} after {:?}: a stale holder's token would be accepted",
+        after.token(),
+        held.token()
+    );
+    backend.release(&after).await.expect("release");
+    let next = take(&backend, &request("forgotten", &me)).await;
+    assert!(next.token() > after.token(), "and keeps rising by INCR");
 }
 
 /// `rediss://` works end to end (a private TLS-only server with a self-signed certificate,
