@@ -66,18 +66,27 @@ pub(crate) fn connect_options(url: &Url, redacted: &str) -> Result<PgConnectOpti
     })
 }
 
-/// The URL with the password (in the user info or a `password` parameter) replaced.
+/// Query parameters whose values are hidden, matched without regard to case (a user may
+/// write `PASSWORD=`, which the driver ignores but the message would still show).
+/// The same names as `anylock::redact` hides.
+const SECRET_PARAMS: &[&str] = &["password", "pass", "token", "secret", "key", "sslpassword"];
+
+fn is_secret(key: &str) -> bool {
+    SECRET_PARAMS.iter().any(|s| key.eq_ignore_ascii_case(s))
+}
+
+/// The URL with the password (in the user info or a secret-looking parameter) replaced.
 pub(crate) fn redact(url: &Url) -> String {
     let mut shown = url.clone();
     if shown.password().is_some() {
         // Fails only for URLs that cannot carry a password at all.
         let _ = shown.set_password(Some("***"));
     }
-    if url.query_pairs().any(|(k, _)| k == "password") {
+    if url.query_pairs().any(|(k, _)| is_secret(&k)) {
         let pairs: Vec<(String, String)> = url
             .query_pairs()
             .map(|(k, v)| {
-                let v = if k == "password" { "***".into() } else { v };
+                let v = if is_secret(&k) { "***".into() } else { v };
                 (k.into_owned(), v.into_owned())
             })
             .collect();
@@ -95,6 +104,17 @@ mod tests {
     use crate::PostgresConfig;
 
     const URL: &str = "postgres://app:pa%40ss@db.example:6543/locks?sslmode=require";
+
+    #[test]
+    fn secret_parameters_are_hidden_whatever_their_case() {
+        let url = Url::parse("postgres://h/db?PASSWORD=s3cret&Token=t0ken&pool_size=2").unwrap();
+        let shown = super::redact(&url);
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("t0ken"),
+            "{shown}"
+        );
+        assert!(shown.contains("pool_size=2"), "{shown}");
+    }
 
     #[test]
     fn the_password_never_shows() {
