@@ -33,6 +33,9 @@ pub(crate) struct Client {
     pub(crate) prepared: bool,
 }
 
+/// Pooled connections idle at least this long are pinged before a lock statement.
+const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+
 impl Client {
     /// A lazily connecting pool: no connection is opened until the first call.
     pub(crate) fn new(config: &PostgresConfig) -> Self {
@@ -40,9 +43,19 @@ impl Client {
             .max_connections(config.pool_size())
             .min_connections(0)
             .acquire_timeout(config.timeout())
-            // A pinged connection is known alive: after a server restart, one ping per dead
-            // pooled connection is cheaper than one failed lock call each.
-            .test_before_acquire(true)
+            // A connection idle for a while is pinged before use: after a server restart,
+            // one ping per dead pooled connection is cheaper than one failed lock call
+            // each. A connection used within the last second is not: pinging every time
+            // cost a round trip per statement on the hot path (BENCHMARKS.md).
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= PING_IF_IDLE_FOR {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_lazy_with(config.connect_options().clone());
         let names = Names::new(config);
         Self {
