@@ -1,0 +1,301 @@
+//! Command-line flags, the servers they name, and how much each section measures.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::op::Res;
+use crate::system::Kind;
+
+/// Benchmarks anylock's backends side by side with their servers' raw round trips and
+/// with peer lock libraries, and writes the tables and plots of BENCHMARKS.md.
+///
+/// Every server flag falls back to the variable `scripts/servers` exports. A backend with
+/// no URL is skipped, except under `--smoke` with `CI=true`, where it is an error.
+#[derive(Debug, Parser)]
+#[command(name = "anylock-bench", version)]
+pub(crate) struct Args {
+    /// Redis for the single-instance backend: `redis://host:port/db`.
+    #[arg(long, env = "ANYLOCK_TEST_REDIS_URL")]
+    pub(crate) redis: Option<String>,
+    /// Redlock nodes: `redlock://h1:p1,h2:p2,…` or `redis://h1:p1,redis://h2:p2,…`.
+    #[arg(long, env = "ANYLOCK_TEST_REDLOCK_URLS")]
+    pub(crate) redlock: Option<String>,
+    /// PostgreSQL: `postgres://user@host:port/db` (a schema `anylock_bench_*` is created
+    /// and dropped).
+    #[arg(long, env = "ANYLOCK_TEST_POSTGRES_URL")]
+    pub(crate) postgres: Option<String>,
+    /// etcd: `etcd://h1:p1,…` or `http://h1:p1,…`; every client uses the first member.
+    #[arg(long, env = "ANYLOCK_TEST_ETCD_ENDPOINTS")]
+    pub(crate) etcd: Option<String>,
+    /// GCS: `gs://bucket?endpoint=http://host:port` (a bearer token from
+    /// `GCS_ACCESS_TOKEN` when set); default: an in-process gcs-test-server.
+    #[arg(long)]
+    pub(crate) gcs: Option<String>,
+    /// Also benchmark the embedded backend (`local:` in a temporary directory).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub(crate) local: bool,
+    /// Only these backends (comma-separated: redis,redlock,postgres,etcd,gcs,local).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) only: Vec<String>,
+    /// Tiny iteration counts: every section and backend once, in well under a minute.
+    #[arg(long)]
+    pub(crate) smoke: bool,
+    /// Where to write results.json, tables.md and the SVG plots.
+    #[arg(long, default_value = "target/bench")]
+    pub(crate) out: PathBuf,
+    /// A Markdown file whose `<!-- bench:begin -->`…`<!-- bench:end -->` block is replaced
+    /// by the generated tables.
+    #[arg(long)]
+    pub(crate) doc: Option<PathBuf>,
+    /// How the plots are linked from `--doc` (a path relative to it).
+    #[arg(long, default_value = "docs/bench")]
+    pub(crate) plots_link: String,
+    /// The source revision to print in the report.
+    #[arg(long, default_value = "")]
+    pub(crate) commit: String,
+    /// Measure nothing: re-render tables.md, the plots and `--doc` from a results.json
+    /// written by an earlier run.
+    #[arg(long)]
+    pub(crate) from_results: Option<PathBuf>,
+    /// Internal: measure one backend's scale section in this (child) process.
+    #[arg(long, hide = true)]
+    pub(crate) scale_child: Option<String>,
+}
+
+/// The backends to run and where their servers are.
+#[derive(Debug, Default)]
+pub(crate) struct Targets {
+    /// `(kind, url)`; GCS with `None` means the in-process test server.
+    pub(crate) list: Vec<(Kind, Option<String>)>,
+}
+
+impl Args {
+    /// The backends to run, with normalised URLs.
+    ///
+    /// # Errors
+    /// Under `--smoke` with `CI=true`, a server backend without a URL.
+    pub(crate) fn targets(&self) -> Res<Targets> {
+        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+        let wanted =
+            |kind: Kind| self.only.is_empty() || self.only.iter().any(|o| o == kind.name());
+        let mut list = Vec::new();
+        let mut missing = Vec::new();
+        let servers = [
+            (Kind::Redis, self.redis.clone(), "ANYLOCK_TEST_REDIS_URL"),
+            (
+                Kind::Redlock,
+                self.redlock.as_deref().map(redlock_nodes),
+                "ANYLOCK_TEST_REDLOCK_URLS",
+            ),
+            (
+                Kind::Postgres,
+                self.postgres.clone(),
+                "ANYLOCK_TEST_POSTGRES_URL",
+            ),
+            (
+                Kind::Etcd,
+                self.etcd.as_deref().map(first_etcd),
+                "ANYLOCK_TEST_ETCD_ENDPOINTS",
+            ),
+        ];
+        for (kind, url, var) in servers.into_iter().filter(|s| wanted(s.0)) {
+            match url {
+                Some(url) if !url.trim().is_empty() => list.push((kind, Some(url))),
+                _ => missing.push(format!("--{} / {var}", kind.name())),
+            }
+        }
+        if wanted(Kind::Gcs) {
+            list.push((Kind::Gcs, self.gcs.clone()));
+        }
+        if wanted(Kind::Local) && self.local {
+            list.push((Kind::Local, None));
+        }
+        require(&missing, ci && self.smoke)?;
+        Ok(Targets { list })
+    }
+
+    /// How much each section measures.
+    pub(crate) fn plan(&self) -> Plan {
+        if self.smoke {
+            Plan::smoke()
+        } else {
+            Plan::full()
+        }
+    }
+}
+
+/// Fails when `strict` and some server is `missing`; otherwise says which backends are
+/// skipped.
+///
+/// # Errors
+/// Naming every missing flag and variable.
+pub(crate) fn require(missing: &[String], strict: bool) -> Res<()> {
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let text = format!("no server for {}", missing.join(", "));
+    if strict {
+        return Err(format!(
+            "{text}: the CI smoke run needs every backend (run scripts/servers start, then source .servers/env)"
+        )
+        .into());
+    }
+    eprintln!("anylock-bench: skipping backends: {text}");
+    Ok(())
+}
+
+/// `redlock://[auth@]h1:p1,h2:p2[/db]` to `redis://[auth@]h1:p1[/db],…`; a list of
+/// `redis://` URLs is kept as it is.
+pub(crate) fn redlock_nodes(url: &str) -> String {
+    let Some(rest) = url.trim().strip_prefix("redlock://") else {
+        return url.trim().to_owned();
+    };
+    let end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (hosts, tail) = rest.split_at(end);
+    let tail = tail.split('?').next().unwrap_or("");
+    let (auth, hosts) = hosts.rsplit_once('@').map_or(("", hosts), |(a, h)| (a, h));
+    let auth = if auth.is_empty() {
+        String::new()
+    } else {
+        format!("{auth}@")
+    };
+    let nodes: Vec<String> = hosts
+        .split(',')
+        .map(|h| format!("redis://{auth}{h}{tail}"))
+        .collect();
+    nodes.join(",")
+}
+
+/// The first member of `etcd://h1:p1,h2:p2/prefix` or `http://h1:p1,http://h2:p2`, as
+/// `http://h1:p1`.
+pub(crate) fn first_etcd(url: &str) -> String {
+    let url = url.trim();
+    let rest = url.split_once("://").map_or(url, |(_, r)| r);
+    let first = rest.split([',', '/', '?']).next().unwrap_or(rest);
+    format!("http://{first}")
+}
+
+/// Iteration counts and durations of each section.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    /// `full` or `smoke`.
+    pub(crate) mode: &'static str,
+    /// Latency: interleaved batches, and cycles per batch and entry.
+    pub(crate) batches: usize,
+    /// Cycles per batch and entry.
+    pub(crate) per_batch: usize,
+    /// Counting: batches (the quietest one counts) and cycles per batch.
+    pub(crate) count_batches: usize,
+    /// Cycles per counting batch.
+    pub(crate) count_cycles: usize,
+    /// Throughput: concurrent tasks.
+    pub(crate) tasks: Vec<usize>,
+    /// Throughput: time per measurement.
+    pub(crate) throughput_for: Duration,
+    /// Throughput: interleaved rounds.
+    pub(crate) throughput_rounds: usize,
+    /// Handoff samples per waiter kind.
+    pub(crate) handoffs: usize,
+    /// Scale: leases held at once.
+    pub(crate) leases: usize,
+    /// Scale: lease TTL (refreshed every TTL/8).
+    pub(crate) scale_ttl: Duration,
+    /// Scale: measured refresh intervals.
+    pub(crate) scale_intervals: u32,
+    /// Redlock fan-out: interleaved batches and acquisitions per batch.
+    pub(crate) fanout_batches: usize,
+    /// Acquisitions per fan-out batch.
+    pub(crate) fanout_per_batch: usize,
+}
+
+impl Plan {
+    /// The published run (about eight minutes on the 2-core CI machine).
+    pub(crate) fn full() -> Self {
+        Self {
+            mode: "full",
+            batches: 10,
+            per_batch: 100,
+            count_batches: 5,
+            count_cycles: 20,
+            tasks: vec![1, 8, 64],
+            throughput_for: Duration::from_millis(1_000),
+            throughput_rounds: 2,
+            handoffs: 30,
+            leases: 10_000,
+            scale_ttl: Duration::from_secs(30),
+            scale_intervals: 2,
+            fanout_batches: 10,
+            fanout_per_batch: 100,
+        }
+    }
+
+    /// Every code path once or twice, for CI.
+    pub(crate) fn smoke() -> Self {
+        Self {
+            mode: "smoke",
+            batches: 2,
+            per_batch: 10,
+            count_batches: 2,
+            count_cycles: 5,
+            tasks: vec![1, 8, 64],
+            throughput_for: Duration::from_millis(100),
+            throughput_rounds: 1,
+            handoffs: 2,
+            leases: 200,
+            scale_ttl: Duration::from_secs(2),
+            scale_intervals: 2,
+            fanout_batches: 2,
+            fanout_per_batch: 10,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redlock_urls_become_node_lists() {
+        assert_eq!(
+            redlock_nodes("redlock://:pw@a:1,b:2/0?prefix=x"),
+            "redis://:pw@a:1/0,redis://:pw@b:2/0"
+        );
+        assert_eq!(
+            redlock_nodes("redis://a:1,redis://b:2"),
+            "redis://a:1,redis://b:2"
+        );
+    }
+
+    #[test]
+    fn etcd_urls_keep_the_first_member() {
+        assert_eq!(first_etcd("etcd://h1:2379,h2:2379/locks"), "http://h1:2379");
+        assert_eq!(
+            first_etcd("http://127.0.0.1:27379,http://127.0.0.1:27380"),
+            "http://127.0.0.1:27379"
+        );
+    }
+
+    #[test]
+    fn a_missing_server_fails_only_when_strict() {
+        let missing = ["--postgres / ANYLOCK_TEST_POSTGRES_URL".to_owned()];
+        let err = require(&missing, true).expect_err("strict").to_string();
+        assert!(err.contains("ANYLOCK_TEST_POSTGRES_URL"), "{err}");
+        assert!(require(&missing, false).is_ok());
+        assert!(require(&[], true).is_ok());
+    }
+
+    #[test]
+    fn only_limits_the_backends() {
+        let args = Args::parse_from(["anylock-bench", "--only", "gcs,local"]);
+        let kinds: Vec<Kind> = args
+            .targets()
+            .expect("targets")
+            .list
+            .into_iter()
+            .map(|t| t.0)
+            .collect();
+        assert_eq!(kinds, [Kind::Gcs, Kind::Local]);
+    }
+}

@@ -1,0 +1,173 @@
+//! Item 1: round trips and API calls per cycle. Every entry runs once more through
+//! loopback taps (round trips, PostgreSQL statements) while the server's own counters are
+//! read around it (Redis commandstats, etcd gRPC metrics, the GCS request log).
+//!
+//! The servers are shared with other clients, so each entry runs in several batches and
+//! the quietest batch (fewest server-counted calls) is reported: other clients only ever
+//! add calls.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lockcore::{Acquire, AcquireRequest, Identity, Lease, LockBackend, LockName};
+use tokio::sync::Mutex;
+
+use crate::args::Plan;
+use crate::latency::entries;
+use crate::op::{Entry, Op, Res, Role};
+use crate::results::{CountRow, Results};
+use crate::servers::{Calls, delta, describe};
+use crate::system::{Ctx, Kind, System};
+use crate::tap::{Protocol, Tap};
+
+/// Label of the refresh row (used by the scale section to price a refresh).
+pub(crate) const REFRESH: &str = "anylock refresh (backend call)";
+
+/// Counts every system that talks to a server and appends its rows.
+pub(crate) async fn run(systems: &[System], ctx: &Ctx, plan: &Plan, out: &mut Results) -> Res<()> {
+    for system in systems.iter().filter(|s| !s.upstreams.is_empty()) {
+        let mut taps = Vec::new();
+        for upstream in &system.upstreams {
+            taps.push((
+                upstream.clone(),
+                Tap::start(upstream, protocol(system.kind)).await?,
+            ));
+        }
+        let addrs: HashMap<String, String> = taps
+            .iter()
+            .map(|(u, t)| (u.clone(), t.addr.clone()))
+            .collect();
+        let tapped = system.reconnect_via(ctx, &|u| addrs[u].clone()).await?;
+        let mut all = entries(&tapped, ctx);
+        let refresh = refresh_op(&tapped, ctx).await?;
+        all.push(Entry::new(REFRESH, Role::Ours, refresh.clone()));
+        let taps: Vec<&Tap> = taps.iter().map(|(_, t)| t).collect();
+        for entry in &all {
+            let row = count(system, &taps, entry, plan).await?;
+            out.counts.push(row);
+        }
+        refresh.release().await?;
+        crate::progress(&format!("counts: {} done", system.kind.name()));
+    }
+    Ok(())
+}
+
+/// Runs `entry` in batches and returns the per-unit counts of its quietest batch.
+async fn count(system: &System, taps: &[&Tap], entry: &Entry, plan: &Plan) -> Res<CountRow> {
+    let tap_total = || {
+        taps.iter().fold((0, 0), |(r, s), t| {
+            let (r2, s2) = t.counts.get();
+            (r + r2, s + s2)
+        })
+    };
+    let n = plan.count_cycles;
+    // Warm up: connection pools grow (sqlx returns a connection to its pool in a task of
+    // its own, so back-to-back calls open new ones until enough are idle).
+    for i in 0..2 * n {
+        let _ = entry.op.run(n * plan.count_batches + i).await;
+    }
+    let mut best: Option<((u64, u64), Option<Calls>)> = None;
+    let mut last_error = None;
+    for batch in 0..plan.count_batches {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let before_server = snapshot(system).await?;
+        let before = tap_total();
+        let mut failed = None;
+        for i in 0..n {
+            if let Err(e) = entry.op.run(batch * n + i).await {
+                failed = Some(e);
+            }
+        }
+        let after = tap_total();
+        if let Some(e) = failed {
+            // A failed call has no defined count; this batch does not count.
+            last_error = Some(e);
+            continue;
+        }
+        // Redlock answers at a quorum: let the last nodes' replies land before counting.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let server = match (before_server, snapshot(system).await?) {
+            (Some(b), Some(a)) => Some(delta(&b, &a)),
+            _ => None,
+        };
+        let taps = (after.0 - before.0, after.1 - before.1);
+        let quieter = match (&best, &server) {
+            (None, _) => true,
+            (Some((_, Some(old))), Some(new)) => total(new) < total(old),
+            (Some((old, _)), _) => taps.0 < old.0,
+        };
+        if quieter {
+            best = Some((taps, server));
+        }
+    }
+    let Some(((round_trips, statements), server)) = best else {
+        let why = last_error.map_or_else(|| "no batch ran".to_owned(), |e| e.to_string());
+        return Err(format!("{}: every counting batch failed: {why}", entry.label).into());
+    };
+    let per = |v: u64| Some(v as f64 / n as f64);
+    Ok(CountRow {
+        backend: system.kind.name().to_owned(),
+        label: entry.label.clone(),
+        round_trips: per(round_trips),
+        statements: (system.kind == Kind::Postgres).then(|| statements as f64 / n as f64),
+        server_calls: server.as_ref().and_then(|s| per(total(s))),
+        server_detail: server.map(|s| describe(&s, n as u64)).unwrap_or_default(),
+    })
+}
+
+/// How the tap reads `kind`'s client bytes.
+fn protocol(kind: Kind) -> Protocol {
+    match kind {
+        Kind::Postgres => Protocol::Postgres,
+        Kind::Etcd => Protocol::Http2,
+        _ => Protocol::Plain,
+    }
+}
+
+async fn snapshot(system: &System) -> Res<Option<Calls>> {
+    match &system.counter {
+        Some(counter) => Ok(Some(counter.snapshot().await?)),
+        None => Ok(None),
+    }
+}
+
+fn total(calls: &Calls) -> u64 {
+    calls.values().sum()
+}
+
+/// One lease of `system`'s backend, refreshed by every run.
+async fn refresh_op(system: &System, ctx: &Ctx) -> Res<Arc<Refresh>> {
+    let name = LockName::new(format!("{}-{}-refresh", ctx.run, system.kind.name()))?;
+    let request = AcquireRequest::new(name, Identity::unique(), Duration::from_secs(30));
+    let Acquire::Acquired(lease) = system.backend.acquire(&request).await? else {
+        return Err("a fresh name was held".into());
+    };
+    Ok(Arc::new(Refresh {
+        backend: system.backend.clone(),
+        lease: Mutex::new(lease),
+    }))
+}
+
+/// Refreshes one lease.
+struct Refresh {
+    backend: Arc<dyn LockBackend>,
+    lease: Mutex<Lease>,
+}
+
+impl Refresh {
+    /// Releases the lease (the counting is over).
+    async fn release(&self) -> Res<()> {
+        Ok(self.backend.release(&*self.lease.lock().await).await?)
+    }
+}
+
+#[async_trait]
+impl Op for Refresh {
+    async fn run(&self, _: usize) -> Res<()> {
+        let mut lease = self.lease.lock().await;
+        *lease = self.backend.refresh(&lease).await?;
+        Ok(())
+    }
+}

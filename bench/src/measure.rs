@@ -1,0 +1,193 @@
+//! The timing loops: interleaved latency batches, fixed-duration throughput, and one
+//! contended handoff.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use rand::RngExt;
+use tokio::time::Instant;
+
+use crate::op::{BoxError, Entry, Lock, NAMES, Op, Res};
+
+/// How many failed units a measurement tolerates before it gives up: the shared test
+/// servers sometimes miss a tight timeout (Redlock's 50 ms per node) under load, and one
+/// such miss is a fact to report, not a reason to lose the run.
+pub(crate) fn error_budget(units: usize) -> u64 {
+    (units as u64 / 50).max(3)
+}
+
+/// Times `per_batch` sequential runs of every entry, `batches` times, rotating which entry
+/// goes first, so ours and the raw round trip see the same machine noise. One untimed
+/// warm-up batch per entry comes first. Returns the samples and the failed runs per entry,
+/// in entry order.
+///
+/// # Errors
+/// The error that took an entry past its [`error_budget`].
+pub(crate) async fn interleaved(
+    entries: &[Entry],
+    batches: usize,
+    per_batch: usize,
+) -> Res<(Vec<Vec<Duration>>, Vec<u64>)> {
+    let mut samples = vec![Vec::with_capacity(batches * per_batch); entries.len()];
+    let mut errors = vec![0; entries.len()];
+    let budget = error_budget(batches * per_batch);
+    let mut next = 0;
+    for (e, entry) in entries.iter().enumerate() {
+        for _ in 0..per_batch.min(20) {
+            if let Err(err) = entry.op.run(next).await {
+                absorb(&mut errors[e], budget, err)?;
+            }
+            next += 1;
+        }
+    }
+    for batch in 0..batches {
+        for k in 0..entries.len() {
+            let e = (k + batch) % entries.len();
+            for _ in 0..per_batch {
+                let start = Instant::now();
+                match entries[e].op.run(next).await {
+                    Ok(()) => samples[e].push(start.elapsed()),
+                    Err(err) => absorb(&mut errors[e], budget, err)?,
+                }
+                next += 1;
+            }
+        }
+    }
+    Ok((samples, errors))
+}
+
+/// Counts `err` against `budget`; returns it once the budget is spent.
+pub(crate) fn absorb(errors: &mut u64, budget: u64, err: BoxError) -> Res<()> {
+    *errors += 1;
+    if *errors > budget {
+        return Err(format!("{errors} failures (the last: {err})").into());
+    }
+    Ok(())
+}
+
+/// The index task `task` of `tasks` uses for its `k`-th run: tasks keep to disjoint names
+/// among [`NAMES`], so the cycles stay uncontended.
+pub(crate) fn task_index(task: usize, tasks: usize, k: usize) -> usize {
+    let own = (NAMES - task).div_ceil(tasks).max(1);
+    task + tasks * (k % own)
+}
+
+/// Runs `op` from `tasks` concurrent tasks for `duration`: completed runs per second,
+/// and the failed runs (not counted as completed).
+///
+/// # Errors
+/// When more than one run in 20 (and more than 3) failed.
+pub(crate) async fn throughput(
+    op: Arc<dyn Op>,
+    tasks: usize,
+    duration: Duration,
+) -> Res<(f64, u64)> {
+    let done = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let deadline = start + duration;
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let (op, done, failed) = (op.clone(), done.clone(), failed.clone());
+            tokio::spawn(async move {
+                let mut k = 0;
+                while Instant::now() < deadline {
+                    let counter = if op.run(task_index(task, tasks, k)).await.is_ok() {
+                        &done
+                    } else {
+                        &failed
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    k += 1;
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.await?;
+    }
+    let (done, failed) = (
+        done.load(Ordering::Relaxed),
+        failed.load(Ordering::Relaxed) as u64,
+    );
+    if failed > error_budget(done * 50 / 20) {
+        return Err(format!("{failed} of {} runs failed", done as u64 + failed).into());
+    }
+    Ok((done as f64 / start.elapsed().as_secs_f64(), failed))
+}
+
+/// One contended handoff on `name`: a holder takes the lock, a waiter starts waiting, the
+/// holder keeps it for a random 50–150 ms, then releases. Returns the time from the
+/// holder's release call to the waiter holding the lock.
+pub(crate) async fn handoff(lock: Arc<dyn Lock>, name: &str) -> Res<Duration> {
+    let holder = lock
+        .acquire(name, false)
+        .await?
+        .ok_or_else(|| format!("{name} was held before the handoff"))?;
+    let waiter = {
+        let (lock, name) = (lock.clone(), name.to_owned());
+        tokio::spawn(async move {
+            let held = lock.acquire(&name, true).await?;
+            Res::Ok((Instant::now(), held))
+        })
+    };
+    let hold = rand::rng().random_range(50..150);
+    tokio::time::sleep(Duration::from_millis(hold)).await;
+    let released = Instant::now();
+    lock.release(holder).await?;
+    let (got, held) = waiter.await??;
+    let held = held.ok_or("a waiting acquire returned without the lock")?;
+    lock.release(held).await?;
+    Ok(got.saturating_duration_since(released))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::op::{Ours, Role};
+    use lockcore::{LockBackend, MemoryBackend};
+    use std::collections::HashSet;
+
+    #[test]
+    fn errors_are_absorbed_up_to_the_budget() {
+        assert_eq!(error_budget(10), 3);
+        assert_eq!(error_budget(1000), 20);
+        let mut errors = 0;
+        for _ in 0..3 {
+            absorb(&mut errors, 3, "timed out".into()).expect("within budget");
+        }
+        let err = absorb(&mut errors, 3, "timed out".into()).expect_err("over budget");
+        assert!(err.to_string().contains("4 failures"), "{err}");
+    }
+
+    #[test]
+    fn task_indices_are_disjoint_and_cover_every_name() {
+        for tasks in [1, 8, 64] {
+            let mut seen = HashSet::new();
+            for task in 0..tasks {
+                let own: HashSet<_> = (0..NAMES).map(|k| task_index(task, tasks, k)).collect();
+                assert!(own.iter().all(|i| i % tasks == task && *i < NAMES));
+                seen.extend(own);
+            }
+            assert_eq!(seen.len(), NAMES, "{tasks} tasks");
+        }
+    }
+
+    #[tokio::test]
+    async fn loops_measure_a_memory_backend() {
+        let backend: Arc<dyn LockBackend> = Arc::new(MemoryBackend::new());
+        let lock = Arc::new(Ours::new(backend, Duration::from_secs(5)));
+        let entry = Entry::cycle("ours", Role::Ours, lock.clone(), "m");
+        let (samples, errors) = interleaved(std::slice::from_ref(&entry), 2, 3)
+            .await
+            .expect("latency");
+        assert_eq!((samples[0].len(), errors[0]), (6, 0));
+        let (rate, failed) = throughput(entry.op.clone(), 8, Duration::from_millis(50))
+            .await
+            .expect("throughput");
+        assert!(rate > 0.0 && failed == 0);
+        let waited = handoff(lock, "h").await.expect("handoff");
+        assert!(waited < Duration::from_secs(1), "{waited:?}");
+    }
+}

@@ -1,0 +1,129 @@
+//! This process's memory and CPU time from `/proc`, and what the report says about the
+//! machine and the date.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Linux reports CPU times in USER_HZ ticks, 100 per second on every architecture.
+const TICKS_PER_SECOND: f64 = 100.0;
+
+/// Thread names (as `/proc` shows them, 15 bytes at most) whose CPU time is not ours: the
+/// in-process GCS test server's runtime.
+pub(crate) const SERVER_THREADS: &str = "gcs-server";
+
+/// Resident memory of this process, in bytes (0 where `/proc` is missing).
+pub(crate) fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// CPU time (user + system) of every thread of this process except the test server's.
+pub(crate) fn client_cpu() -> Duration {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return Duration::ZERO;
+    };
+    let ticks: u64 = tasks
+        .flatten()
+        .filter_map(|task| std::fs::read_to_string(task.path().join("stat")).ok())
+        .filter_map(|stat| thread_ticks(&stat))
+        .filter(|(name, _)| !name.starts_with(SERVER_THREADS))
+        .map(|(_, ticks)| ticks)
+        .sum();
+    Duration::from_secs_f64(ticks as f64 / TICKS_PER_SECOND)
+}
+
+/// `(comm, utime + stime)` from one `/proc/…/stat` line.
+pub(crate) fn thread_ticks(stat: &str) -> Option<(String, u64)> {
+    let open = stat.find('(')?;
+    let close = stat.rfind(')')?;
+    let name = stat.get(open + 1..close)?.to_owned();
+    let fields: Vec<&str> = stat.get(close + 1..)?.split_whitespace().collect();
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some((name, utime + stime))
+}
+
+/// `2026-11-22 16:40 UTC` for `at`.
+pub(crate) fn utc_date(at: SystemTime) -> String {
+    let secs = at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
+    let (days, rest) = (secs / 86_400, secs % 86_400);
+    let (y, m, d) = civil_from_days(days as i64);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
+        rest / 3600,
+        rest % 3600 / 60
+    )
+}
+
+/// Days since 1970-01-01 to a proleptic Gregorian (year, month, day): Howard Hinnant's
+/// algorithm.
+fn civil_from_days(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+/// One line about the machine: CPU model, cores, memory, kernel, load average now.
+pub(crate) fn machine() -> String {
+    let read = |p: &str| std::fs::read_to_string(p).unwrap_or_default();
+    let cpuinfo = read("/proc/cpuinfo");
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| l.strip_prefix("model name"))
+        .map_or("unknown CPU", |v| v.trim_start_matches([' ', '\t', ':']));
+    let cores = std::thread::available_parallelism().map_or(0, usize::from);
+    let mem_gib = read("/proc/meminfo")
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kib| kib / 1_048_576.0);
+    let kernel = read("/proc/sys/kernel/osrelease");
+    let load = read("/proc/loadavg");
+    let load: Vec<&str> = load.split_whitespace().take(3).collect();
+    format!(
+        "{model}, {cores} cores, {mem_gib:.0} GiB, Linux {}, load average {} at start",
+        kernel.trim(),
+        load.join(" ")
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates_from_the_epoch() {
+        assert_eq!(utc_date(UNIX_EPOCH), "1970-01-01 00:00 UTC");
+        let leap = UNIX_EPOCH + Duration::from_secs(951_782_400 + 3_660); // 2000-02-29 01:01
+        assert_eq!(utc_date(leap), "2000-02-29 01:01 UTC");
+        let later = UNIX_EPOCH + Duration::from_secs(1_795_000_000);
+        assert_eq!(utc_date(later), "2026-11-18 11:06 UTC");
+    }
+
+    #[test]
+    fn thread_ticks_survive_spaces_and_parens_in_names() {
+        let stat = "42 (gcs-server (1)) S 1 1 1 0 -1 4194560 10 0 0 0 250 50 0 0 20 0 1 0";
+        assert_eq!(thread_ticks(stat), Some(("gcs-server (1)".to_owned(), 300)));
+        assert_eq!(thread_ticks("garbage"), None);
+    }
+
+    #[test]
+    fn this_process_has_memory_and_cpu() {
+        assert!(rss_bytes() > 0);
+        let spin = std::time::Instant::now();
+        while spin.elapsed() < Duration::from_millis(30) {
+            std::hint::black_box(0u64);
+        }
+        assert!(client_cpu() > Duration::ZERO);
+        assert!(machine().contains("cores"));
+    }
+}

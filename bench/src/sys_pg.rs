@@ -1,0 +1,176 @@
+//! PostgreSQL: ours on a schema of its own, `SELECT 1` as the raw round trip, and
+//! `pg_advisory_lock` through sqlx as the peer.
+
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgPoolOptions, Postgres};
+use sqlx::{AssertSqlSafe, PgPool};
+
+use crate::op::{Entry, Held, Lock, Op, Res, Role};
+use crate::system::{Ctx, Kind, Peer, System, host_port, with_param};
+
+/// Connections in ours' pool, the raw pool and the peer's pool: enough that 64 tasks never
+/// queue for one (the backend's default pool has 10).
+pub(crate) const POOL: u32 = 64;
+
+/// The schema of this run's lease table.
+pub(crate) fn schema(run: &str) -> String {
+    format!("anylock_bench_{run}")
+}
+
+/// PostgreSQL at `url` (`postgres://user@host:port/db`).
+pub(crate) async fn connect(url: &str, ctx: &Ctx) -> Res<System> {
+    let ours = with_param(
+        &with_param(url, "schema", &schema(&ctx.run)),
+        "pool_size",
+        &POOL.to_string(),
+    );
+    let backend = Arc::new(backend_postgres::PostgresBackend::from_url(&ours).await?);
+    let raw = pool(url, POOL).await?;
+    let table = format!("\"{}\".raw_writes", schema(&ctx.run));
+    let create =
+        format!("CREATE TABLE IF NOT EXISTS {table} (name text PRIMARY KEY, v bigint NOT NULL)");
+    sqlx::query(AssertSqlSafe(create)).execute(&raw).await?;
+    let peer = Advisory {
+        pool: pool(url, POOL + 2).await?,
+        run: ctx.run.clone(),
+    };
+    Ok(System {
+        kind: Kind::Postgres,
+        url: url.to_owned(),
+        upstreams: host_port(url).into_iter().collect(),
+        backend,
+        raw: Some(Entry::new(
+            "raw SELECT 1",
+            Role::Raw,
+            Arc::new(Select1(raw.clone())),
+        )),
+        extras: vec![Entry::new(
+            "raw upsert + update (2 writes, the least a lease lock needs)",
+            Role::Raw,
+            Arc::new(TwoWrites { pool: raw, table }),
+        )],
+        peers: vec![Peer::new(
+            "pg_advisory_lock (sqlx)",
+            Arc::new(peer),
+            "queued in the server",
+        )],
+        counter: None,
+        note: String::new(),
+    })
+}
+
+/// A pool that never pings a connection before handing it out (as pgbench: one round
+/// trip per statement).
+async fn pool(url: &str, size: u32) -> Res<PgPool> {
+    Ok(PgPoolOptions::new()
+        .max_connections(size)
+        .test_before_acquire(false)
+        .connect(url)
+        .await?)
+}
+
+/// `SELECT 1`, a prepared statement on a pooled connection.
+struct Select1(PgPool);
+
+#[async_trait]
+impl Op for Select1 {
+    async fn run(&self, _: usize) -> Res<()> {
+        sqlx::query("SELECT 1").execute(&self.0).await?;
+        Ok(())
+    }
+}
+
+/// An upsert then an update of one row: the two write statements of any lease-table
+/// lock's grant and release, without conditions, tokens or notifications.
+struct TwoWrites {
+    pool: PgPool,
+    table: String,
+}
+
+#[async_trait]
+impl Op for TwoWrites {
+    async fn run(&self, i: usize) -> Res<()> {
+        let name = format!("raw-{}", i % crate::op::NAMES);
+        let upsert = format!(
+            "INSERT INTO {} (name, v) VALUES ($1, 1) ON CONFLICT (name) DO UPDATE SET v = EXCLUDED.v + 1",
+            self.table
+        );
+        sqlx::query(AssertSqlSafe(upsert))
+            .bind(&name)
+            .execute(&self.pool)
+            .await?;
+        let update = format!("UPDATE {} SET v = 0 WHERE name = $1", self.table);
+        sqlx::query(AssertSqlSafe(update))
+            .bind(&name)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Session advisory locks: `pg_try_advisory_lock` / `pg_advisory_lock` (which waits in
+/// the server) and `pg_advisory_unlock`, on a connection kept for the lock's lifetime.
+struct Advisory {
+    pool: PgPool,
+    run: String,
+}
+
+impl Advisory {
+    fn key(&self, name: &str) -> i64 {
+        let mut hasher = DefaultHasher::new();
+        (&self.run, name).hash(&mut hasher);
+        hasher.finish() as i64
+    }
+}
+
+#[async_trait]
+impl Lock for Advisory {
+    async fn acquire(&self, name: &str, wait: bool) -> Res<Option<Held>> {
+        let key = self.key(name);
+        let mut conn = self.pool.acquire().await?;
+        if wait {
+            sqlx::query("SELECT pg_advisory_lock($1)")
+                .bind(key)
+                .execute(&mut *conn)
+                .await?;
+        } else {
+            let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
+                .bind(key)
+                .fetch_one(&mut *conn)
+                .await?;
+            if !got {
+                return Ok(None);
+            }
+        }
+        Ok(Some(Box::new((conn, key))))
+    }
+
+    async fn release(&self, held: Held) -> Res<()> {
+        let held = held
+            .downcast::<(PoolConnection<Postgres>, i64)>()
+            .map_err(|_| "not an advisory lock")?;
+        let (mut conn, key) = *held;
+        sqlx::query("SELECT pg_advisory_unlock($1)")
+            .bind(key)
+            .execute(&mut *conn)
+            .await?;
+        Ok(())
+    }
+}
+
+/// Drops this run's schema (its lease table and fence sequence).
+pub(crate) async fn cleanup(url: &str, run: &str) -> Res<()> {
+    let pool = pool(url, 1).await?;
+    sqlx::query(AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+        schema(run)
+    )))
+    .execute(&pool)
+    .await?;
+    pool.close().await;
+    Ok(())
+}

@@ -1,0 +1,236 @@
+//! [`System`]: one backend under test with everything measured beside it: its server's raw
+//! round trip, peer libraries, and a server-side call counter.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use gcs_test_server::GcsTestServer;
+use lockcore::{LockBackend, Waiting};
+
+use crate::op::{Bare, Entry, Lock, Ours, Res, Role};
+use crate::servers::Counter;
+use crate::{sys_etcd, sys_gcs, sys_pg, sys_redis};
+
+/// Which backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Redis, single instance.
+    Redis,
+    /// Redlock over several Redis nodes.
+    Redlock,
+    /// PostgreSQL.
+    Postgres,
+    /// etcd.
+    Etcd,
+    /// Google Cloud Storage (the in-process test server by default).
+    Gcs,
+    /// The embedded SQLite backend (no server).
+    Local,
+}
+
+impl Kind {
+    /// The backend's name in tables.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Self::Redis => "redis",
+            Self::Redlock => "redlock",
+            Self::Postgres => "postgres",
+            Self::Etcd => "etcd",
+            Self::Gcs => "gcs",
+            Self::Local => "local",
+        }
+    }
+
+    /// The kind called `name`.
+    pub(crate) fn from_name(name: &str) -> Option<Self> {
+        [
+            Self::Redis,
+            Self::Redlock,
+            Self::Postgres,
+            Self::Etcd,
+            Self::Gcs,
+            Self::Local,
+        ]
+        .into_iter()
+        .find(|k| k.name() == name)
+    }
+}
+
+/// What every system of one run shares.
+#[derive(Clone)]
+pub(crate) struct Ctx {
+    /// A tag unique to this run, used in every lock name, key prefix and schema.
+    pub(crate) run: String,
+    /// The lease TTL of latency, throughput and handoff cycles.
+    pub(crate) ttl: Duration,
+    /// The in-process GCS test server, when this run started one.
+    pub(crate) gcs_server: Option<Arc<GcsTestServer>>,
+}
+
+/// One backend and its companions, connected.
+pub(crate) struct System {
+    /// Which backend.
+    pub(crate) kind: Kind,
+    /// The URL it was connected with (servers' addresses can be swapped for taps).
+    pub(crate) url: String,
+    /// The `host:port` of every server in `url`.
+    pub(crate) upstreams: Vec<String>,
+    /// Ours.
+    pub(crate) backend: Arc<dyn LockBackend>,
+    /// The server's raw round trip, and what it is (`PING`).
+    pub(crate) raw: Option<Entry>,
+    /// Further raw reference points (`SET NX PX + DEL`).
+    pub(crate) extras: Vec<Entry>,
+    /// Peer locks.
+    pub(crate) peers: Vec<Peer>,
+    /// The server's own call counter.
+    pub(crate) counter: Option<Arc<dyn Counter>>,
+    /// A remark for the report (which etcd member answered, and so on).
+    pub(crate) note: String,
+}
+
+/// A peer lock library (or the server's native lock).
+pub(crate) struct Peer {
+    /// What the report calls it.
+    pub(crate) label: String,
+    /// The lock.
+    pub(crate) lock: Arc<dyn Lock>,
+    /// How its waiters learn of a release, or `None` when its waiting acquire is no fair
+    /// handoff benchmark (two holders on one shared etcd lease share one key).
+    pub(crate) waiting: Option<&'static str>,
+}
+
+impl Peer {
+    /// A peer whose waiters learn of a release as `waiting` says.
+    pub(crate) fn new(
+        label: impl Into<String>,
+        lock: Arc<dyn Lock>,
+        waiting: &'static str,
+    ) -> Self {
+        Self {
+            label: label.into(),
+            lock,
+            waiting: Some(waiting),
+        }
+    }
+}
+
+impl System {
+    /// Connects `kind` at `url` (see each `sys_*` module for the URL form).
+    pub(crate) async fn connect(kind: Kind, url: &str, ctx: &Ctx) -> Res<Self> {
+        match kind {
+            Kind::Redis => sys_redis::single(url, ctx).await,
+            Kind::Redlock => sys_redis::redlock(url, ctx).await,
+            Kind::Postgres => sys_pg::connect(url, ctx).await,
+            Kind::Etcd => sys_etcd::connect(url, ctx).await,
+            Kind::Gcs => sys_gcs::connect(url, ctx).await,
+            Kind::Local => local(url).await,
+        }
+    }
+
+    /// The same system with every server address in its URL replaced by `to(address)`.
+    pub(crate) async fn reconnect_via(&self, ctx: &Ctx, to: &dyn Fn(&str) -> String) -> Res<Self> {
+        let mut url = self.url.clone();
+        for upstream in &self.upstreams {
+            url = url.replace(upstream.as_str(), &to(upstream));
+        }
+        Self::connect(self.kind, &url, ctx).await
+    }
+
+    /// Whether waiters are woken by the backend.
+    pub(crate) fn notified(&self) -> bool {
+        self.backend.guarantees().waiting == Waiting::Notified
+    }
+
+    /// Ours through `Locker`, ours through bare backend calls, and the peers, as cycles.
+    pub(crate) fn lock_entries(&self, ctx: &Ctx) -> Vec<Entry> {
+        let prefix = format!("{}-{}", ctx.run, self.kind.name());
+        let mut entries = vec![
+            Entry::cycle("anylock (Locker)", Role::Ours, self.ours(ctx), &prefix),
+            Entry::cycle(
+                "anylock (backend calls)",
+                Role::Ours,
+                Arc::new(Bare::new(self.backend.clone(), ctx.ttl)),
+                &prefix,
+            ),
+        ];
+        for peer in &self.peers {
+            entries.push(Entry::cycle(
+                &peer.label,
+                Role::Peer,
+                peer.lock.clone(),
+                &prefix,
+            ));
+        }
+        entries
+    }
+
+    /// Ours through `Locker` with the run's TTL.
+    pub(crate) fn ours(&self, ctx: &Ctx) -> Arc<dyn Lock> {
+        Arc::new(Ours::new(self.backend.clone(), ctx.ttl))
+    }
+}
+
+/// The embedded backend at `url` (`local:/path`): no server, so no raw round trip or peer.
+async fn local(url: &str) -> Res<System> {
+    Ok(System {
+        kind: Kind::Local,
+        url: url.to_owned(),
+        upstreams: Vec::new(),
+        backend: anylock::connect(url).await?,
+        raw: None,
+        extras: Vec::new(),
+        peers: Vec::new(),
+        counter: None,
+        note: String::new(),
+    })
+}
+
+/// `url` with `key=value` appended as a query parameter, unless `key` is already set.
+pub(crate) fn with_param(url: &str, key: &str, value: &str) -> String {
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    if query.split('&').any(|kv| kv.split('=').next() == Some(key)) {
+        return url.to_owned();
+    }
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}{key}={value}")
+}
+
+/// The `host:port` of a `scheme://[user@]host:port[/…][?…]` URL.
+pub(crate) fn host_port(url: &str) -> Option<String> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    host.contains(':').then(|| host.to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn params_are_appended_once() {
+        assert_eq!(
+            with_param("redis://h:1/0", "prefix", "b"),
+            "redis://h:1/0?prefix=b"
+        );
+        assert_eq!(
+            with_param("pg://h/db?a=1", "schema", "s"),
+            "pg://h/db?a=1&schema=s"
+        );
+        assert_eq!(
+            with_param("pg://h/db?schema=x", "schema", "s"),
+            "pg://h/db?schema=x"
+        );
+    }
+
+    #[test]
+    fn host_port_skips_credentials_and_paths() {
+        assert_eq!(
+            host_port("redis://:pw@127.0.0.1:27101/0").as_deref(),
+            Some("127.0.0.1:27101")
+        );
+        assert_eq!(host_port("http://h:2379").as_deref(), Some("h:2379"));
+        assert_eq!(host_port("postgres://u@db/x"), None);
+    }
+}

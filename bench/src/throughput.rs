@@ -1,0 +1,56 @@
+//! Item 2: throughput of uncontended cycles over 1,000 distinct names at several
+//! concurrencies, beside the raw round trip's throughput at the same concurrency (what
+//! redis-benchmark or pgbench would report) and the peers'.
+
+use crate::args::Plan;
+use crate::measure::throughput;
+use crate::op::{Entry, Res};
+use crate::results::{Results, ThroughputRow};
+use crate::system::{Ctx, System};
+
+/// Ours through `Locker`, raw, then the peers.
+fn entries(system: &System, ctx: &Ctx) -> Vec<Entry> {
+    let mut all = system.lock_entries(ctx);
+    let peers = all.split_off(2);
+    all.truncate(1);
+    all.extend(system.raw.iter().cloned());
+    all.extend(peers);
+    all
+}
+
+/// Measures every system and appends its rows (the mean over interleaved rounds).
+pub(crate) async fn run(systems: &[System], ctx: &Ctx, plan: &Plan, out: &mut Results) -> Res<()> {
+    for system in systems {
+        let entries = entries(system, ctx);
+        let mut sums = vec![vec![0.0; plan.tasks.len()]; entries.len()];
+        let mut errors = vec![vec![0; plan.tasks.len()]; entries.len()];
+        for round in 0..plan.throughput_rounds {
+            for (t, &tasks) in plan.tasks.iter().enumerate() {
+                for k in 0..entries.len() {
+                    let e = (k + round) % entries.len();
+                    let op = entries[e].op.clone();
+                    let (rate, failed) = throughput(op, tasks, plan.throughput_for).await?;
+                    sums[e][t] += rate;
+                    errors[e][t] += failed;
+                }
+            }
+            if let Some(server) = &ctx.gcs_server {
+                server.clear_requests();
+            }
+        }
+        for ((entry, sums), errors) in entries.iter().zip(sums).zip(errors) {
+            for ((&tasks, sum), errors) in plan.tasks.iter().zip(sums).zip(errors) {
+                out.throughput.push(ThroughputRow {
+                    backend: system.kind.name().to_owned(),
+                    label: entry.label.clone(),
+                    role: entry.role,
+                    tasks,
+                    per_second: sum / plan.throughput_rounds as f64,
+                    errors,
+                });
+            }
+        }
+        crate::progress(&format!("throughput: {} done", system.kind.name()));
+    }
+    Ok(())
+}

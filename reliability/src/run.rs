@@ -1,0 +1,217 @@
+//! One cell of the table: one backend under one fault, an unfenced and (where the backend
+//! issues tokens) a fenced group side by side, checked and compared with the claims.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use lockcore::{Fencing, Guarantees};
+use serde::Serialize;
+use tokio::time::{Instant, sleep};
+
+use crate::backends::{Kind, Workload};
+use crate::checker::{Counts, check};
+use crate::expect::{Disagreement, Expectation, disagreements, expect};
+use crate::fault::Fault;
+use crate::group::{Group, GroupSpec};
+use crate::history::Event;
+use crate::register::Mode;
+use crate::script;
+use crate::servers::Lane;
+use crate::servers::process::Reaper;
+
+/// How cells run.
+#[derive(Debug, Clone)]
+pub struct CellSettings {
+    /// The `anylock-reliability` binary, for the client processes.
+    pub exe: PathBuf,
+    /// Where histories and client logs go (one directory per cell).
+    pub out_dir: PathBuf,
+    /// Sections every group completes before the fault.
+    pub warmup: u64,
+    /// Sections every group completes after the fault, to show it recovered.
+    pub recovery: u64,
+}
+
+/// The outcome of one cell.
+#[derive(Debug, Clone, Serialize)]
+pub struct CellResult {
+    /// The backend.
+    pub kind: Kind,
+    /// The fault.
+    pub fault: Fault,
+    /// What the backend's descriptor promises here.
+    pub expectation: Expectation,
+    /// The unfenced group's counts.
+    pub unfenced: Counts,
+    /// The fenced group's counts (`None` without fencing tokens).
+    pub fenced: Option<Counts>,
+    /// Broken promises.
+    pub disagreements: Vec<Disagreement>,
+    /// What the fault script did, and recovery.
+    pub notes: Vec<String>,
+    /// Things that went wrong with the run itself (a cell with problems proves nothing).
+    pub problems: Vec<String>,
+    /// Wall-clock time of the cell.
+    pub seconds: f64,
+}
+
+/// Runs `fault` against the servers of `lane`.
+pub async fn run_cell(
+    lane: &mut Lane,
+    fault: Fault,
+    guarantees: &Guarantees,
+    settings: &CellSettings,
+    reaper: &Reaper,
+) -> CellResult {
+    let started = Instant::now();
+    let kind = lane.kind();
+    let w = Workload::for_backend(kind, fault.needs_long_sections());
+    let dir = settings.out_dir.join(format!("{kind}-{fault}"));
+    let mut result = CellResult {
+        kind,
+        fault,
+        expectation: expect(guarantees, fault),
+        unfenced: Counts::default(),
+        fenced: None,
+        disagreements: Vec::new(),
+        notes: Vec::new(),
+        problems: Vec::new(),
+        seconds: 0.0,
+    };
+    let spec = GroupSpec {
+        exe: settings.exe.clone(),
+        log_dir: dir,
+        lock: format!("rel-{fault}-{:08x}", rand::random::<u32>()),
+        workload: w,
+        partition: matches!(fault, Fault::RedlockRestart | Fault::RedlockDelayedRestart),
+    };
+    let modes: &[Mode] = match guarantees.fencing {
+        Fencing::Monotonic => &[Mode::Unfenced, Mode::Fenced],
+        Fencing::None => &[Mode::Unfenced],
+    };
+    if let Err(e) = execute(lane, fault, &spec, modes, settings, reaper, &mut result).await {
+        result.problems.push(e);
+    }
+    result.disagreements = disagreements(
+        &result.expectation,
+        &result.unfenced,
+        result.fenced.as_ref(),
+    );
+    result.seconds = started.elapsed().as_secs_f64();
+    result
+}
+
+/// Starts the groups, runs the phases, stops the groups and checks their histories.
+async fn execute(
+    lane: &mut Lane,
+    fault: Fault,
+    spec: &GroupSpec,
+    modes: &[Mode],
+    settings: &CellSettings,
+    reaper: &Reaper,
+    result: &mut CellResult,
+) -> Result<(), String> {
+    let (w, dir) = (spec.workload, &spec.log_dir);
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let groups = start_groups(lane, modes, spec, reaper).await?;
+    match phases(lane, &groups, fault, w, settings).await {
+        Ok(notes) => result.notes = notes,
+        Err(e) => result.problems.push(e),
+    }
+    let grace = w.section() + w.ttl * 2 + Duration::from_secs(10);
+    for group in groups {
+        let mode = group.mode;
+        let (history, problems) = group.stop(grace, reaper).await;
+        result.problems.extend(problems);
+        save(dir, mode, &history)?;
+        match mode {
+            Mode::Unfenced => result.unfenced = check(&history),
+            Mode::Fenced => result.fenced = Some(check(&history)),
+        }
+    }
+    Ok(())
+}
+
+async fn start_groups(
+    lane: &Lane,
+    modes: &[Mode],
+    base: &GroupSpec,
+    reaper: &Reaper,
+) -> Result<Vec<Group>, String> {
+    let mut groups = Vec::new();
+    for mode in modes {
+        let spec = GroupSpec {
+            lock: format!("{}-{}", base.lock, mode.as_str()),
+            ..base.clone()
+        };
+        match Group::start(lane, *mode, &spec, reaper).await {
+            Ok(group) => groups.push(group),
+            Err(e) => {
+                for group in groups {
+                    group.stop(Duration::from_secs(5), reaper).await;
+                }
+                return Err(e);
+            }
+        }
+    }
+    Ok(groups)
+}
+
+/// Warm-up, the fault, then recovery.
+async fn phases(
+    lane: &mut Lane,
+    groups: &[Group],
+    fault: Fault,
+    w: Workload,
+    settings: &CellSettings,
+) -> Result<Vec<String>, String> {
+    let per_section = w.section() + w.ttl;
+    let limit = per_section * u32::try_from(settings.warmup * 3 + 3).unwrap_or(u32::MAX);
+    for group in groups {
+        let reached = progress(group, settings.warmup, limit).await;
+        if !reached {
+            return Err(format!(
+                "{}: fewer than {} sections completed within {limit:?} before the fault",
+                group.mode.as_str(),
+                settings.warmup
+            ));
+        }
+    }
+    let mut notes = script::apply(fault, lane, groups, w).await?;
+    let limit = per_section * u32::try_from(settings.recovery * 3 + 4).unwrap_or(u32::MAX);
+    for group in groups {
+        let target = group.completed() + settings.recovery;
+        let recovered = progress(group, target, limit).await;
+        notes.push(match recovered {
+            true => format!("{}: recovered", group.mode.as_str()),
+            false => format!(
+                "{}: did not complete {} more sections within {limit:?}",
+                group.mode.as_str(),
+                settings.recovery
+            ),
+        });
+    }
+    Ok(notes)
+}
+
+/// Waits until `group` has completed `target` sections.
+async fn progress(group: &Group, target: u64, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while group.completed() < target {
+        if Instant::now() > deadline {
+            return false;
+        }
+        sleep(Duration::from_millis(100)).await;
+    }
+    true
+}
+
+fn save(dir: &Path, mode: Mode, history: &[Event]) -> Result<(), String> {
+    let path = dir.join(format!("history-{}.jsonl", mode.as_str()));
+    let mut text = String::new();
+    for event in history {
+        text.push_str(&serde_json::to_string(event).map_err(|e| e.to_string())?);
+        text.push('\n');
+    }
+    std::fs::write(&path, text).map_err(|e| format!("{}: {e}", path.display()))
+}
