@@ -8,17 +8,8 @@ use anylock::Config;
 use clap::Parser;
 use lockcore::{ErrorKind, FenceToken, HolderInfo, Identity};
 use proptest::prelude::*;
-use proptest::test_runner::Config as ProptestConfig;
 
 use crate::cli::{Cli, Command};
-
-/// The default config (256 cases, or `PROPTEST_CASES`), without regression files.
-fn config() -> ProptestConfig {
-    ProptestConfig {
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 /// Duration texts: humantime's forms, overflowing numbers, odd units, and garbage.
 fn durations() -> impl Strategy<Value = String> {
@@ -88,7 +79,7 @@ fn run_args(ttl: Option<&str>, wait: Option<&str>) -> Result<crate::cli::RunArgs
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(conformance::prop::config())]
 
     /// Guards against `--ttl`/`--wait` parsing that panics or overflows, and options built
     /// from them that are not checked (InvalidInput) before any backend is touched.

@@ -7,19 +7,30 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use lockcore::{ErrorKind, Identity, Lease, LockName};
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 
 use crate::EtcdConfig;
 use crate::backend::{parse_grant, ttl_secs};
 use crate::keys::{Layout, decode_value, is_owned_by, range_end};
 
-/// The default config (256 cases, or `PROPTEST_CASES`), without regression files.
-fn config() -> Config {
-    Config {
-        failure_persistence: None,
-        ..Config::default()
-    }
+/// Characters a URL treats specially, joining the chunks of generated passwords (no raw
+/// `@`: with one, part of the password is a host name by the URL grammar).
+const PASSWORD_SEPARATORS: &[&str] = &[
+    ":", "/", "?", "#", ",", "%", "&", "=", " ", "+", "$", ";", "é", "%40", "%2F", "%zz", "%C3%28",
+    "[",
+];
+
+/// Passwords for this crate's URLs (see `conformance::prop::passwords`).
+fn passwords() -> impl Strategy<Value = (Vec<String>, String)> {
+    conformance::prop::passwords(PASSWORD_SEPARATORS, encode)
 }
+
+/// Valid URLs that `conformance::prop::mangled` mutates.
+const VALID_URLS: &[&str] = &[
+    "etcds://u%40corp:p%3Ass@h:1/x?timeout=250ms&connect_timeout=2&ca=/etc/ca.pem",
+    "etcd://root:hunter2@h1,h2:2380/locks?timeout=2s",
+    "etcd://h1:2379,h2,[::1]:2380",
+    "etcd://h?tls=true&cert=/c&key=/k",
+];
 
 /// Percent-encodes everything but unreserved characters.
 fn encode(text: &str) -> String {
@@ -32,28 +43,6 @@ fn encode(text: &str) -> String {
             }
         })
         .collect()
-}
-
-/// A password: random 8-character chunks (the markers searched for in output) joined by
-/// characters URLs treat specially (no raw `@`, which makes the rest a host name by the
-/// URL grammar), raw or percent-encoded.
-fn passwords() -> impl Strategy<Value = (Vec<String>, String)> {
-    let separator = prop_oneof![
-        Just(""),
-        proptest::sample::select(vec![
-            ":", "/", "?", "#", ",", "%", "&", "=", " ", "+", "$", ";", "é", "%40", "%2F", "%zz",
-            "%C3%28", "[",
-        ]),
-    ];
-    (
-        proptest::collection::vec(("[A-Za-z0-9]{8}", separator), 1..4),
-        any::<bool>(),
-    )
-        .prop_map(|(parts, encoded)| {
-            let chunks = parts.iter().map(|(c, _)| c.clone()).collect();
-            let raw: String = parts.iter().map(|(c, s)| format!("{c}{s}")).collect();
-            (chunks, if encoded { encode(&raw) } else { raw })
-        })
 }
 
 /// URLs of both schemes with a password, over valid and broken host lists and options.
@@ -83,31 +72,6 @@ fn secret_urls() -> impl Strategy<Value = (String, Vec<String>)> {
             (format!("{scheme}://{user}:{pw}@{hosts}{tail}"), chunks)
         },
     )
-}
-
-/// Arbitrary text and valid URLs with one character deleted, replaced or inserted.
-fn mangled_urls() -> impl Strategy<Value = String> {
-    let valid = proptest::sample::select(vec![
-        "etcds://u%40corp:p%3Ass@h:1/x?timeout=250ms&connect_timeout=2&ca=/etc/ca.pem",
-        "etcd://root:hunter2@h1,h2:2380/locks?timeout=2s",
-        "etcd://h1:2379,h2,[::1]:2380",
-        "etcd://h?tls=true&cert=/c&key=/k",
-    ]);
-    prop_oneof![
-        any::<String>(),
-        (valid, any::<prop::sample::Index>(), 0u8..3, any::<char>()).prop_map(
-            |(url, at, how, ch)| {
-                let mut chars: Vec<char> = url.chars().collect();
-                let i = at.index(chars.len());
-                match how {
-                    0 => drop(chars.remove(i)),
-                    1 => chars[i] = ch,
-                    _ => chars.insert(i, ch),
-                }
-                chars.into_iter().collect()
-            }
-        ),
-    ]
 }
 
 /// Values found under a lock prefix: empty (etcdctl, Go), anylock's JSON, JSON with
@@ -143,12 +107,12 @@ fn stored_values() -> impl Strategy<Value = Vec<u8>> {
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(conformance::prop::config())]
 
     /// Guards against the URL parser panicking (percent-decoding at the end of the text,
     /// bracketed hosts, overflowing durations) or reporting anything but InvalidInput.
     #[test]
-    fn prop_urls_never_panic_and_errors_are_typed(url in mangled_urls()) {
+    fn prop_urls_never_panic_and_errors_are_typed(url in conformance::prop::mangled(VALID_URLS.to_vec())) {
         match EtcdConfig::from_url(&url) {
             Ok(config) => {
                 prop_assert!(!config.endpoints().is_empty());

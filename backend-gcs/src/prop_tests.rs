@@ -6,18 +6,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lockcore::{ErrorKind, Identity};
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 use serde_json::{Value, json};
 
 use crate::object::{LockObject, metadata, parse_grant, parse_rfc3339, rfc3339};
-
-/// The default config (256 cases, or `PROPTEST_CASES`), without regression files.
-fn config() -> Config {
-    Config {
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
 
 /// The last second RFC 3339 can write: 9999-12-31T23:59:59Z.
 const MAX_RFC3339_SECS: u64 = 253_402_300_799;
@@ -161,7 +152,7 @@ fn date_headers() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(conformance::prop::config())]
 
     /// Guards against a reply parser that panics or overflows on a malformed object
     /// resource, or reports it as anything but a Protocol error.

@@ -4,40 +4,14 @@
 use backend_gcs::GcsConfig;
 use lockcore::ErrorKind;
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 
-/// The default config (256 cases, or `PROPTEST_CASES`), without regression files.
-fn config() -> Config {
-    Config {
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
-
-/// Arbitrary text and valid URLs with one character deleted, replaced or inserted.
-fn mangled_urls() -> impl Strategy<Value = String> {
-    let valid = proptest::sample::select(vec![
-        "gs://locks-1/app/?endpoint=http://127.0.0.1:4443&timeout_ms=250",
-        "gs://bucket",
-        "gs://b.c_d-e/a%20b/?timeout_ms=18446744073709551615",
-        "gs://bucket/p?endpoint=127.0.0.1:1",
-    ]);
-    prop_oneof![
-        any::<String>(),
-        (valid, any::<prop::sample::Index>(), 0u8..3, any::<char>()).prop_map(
-            |(url, at, how, ch)| {
-                let mut chars: Vec<char> = url.chars().collect();
-                let i = at.index(chars.len());
-                match how {
-                    0 => drop(chars.remove(i)),
-                    1 => chars[i] = ch,
-                    _ => chars.insert(i, ch),
-                }
-                chars.into_iter().collect()
-            }
-        ),
-    ]
-}
+/// Valid URLs that `conformance::prop::mangled` mutates.
+const VALID_URLS: &[&str] = &[
+    "gs://locks-1/app/?endpoint=http://127.0.0.1:4443&timeout_ms=250",
+    "gs://bucket",
+    "gs://b.c_d-e/a%20b/?timeout_ms=18446744073709551615",
+    "gs://bucket/p?endpoint=127.0.0.1:1",
+];
 
 /// A secret: an 8-character marker with URL-special characters around it.
 fn secrets() -> impl Strategy<Value = (String, String)> {
@@ -49,12 +23,12 @@ fn secrets() -> impl Strategy<Value = (String, String)> {
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(conformance::prop::config())]
 
     /// Guards against the URL parser panicking (percent-decoding, empty parts) or reporting
     /// a bad URL as anything but InvalidInput with a message.
     #[test]
-    fn prop_gcs_urls_never_panic_and_errors_are_typed(url in mangled_urls()) {
+    fn prop_gcs_urls_never_panic_and_errors_are_typed(url in conformance::prop::mangled(VALID_URLS.to_vec())) {
         match GcsConfig::from_url(&url) {
             Ok(config) => {
                 let again = GcsConfig::from_url(&config.to_string());
@@ -69,7 +43,7 @@ proptest! {
 
     /// Guards against an access token showing in `Debug` or `Display`.
     #[test]
-    fn prop_gcs_tokens_never_show((marker, token) in secrets(), url in mangled_urls()) {
+    fn prop_gcs_tokens_never_show((marker, token) in secrets(), url in conformance::prop::mangled(VALID_URLS.to_vec())) {
         if let Ok(config) = GcsConfig::from_url(&url) {
             let config = config.with_access_token(token);
             let shown = format!("{config} {config:?}");
@@ -79,7 +53,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(conformance::prop::config())]
 
     /// Guards against user info written into a `gs://` URL (by habit from other schemes,
     /// or in the endpoint) showing in errors, `Display` or `Debug`.

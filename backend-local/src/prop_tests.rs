@@ -5,18 +5,9 @@ use std::path::Path;
 
 use lockcore::ErrorKind;
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 
 use crate::LocalConfig;
 use crate::host::parse_stat;
-
-/// The default config (256 cases, or `PROPTEST_CASES`), without regression files.
-fn config() -> Config {
-    Config {
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
 
 /// Backend URLs of other schemes, some carrying a password (marked by `SECRETxx`).
 fn other_urls() -> impl Strategy<Value = (String, String)> {
@@ -60,7 +51,7 @@ fn stat_lines() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(conformance::prop::config())]
 
     /// Guards against a `local:` parser that panics, reports another scheme as anything
     /// but InvalidInput, or echoes the rest of the URL (a password) in its error.

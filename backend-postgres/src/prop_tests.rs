@@ -6,47 +6,34 @@ use std::time::Duration;
 
 use lockcore::{ErrorKind, Identity, Lease, LockName};
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 
 use crate::PostgresConfig;
 use crate::backend::grant_token;
 use crate::client::classify_sqlstate;
 use crate::config::{MAX_IDENTIFIER_LEN, MAX_TABLE_LEN, quote_identifier};
 
-/// The default config (256 cases, or `PROPTEST_CASES`), without regression files.
-fn config() -> Config {
-    Config {
-        failure_persistence: None,
-        ..Config::default()
-    }
+/// Characters a URL treats specially, joining the chunks of generated passwords (no raw
+/// `@`: with one, part of the password is a host name by the URL grammar).
+const PASSWORD_SEPARATORS: &[&str] = &[
+    ":", "/", "?", "#", ",", "%", "=", " ", "+", "$", ";", "é", "%40", "%2F", "%zz", "%C3%28",
+    "%00",
+];
+
+/// Passwords for this crate's URLs (see `conformance::prop::passwords`).
+fn passwords() -> impl Strategy<Value = (Vec<String>, String)> {
+    conformance::prop::passwords(PASSWORD_SEPARATORS, form_encode)
 }
 
-/// A password: random 8-character chunks (the markers searched for in output) joined by
-/// characters URLs treat specially (no raw `@`, which makes the rest a host name by the
-/// URL grammar), raw or percent-encoded.
-fn passwords() -> impl Strategy<Value = (Vec<String>, String)> {
-    let separator = prop_oneof![
-        Just(""),
-        proptest::sample::select(vec![
-            ":", "/", "?", "#", ",", "%", "=", " ", "+", "$", ";", "é", "%40", "%2F", "%zz",
-            "%C3%28", "%00",
-        ]),
-    ];
-    (
-        proptest::collection::vec(("[A-Za-z0-9]{8}", separator), 1..4),
-        any::<bool>(),
-    )
-        .prop_map(|(parts, encode)| {
-            let chunks = parts.iter().map(|(c, _)| c.clone()).collect();
-            let raw: String = parts.iter().map(|(c, s)| format!("{c}{s}")).collect();
-            let text = if encode {
-                url::form_urlencoded::byte_serialize(raw.as_bytes()).collect()
-            } else {
-                raw
-            };
-            (chunks, text)
-        })
+fn form_encode(text: &str) -> String {
+    url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
 }
+
+/// Valid URLs that `conformance::prop::mangled` mutates.
+const VALID_URLS: &[&str] = &[
+    "postgres://app:pa%40ss@db.example:6543/locks?sslmode=require&pool_size=3",
+    "postgresql://localhost/db?schema=s&table=t&timeout_ms=250&create_schema=false",
+    "postgres://[::1]:5432/db?prepared_statements=off&channel=c",
+];
 
 /// Query tails: valid and invalid values of anylock's and sqlx's parameters.
 fn tails() -> impl Strategy<Value = &'static str> {
@@ -86,30 +73,6 @@ fn secret_urls() -> impl Strategy<Value = (String, Vec<String>)> {
     )
 }
 
-/// Arbitrary text and valid URLs with one character deleted, replaced or inserted.
-fn mangled_urls() -> impl Strategy<Value = String> {
-    let valid = proptest::sample::select(vec![
-        "postgres://app:pa%40ss@db.example:6543/locks?sslmode=require&pool_size=3",
-        "postgresql://localhost/db?schema=s&table=t&timeout_ms=250&create_schema=false",
-        "postgres://[::1]:5432/db?prepared_statements=off&channel=c",
-    ]);
-    prop_oneof![
-        any::<String>(),
-        (valid, any::<prop::sample::Index>(), 0u8..3, any::<char>()).prop_map(
-            |(url, at, how, ch)| {
-                let mut chars: Vec<char> = url.chars().collect();
-                let i = at.index(chars.len());
-                match how {
-                    0 => drop(chars.remove(i)),
-                    1 => chars[i] = ch,
-                    _ => chars.insert(i, ch),
-                }
-                chars.into_iter().collect()
-            }
-        ),
-    ]
-}
-
 /// Identifiers: ordinary, multibyte near the byte limits, with control characters.
 fn identifiers() -> impl Strategy<Value = String> {
     prop_oneof![
@@ -126,12 +89,12 @@ fn valid_identifier(name: &str, max: usize) -> bool {
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(conformance::prop::config())]
 
     /// Guards against the URL parser (ours and sqlx's behind it) panicking on malformed
     /// input, or reporting it as anything but InvalidInput with a message.
     #[test]
-    fn prop_urls_never_panic_and_errors_are_typed(url in mangled_urls()) {
+    fn prop_urls_never_panic_and_errors_are_typed(url in conformance::prop::mangled(VALID_URLS.to_vec())) {
         if let Err(err) = PostgresConfig::from_url(&url) {
             prop_assert_eq!(err.kind(), ErrorKind::InvalidInput, "{:?}: {}", url, err);
             prop_assert!(!err.message().is_empty());

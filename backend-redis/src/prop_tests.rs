@@ -6,7 +6,6 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use lockcore::ErrorKind;
 use proptest::prelude::*;
-use proptest::test_runner::Config;
 use redis::Value;
 
 use crate::client::{AcquireReply, decode_acquire, decode_found, text, time_from_reply};
@@ -14,39 +13,29 @@ use crate::keys::{StoredValue, holder_info, owner_of};
 use crate::redlock::quorum::{best_holder, leading_grant};
 use crate::{RedisConfig, RedlockConfig};
 
-/// The default config (256 cases, or `PROPTEST_CASES`), without regression files.
-fn config() -> Config {
-    Config {
-        failure_persistence: None,
-        ..Config::default()
-    }
+/// Characters a URL treats specially, joining the chunks of generated passwords (no raw
+/// `@`: with one, part of the password is a host name by the URL grammar).
+const PASSWORD_SEPARATORS: &[&str] = &[
+    ":", "/", "?", "#", ",", "%", "&", "=", " ", "+", "$", ";", "é", "%40", "%2F", "%zz",
+];
+
+/// Passwords for this crate's URLs (see `conformance::prop::passwords`).
+fn passwords() -> impl Strategy<Value = (Vec<String>, String)> {
+    conformance::prop::passwords(PASSWORD_SEPARATORS, form_encode)
 }
 
-/// A password: random 8-character chunks (the markers searched for in output) joined by
-/// characters URLs treat specially (no raw `@`: with one, part of the password is a host
-/// name by the URL grammar), raw or percent-encoded.
-fn passwords() -> impl Strategy<Value = (Vec<String>, String)> {
-    let separator = prop_oneof![
-        Just(""),
-        proptest::sample::select(vec![
-            ":", "/", "?", "#", ",", "%", "&", "=", " ", "+", "$", ";", "é", "%40", "%2F", "%zz",
-        ]),
-    ];
-    (
-        proptest::collection::vec(("[A-Za-z0-9]{8}", separator), 1..4),
-        any::<bool>(),
-    )
-        .prop_map(|(parts, encode)| {
-            let chunks = parts.iter().map(|(c, _)| c.clone()).collect();
-            let raw: String = parts.iter().map(|(c, s)| format!("{c}{s}")).collect();
-            let text = if encode {
-                url::form_urlencoded::byte_serialize(raw.as_bytes()).collect()
-            } else {
-                raw
-            };
-            (chunks, text)
-        })
+fn form_encode(text: &str) -> String {
+    url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
 }
+
+/// Valid URLs that `conformance::prop::mangled` mutates.
+const VALID_URLS: &[&str] = &[
+    "redis://app:pw@127.0.0.1:7000/3?prefix=jobs&timeout_ms=250",
+    "rediss://h:6380/0#insecure",
+    "redlock://:pw@h1:1,h2:2,h3:3/1?prefix=x&timeout_ms=20",
+    "redis://a:1,redis://b:2,redis://c:3",
+    "redis://[::1]:6379/0?protocol=resp3",
+];
 
 /// URLs of both forms, valid and broken, each carrying a password.
 fn secret_urls() -> impl Strategy<Value = (String, Vec<String>)> {
@@ -73,32 +62,6 @@ fn secret_urls() -> impl Strategy<Value = (String, Vec<String>)> {
             (url, chunks)
         },
     )
-}
-
-/// Arbitrary text and valid URLs with one character deleted, replaced or inserted.
-fn mangled_urls() -> impl Strategy<Value = String> {
-    let valid = proptest::sample::select(vec![
-        "redis://app:pw@127.0.0.1:7000/3?prefix=jobs&timeout_ms=250",
-        "rediss://h:6380/0#insecure",
-        "redlock://:pw@h1:1,h2:2,h3:3/1?prefix=x&timeout_ms=20",
-        "redis://a:1,redis://b:2,redis://c:3",
-        "redis://[::1]:6379/0?protocol=resp3",
-    ]);
-    prop_oneof![
-        any::<String>(),
-        (valid, any::<prop::sample::Index>(), 0u8..3, any::<char>()).prop_map(
-            |(url, at, how, ch)| {
-                let mut chars: Vec<char> = url.chars().collect();
-                let i = at.index(chars.len());
-                match how {
-                    0 => drop(chars.remove(i)),
-                    1 => chars[i] = ch,
-                    _ => chars.insert(i, ch),
-                }
-                chars.into_iter().collect()
-            }
-        ),
-    ]
 }
 
 /// RESP values of every shape the decoders distinguish, nested.
@@ -156,12 +119,12 @@ fn stored_values() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(config())]
+    #![proptest_config(conformance::prop::config())]
 
     /// Guards against a URL parser that panics on malformed input or reports it as
     /// anything but InvalidInput (or Config for TLS without the `tls` feature).
     #[test]
-    fn prop_urls_never_panic_and_errors_are_typed(url in mangled_urls()) {
+    fn prop_urls_never_panic_and_errors_are_typed(url in conformance::prop::mangled(VALID_URLS.to_vec())) {
         for result in [
             RedisConfig::from_url(&url).map(|c| c.to_string()),
             RedlockConfig::from_url(&url).map(|c| c.to_string()),

@@ -18,6 +18,7 @@
 pub mod cases;
 pub mod env;
 mod harness;
+pub mod prop;
 pub mod proxy;
 pub mod report;
 
