@@ -200,8 +200,14 @@ impl LockBackend for LocalBackend {
             .clear(name.as_str(), owner, row.token)
             .await
             .map_err(ctx)?;
-        // Not cleared: the holder changed meanwhile; report nothing removed (run it again).
-        Ok(cleared.then_some(holder))
+        if !cleared {
+            // The holder changed between the read and the clear. `Ok(None)` would claim
+            // nobody held it; say what happened instead (as the GCS backend does).
+            return Err(ctx(Error::unavailable(
+                "the holder changed while breaking the lock; run the break again",
+            )));
+        }
+        Ok(Some(holder))
     }
 
     fn guarantees(&self) -> Guarantees {

@@ -14,7 +14,7 @@ use sqlx::sqlite::{
 };
 
 use crate::config::LocalConfig;
-use crate::host::{self, ProcessId};
+use crate::host::ProcessId;
 
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS anylock_leases (
     name        TEXT PRIMARY KEY NOT NULL,
@@ -126,7 +126,8 @@ impl Client {
                     if err.kind() == ErrorKind::Unavailable
                         && tokio::time::Instant::now() < deadline =>
                 {
-                    let jitter = host::wall_ms().unsigned_abs() % 40;
+                    // Random, so processes that started together do not retry together.
+                    let jitter = rand::random_range(0..40);
                     tokio::time::sleep(Duration::from_millis(10 + jitter)).await;
                 }
                 other => return other,
