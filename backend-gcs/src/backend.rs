@@ -12,6 +12,9 @@ use crate::client::{Answer, GcsClient, Preconditions, Reply};
 use crate::config::{GcsConfig, MIN_REFRESH_INTERVAL};
 use crate::object::{self, LockObject};
 
+/// The object name (after the prefix) that `server_time` reads; never created.
+const CLOCK_PROBE: &str = ".anylock-clock";
+
 const NOTES: &str = "Real GCS sustains about one mutation per second per object, so the \
 refresh interval must be at least 1 s (the Locker refuses shorter ones); each call costs tens of milliseconds. Expiry is judged by comparing the object's `updated` \
 plus its TTL with the server's one-second-resolution Date header, so a lapsed lock is taken \
@@ -196,9 +199,9 @@ impl GcsBackend {
     async fn try_release(&self, object: &str, lease: &Lease) -> Result<()> {
         let (generation, metageneration) = object::parse_grant(lease.grant())?;
         let exact = Preconditions::exact(generation, metageneration);
-        match self.client.delete(object, exact).await?.reply {
-            Reply::Ok(_) | Reply::NotFound | Reply::PreconditionFailed => Ok(()),
-        }
+        // 412 or 404: already gone or someone else's, so nothing of ours is left.
+        self.client.delete(object, exact).await?;
+        Ok(())
     }
 
     /// The live, unexpired object of `object`, with the server time it was read at.
@@ -291,8 +294,12 @@ impl LockBackend for GcsBackend {
         result.map_err(|e| e.with_backend("gcs").with_lock(name))
     }
 
+    /// One object GET of a name no lock uses (`prefix + ".anylock-clock"`): every reply,
+    /// a 404 included, carries `Date`, and it needs only `storage.objects.get`, the
+    /// permission the lock itself needs (a bucket GET would need `storage.buckets.get`).
     async fn server_time(&self) -> Result<Option<SystemTime>> {
-        let answer = self.client.bucket().await?;
+        let probe = format!("{}{CLOCK_PROBE}", self.config().prefix());
+        let answer = self.client.get(&probe).await?;
         Ok(answer.date)
     }
 }

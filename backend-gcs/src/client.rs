@@ -175,16 +175,6 @@ impl GcsClient {
         self.send(request, Call::Write).await
     }
 
-    /// Reads the bucket resource, for its `Date` header.
-    pub(crate) async fn bucket(&self) -> Result<Answer> {
-        let url = format!(
-            "{}/storage/v1/b/{}",
-            self.config.endpoint(),
-            segment(self.config.bucket())
-        );
-        self.send(self.http.get(url), Call::Read).await
-    }
-
     fn object_url(&self, object: &str, preconditions: Preconditions) -> String {
         format!(
             "{}/storage/v1/b/{}/o/{}?{}",
@@ -262,9 +252,12 @@ pub(crate) enum Failure {
 /// |---|---|---|
 /// | 400 | `InvalidInput` | permanent |
 /// | 401, 403 | `PermissionDenied` | permanent |
-/// | 404 (bucket missing: object 404s are handled by the caller) | `Config` | permanent |
 /// | 408, 429, 5xx | `Unavailable` | temporary |
 /// | other status | `Protocol` | permanent |
+///
+/// 404 and 412 never get here: `send` answers them as `Reply::NotFound` and
+/// `Reply::PreconditionFailed`, and the lock logic decides (a missing bucket is noticed
+/// by the insert, which has no other reason to see 404).
 /// | connect error | `Unavailable` | temporary |
 /// | timeout or broken reply on a write | `OutcomeUnknown` | temporary |
 /// | timeout or broken reply on a read | `Unavailable` | temporary |
@@ -275,9 +268,6 @@ pub(crate) fn map_error(failure: Failure, call: Call) -> Error {
             ErrorKind::PermissionDenied,
             format!("GCS refused the credentials ({code}); check the token and bucket IAM"),
         ),
-        Failure::Status(404) => {
-            Error::new(ErrorKind::Config, "the GCS bucket does not exist (404)")
-        }
         Failure::Status(code @ (408 | 429 | 500..=599)) => {
             Error::unavailable(format!("GCS answered {code}; retry later"))
         }
@@ -316,7 +306,6 @@ mod tests {
             (400, ErrorKind::InvalidInput, RetryStatus::Permanent),
             (401, ErrorKind::PermissionDenied, RetryStatus::Permanent),
             (403, ErrorKind::PermissionDenied, RetryStatus::Permanent),
-            (404, ErrorKind::Config, RetryStatus::Permanent),
             (408, ErrorKind::Unavailable, RetryStatus::Temporary),
             (429, ErrorKind::Unavailable, RetryStatus::Temporary),
             (503, ErrorKind::Unavailable, RetryStatus::Temporary),

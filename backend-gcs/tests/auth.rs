@@ -164,6 +164,37 @@ async fn an_unreachable_token_endpoint_is_temporary_and_writes_nothing() {
     assert!(gcs.server.requests().is_empty());
 }
 
+/// A token endpoint that accepts the connection but never answers is cut off by the
+/// request timeout (gcp_auth alone would wait), as a temporary `Unavailable`.
+#[tokio::test]
+async fn a_silent_token_endpoint_is_cut_off_by_the_request_timeout() {
+    let gcs = Gcs::start().await;
+    gcs.server.require_auth();
+    let scratch = Scratch::new("silent");
+    // Bound and listening, never accepting: the connection opens, no reply ever comes.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("port");
+    let uri = format!("http://{}/token", silent.local_addr().expect("addr"));
+    let path = key_file(&scratch.0, &key_with(&gcs, "token_uri", &uri));
+    let config = GcsConfig::new(&gcs.bucket)
+        .and_then(|c| c.with_endpoint(&gcs.server.url()))
+        .and_then(|c| c.with_prefix(&gcs.prefix))
+        .expect("config")
+        .with_timeout(Duration::from_millis(500))
+        .with_auth(GcsAuth::ServiceAccountKey(path));
+    let backend = GcsBackend::new(config).expect("key parses");
+    let started = std::time::Instant::now();
+    let err = locker(backend)
+        .try_acquire("silent")
+        .await
+        .expect_err("no token");
+    let took = started.elapsed();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("took longer"), "{err}");
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(gcs.server.requests().is_empty());
+    drop(silent);
+}
+
 /// The Locker refuses options real GCS cannot sustain (a refresh more often than once a
 /// second) before sending anything.
 #[tokio::test]
