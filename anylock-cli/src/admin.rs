@@ -151,11 +151,18 @@ async fn skew(backend: &dyn lockcore::LockBackend) -> Result<String, Error> {
 
 /// Maps a missing-operation error to a helpful message.
 pub(crate) fn explain(err: Error) -> Error {
-    if err.kind() == ErrorKind::Unsupported {
-        return Error::new(
-            ErrorKind::Unsupported,
-            format!("{}; use the backend's own tools", err.message()),
-        );
+    if err.kind() != ErrorKind::Unsupported {
+        return err;
     }
-    err
+    let mut explained = Error::new(
+        ErrorKind::Unsupported,
+        format!("{}; use the backend's own tools", err.message()),
+    );
+    if let Some(backend) = err.backend() {
+        explained = explained.with_backend(backend.to_owned());
+    }
+    if let Some(lock) = err.lock() {
+        explained = explained.with_lock(lock);
+    }
+    explained
 }

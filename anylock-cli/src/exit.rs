@@ -61,6 +61,7 @@ mod tests {
             NOT_FOUND,
         ];
         let mut sorted = codes.to_vec();
+        sorted.sort_unstable();
         sorted.dedup();
         assert_eq!(sorted.len(), codes.len());
         assert_eq!(code_for(&Error::new(ErrorKind::Held, "x")), HELD);

@@ -82,7 +82,9 @@ async fn acquire_with_status(locker: &Locker, name: &str) -> Result<LockGuard, E
                 return result;
             }
             _ = ticker.tick() => {
-                let Ok(Some(holder)) = locker.inspect(name).await else { continue };
+                // Bounded: while this awaits, the acquire is not polled.
+                let inspect = tokio::time::timeout(Duration::from_millis(900), locker.inspect(name));
+                let Ok(Ok(Some(holder))) = inspect.await else { continue };
                 let line = describe_wait(name, &holder);
                 if tty {
                     eprint!("\r\x1b[2K{line}");

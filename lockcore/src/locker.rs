@@ -271,10 +271,7 @@ impl Locker {
         let validity = (sent + ttl).checked_sub(options.drift()).unwrap_or(sent);
         if validity <= self.clock.now() {
             tracing::debug!(lock = %lease.name(), "lease arrived with no validity left; releasing");
-            let backend = Arc::clone(&self.backend);
-            tokio::spawn(async move {
-                let _ = backend.release(&lease).await;
-            });
+            drop(Unclaimed::new(lease, &self.backend)); // releases itself
             return None;
         }
         let shared = Arc::new(Shared::new(lease, validity, self.clock.clone()));
@@ -354,6 +351,8 @@ struct Wait {
     events: Option<ReleaseEvents>,
     attempt: u32,
     backoff: crate::backoff::Backoff,
+    /// Bounds each backend call the wait makes itself (joining the queue).
+    attempt_timeout: Duration,
     holder: Option<HolderInfo>,
     last_error: Option<Error>,
     /// Our place in the backend's FIFO queue; dropped (leaving the queue) with `Wait`.
@@ -384,6 +383,7 @@ impl Wait {
             events,
             attempt: 0,
             backoff: options.backoff().clone(),
+            attempt_timeout: options.acquire_timeout(),
             holder: None,
             last_error: None,
             ticket: None,
@@ -407,9 +407,9 @@ impl Wait {
         tokio::spawn(async move {
             let _ = tx.send(backend.enqueue(&req).await);
         });
-        let limit = self
-            .deadline
-            .unwrap_or_else(|| Instant::now() + Duration::from_secs(3600));
+        // Bounded like an attempt: a hung enqueue must not stall a waiter without a deadline.
+        let own_limit = Instant::now() + self.attempt_timeout;
+        let limit = self.deadline.map_or(own_limit, |d| d.min(own_limit));
         match timeout_at(limit, rx).await {
             Ok(Ok(Ok(Some(mut ticket)))) => {
                 if let Some(events) = ticket.take_events() {

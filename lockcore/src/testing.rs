@@ -157,6 +157,9 @@ impl LockBackend for FaultyBackend {
     fn check_options(&self, options: &crate::LockOptions) -> Result<()> {
         self.inner.check_options(options)
     }
+    async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
+        self.inner.server_time().await
+    }
     async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
         if self.state().no_notifications {
             return Ok(None);
