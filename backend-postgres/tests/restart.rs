@@ -98,7 +98,12 @@ async fn each_operation_is_one_statement() {
         acquire, attempts as i64,
         "an acquire call ran more than one acquire"
     );
-    assert!(second_reads < acquire, "every attempt needed a second read");
+    // docs/postgres.md measures 4 %; a quarter of the attempts would mean the
+    // single-statement acquire no longer names the holder in one read.
+    assert!(
+        second_reads * 4 < acquire,
+        "{second_reads} second reads for {acquire} acquire statements"
+    );
 }
 
 /// `tasks` contenders take one name `rounds` times each through the backend directly

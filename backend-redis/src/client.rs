@@ -111,6 +111,7 @@ static BREAK: LazyLock<Script> = LazyLock::new(|| Script::new(BREAK_LUA));
 pub(crate) enum Call {
     Connect,
     Ping,
+    Time,
     Acquire,
     Refresh,
     Release,
@@ -135,6 +136,7 @@ impl fmt::Display for Call {
         f.write_str(match self {
             Self::Connect => "connect",
             Self::Ping => "ping",
+            Self::Time => "server time",
             Self::Acquire => "acquire",
             Self::Refresh => "refresh",
             Self::Release => "release",
@@ -291,10 +293,10 @@ impl Node {
         let reply = tokio::time::timeout(self.timeout, time.query_async::<(u64, u64)>(&mut conn));
         match reply.await {
             Ok(Ok((secs, micros))) => {
-                time_from_reply(secs, micros).ok_or_else(|| malformed(Call::Ping, &self.label))
+                time_from_reply(secs, micros).ok_or_else(|| malformed(Call::Time, &self.label))
             }
-            Ok(Err(err)) => Err(map_error(&err, Call::Ping, &self.label)),
-            Err(_) => Err(timed_out(Call::Ping, &self.label, self.timeout)),
+            Ok(Err(err)) => Err(map_error(&err, Call::Time, &self.label)),
+            Err(_) => Err(timed_out(Call::Time, &self.label, self.timeout)),
         }
     }
 

@@ -41,15 +41,12 @@ const COLUMNS: &[(&str, &str, &str)] = &[
 
 /// The latest result of every case: a backend's cases may run in several test processes
 /// (a private server for durability, say), so "latest" is per case, not per process.
+/// Results are appended as cases finish, so the last line of a case is its latest (run
+/// ids, `secs-pid`, do not sort by time as strings).
 fn latest_per_case(lines: Vec<Line>) -> Vec<Line> {
     let mut latest: BTreeMap<String, Line> = BTreeMap::new();
     for line in lines {
-        let newer = latest
-            .get(&line.case)
-            .is_none_or(|seen| line.run >= seen.run);
-        if newer {
-            latest.insert(line.case.clone(), line);
-        }
+        latest.insert(line.case.clone(), line);
     }
     latest.into_values().collect()
 }
