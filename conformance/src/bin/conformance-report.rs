@@ -10,7 +10,6 @@ use serde::Deserialize;
 
 #[derive(Debug, Deserialize)]
 struct Line {
-    run: String,
     backend: String,
     case: String,
     outcome: String,
