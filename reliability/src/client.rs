@@ -42,9 +42,10 @@ pub struct ClientConfig {
     pub lock: String,
     /// TTL, steps and timing.
     pub workload: Workload,
-    /// Upper bound of the acquire loop's backoff.
-    pub backoff_cap: Duration,
 }
+
+/// Upper bound of the acquire loop's backoff.
+const BACKOFF_CAP: Duration = Duration::from_millis(200);
 
 /// A line-based connection to the register.
 #[derive(Debug)]
@@ -99,8 +100,8 @@ pub async fn run(config: ClientConfig) -> Result<(), String> {
     let backend = connect(&config.url).await?;
     let (clock, control) = Clock::adjustable();
     let w = config.workload;
-    let options = LockOptions::new(w.ttl)
-        .with_backoff(Backoff::new(Duration::from_millis(20), config.backoff_cap));
+    let options =
+        LockOptions::new(w.ttl).with_backoff(Backoff::new(Duration::from_millis(20), BACKOFF_CAP));
     let locker = Locker::new(backend).with_options(options).with_clock(clock);
     let stop = commands(control);
     let mut ctx = Ctx {

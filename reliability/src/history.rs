@@ -68,15 +68,3 @@ pub enum Op {
         reason: String,
     },
 }
-
-impl Event {
-    /// A shorthand for building histories in tests and tools.
-    pub fn new(seq: u64, at_us: u64, client: u32, section: u64, op: Op) -> Self {
-        Self {
-            seq,
-            at_us,
-            id: SectionId { client, section },
-            op,
-        }
-    }
-}

@@ -3,8 +3,6 @@
 //! - `run [--short] [--backends ..] [--faults ..] [--out RELIABILITY.md]`: run the plan,
 //!   write the report, exit 1 when a claimed guarantee was violated or a cell could not run.
 //! - `client ...`: one client process (started by `run`).
-//! - `register [--fenced]`: a standalone fenced register; prints its address, then every
-//!   event as a JSON line.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -13,7 +11,6 @@ use std::time::Duration;
 use anylock_reliability::backends::{Kind, Workload};
 use anylock_reliability::client::{self, ClientConfig};
 use anylock_reliability::fault::Fault;
-use anylock_reliability::register::{Mode, RegisterServer};
 use anylock_reliability::report::{self, Meta};
 use anylock_reliability::suite::{self, Plan, Suite};
 use clap::{Args, Parser, Subcommand};
@@ -35,12 +32,6 @@ enum Command {
     Run(RunArgs),
     /// One client process (the orchestrator starts these).
     Client(ClientArgs),
-    /// A standalone fenced register.
-    Register {
-        /// Refuse tokens lower than the highest accepted one.
-        #[arg(long)]
-        fenced: bool,
-    },
 }
 
 #[derive(Debug, Args)]
@@ -61,7 +52,7 @@ struct RunArgs {
     #[arg(long, default_value = "target/reliability")]
     results: PathBuf,
     /// Backends run side by side.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 3)]
     jobs: usize,
     /// The command line recorded in the report.
     #[arg(long)]
@@ -86,8 +77,6 @@ struct ClientArgs {
     step_ms: u64,
     #[arg(long, default_value_t = 50)]
     margin_ms: u64,
-    #[arg(long, default_value_t = 200)]
-    backoff_cap_ms: u64,
 }
 
 fn main() -> ExitCode {
@@ -106,7 +95,6 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Run(args) => run(args).await,
             Command::Client(args) => client::run(client_config(args)).await.map(|()| true),
-            Command::Register { fenced } => register(fenced).await.map(|()| true),
         }
     });
     match outcome {
@@ -131,7 +119,6 @@ fn client_config(a: ClientArgs) -> ClientConfig {
             step: Duration::from_millis(a.step_ms),
             margin: Duration::from_millis(a.margin_ms),
         },
-        backoff_cap: Duration::from_millis(a.backoff_cap_ms),
     }
 }
 
@@ -146,7 +133,7 @@ async fn run(args: RunArgs) -> Result<bool, String> {
     if plan.cells.is_empty() {
         return Err("no cell matches --backends and --faults".into());
     }
-    let mode = if plan.short { "short" } else { "full" };
+    let mode = if args.short { "short" } else { "full" };
     let out_dir = args.results.join(mode);
     let _ = std::fs::remove_dir_all(&out_dir);
     let exe = std::env::current_exe().map_err(|e| format!("own path: {e}"))?;
@@ -165,7 +152,7 @@ async fn run(args: RunArgs) -> Result<bool, String> {
         seconds: started.elapsed().as_secs_f64(),
         jobs: args.jobs,
         results: out_dir.display().to_string(),
-        short: suite.plan.short,
+        short: args.short,
     };
     let text = report::render(&results, &meta);
     let summary = serde_json::to_string_pretty(&results).map_err(|e| e.to_string())?;
@@ -196,20 +183,4 @@ fn utc_now() -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
         .unwrap_or_default()
-}
-
-async fn register(fenced: bool) -> Result<(), String> {
-    let mode = if fenced { Mode::Fenced } else { Mode::Unfenced };
-    let server = RegisterServer::start(mode)
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut events = server.subscribe();
-    println!("{}", server.addr());
-    while let Ok(event) = events.recv().await {
-        println!(
-            "{}",
-            serde_json::to_string(&event).map_err(|e| e.to_string())?
-        );
-    }
-    Ok(())
 }

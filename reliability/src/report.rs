@@ -21,7 +21,7 @@ pub struct Meta {
     pub jobs: usize,
     /// Where histories and client logs were written.
     pub results: String,
-    /// The CI version of the run.
+    /// The CI version of the run ([`Plan::short`](crate::suite::Plan::short)).
     pub short: bool,
 }
 
@@ -58,7 +58,7 @@ fn header(out: &mut String, results: &[CellResult], meta: &Meta) {
          The {kind} of the reliability harness (issue #10; method in \
          [`docs/reliability.md`](docs/reliability.md)), regenerated with\n\n\
          ```sh\n{}\n```\n\n\
-         on {} in {:.0} s ({} cells, {} backend(s) at a time, on a {}-core machine, debug \
+         on {} in {:.0} s ({} cells, {} backend(s) at a time, on a {}-core machine, {} \
          build). Register histories and client logs: `{}`.\n",
         meta.command,
         meta.date,
@@ -66,6 +66,11 @@ fn header(out: &mut String, results: &[CellResult], meta: &Meta) {
         results.len(),
         meta.jobs,
         std::thread::available_parallelism().map_or(1, |n| n.get()),
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        },
         meta.results
     );
     let claimed = count(results, |r| {

@@ -37,8 +37,6 @@ const SHORT: &[(Kind, Fault)] = &[
 /// Which cells run, and how long each runs.
 #[derive(Debug, Clone)]
 pub struct Plan {
-    /// `true` for the CI version.
-    pub short: bool,
     /// The cells, in report order.
     pub cells: Vec<(Kind, Fault)>,
     /// Sections each group completes before the fault.
@@ -56,7 +54,6 @@ impl Plan {
             .filter(|(k, f)| f.applies_to(*k))
             .collect();
         Plan {
-            short: false,
             cells,
             warmup: 3,
             recovery: 3,
@@ -66,7 +63,6 @@ impl Plan {
     /// The CI version: a dozen cells, one section before and after each fault.
     pub fn short() -> Plan {
         Plan {
-            short: true,
             cells: SHORT.to_vec(),
             warmup: 1,
             recovery: 1,
