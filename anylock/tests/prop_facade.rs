@@ -7,17 +7,9 @@
 use std::error::Error as _;
 
 use anylock::{BackendUrl, Config, SCHEMES, redact};
+use conformance::prop::config;
 use lockcore::{Error, ErrorKind};
 use proptest::prelude::*;
-use proptest::test_runner::Config as ProptestConfig;
-
-/// The default config (256 cases, or `PROPTEST_CASES`), without regression files.
-fn config() -> ProptestConfig {
-    ProptestConfig {
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    }
-}
 
 /// Every scheme the crate docs list, the TLS variants included.
 const DOCUMENTED: &[&str] = &[
