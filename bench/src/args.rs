@@ -12,7 +12,8 @@ use crate::system::Kind;
 /// with peer lock libraries, and writes the tables and plots of BENCHMARKS.md.
 ///
 /// Every server flag falls back to the variable `scripts/servers` exports. A backend with
-/// no URL is skipped, except under `--smoke` with `CI=true`, where it is an error.
+/// no URL is skipped, except under `--smoke` in CI (`CI=true`) or with
+/// `ANYLOCK_REQUIRE_SERVERS=1`, where it is an error.
 #[derive(Debug, Parser)]
 #[command(name = "anylock-bench", version)]
 pub(crate) struct Args {
@@ -75,9 +76,10 @@ impl Args {
     /// The backends to run, with normalised URLs.
     ///
     /// # Errors
-    /// Under `--smoke` with `CI=true`, a server backend without a URL.
+    /// Under `--smoke` when servers are required (`CI=true` or `ANYLOCK_REQUIRE_SERVERS=1`,
+    /// see [`conformance::env::servers_required`]), a server backend without a URL.
     pub(crate) fn targets(&self) -> Res<Targets> {
-        let ci = std::env::var("CI").is_ok_and(|v| v == "true");
+        let strict = conformance::env::servers_required();
         let wanted =
             |kind: Kind| self.only.is_empty() || self.only.iter().any(|o| o == kind.name());
         let mut list = Vec::new();
@@ -112,7 +114,7 @@ impl Args {
         if wanted(Kind::Local) && self.local {
             list.push((Kind::Local, None));
         }
-        require(&missing, ci && self.smoke)?;
+        require(&missing, strict && self.smoke)?;
         Ok(Targets { list })
     }
 
@@ -138,7 +140,7 @@ pub(crate) fn require(missing: &[String], strict: bool) -> Res<()> {
     let text = format!("no server for {}", missing.join(", "));
     if strict {
         return Err(format!(
-            "{text}: the CI smoke run needs every backend (run scripts/servers start, then source .servers/env)"
+            "{text}: a smoke run in CI (or with ANYLOCK_REQUIRE_SERVERS=1) needs every backend (run scripts/servers start, then source .servers/env)"
         )
         .into());
     }
@@ -211,7 +213,7 @@ pub(crate) struct Plan {
 }
 
 impl Plan {
-    /// The published run (about eight minutes on the 2-core CI machine).
+    /// The published run (about five minutes on a 2-core machine).
     pub(crate) fn full() -> Self {
         Self {
             mode: "full",

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::args::Plan;
-use crate::measure::{absorb, error_budget, handoff};
+use crate::measure::{absorb, error_budget, handoff, warm_up};
 use crate::op::{Entry, Lock, Ours, Res, Role};
 use crate::results::{HandoffRow, Results};
 use crate::stats::Summary;
@@ -69,6 +69,13 @@ pub(crate) async fn run(systems: &[System], ctx: &Ctx, plan: &Plan, out: &mut Re
         let mut yards: [Vec<Duration>; 2] = Default::default();
         let mut errors = vec![0; waiters.len()];
         let budget = error_budget(plan.handoffs);
+        // The yardsticks' names once, untimed: they time steady state, as in the latency
+        // section.
+        for entry in yardsticks.iter().flatten() {
+            warm_up(entry.op.as_ref(), plan.handoffs * 5, budget)
+                .await
+                .map_err(|e| format!("handoff yardstick {}: {e}", entry.label))?;
+        }
         for i in 0..plan.handoffs {
             for (w, waiter) in waiters.iter().enumerate() {
                 let name = format!("{}-{}-handoff{w}-{i}", ctx.run, system.kind.name());

@@ -18,43 +18,94 @@ pub(crate) fn error_budget(units: usize) -> u64 {
 }
 
 /// Times `per_batch` sequential runs of every entry, `batches` times, rotating which entry
-/// goes first, so ours and the raw round trip see the same machine noise. One untimed
-/// warm-up batch per entry comes first. Returns the samples and the failed runs per entry,
-/// in entry order.
+/// goes first, so ours and the raw round trip see the same machine noise. The `k`-th timed
+/// run of an entry uses index `k`; before any timing, each entry makes one untimed
+/// [`warm_up`] pass over every index (so every name) its timed runs will use, so the timed
+/// runs measure steady state and not a name's first use. Returns the samples and the
+/// failed timed runs per entry, in entry order.
 ///
 /// # Errors
-/// The error that took an entry past its [`error_budget`].
+/// The error that took an entry past its [`error_budget`] (in the warm-up or the timed
+/// runs).
 pub(crate) async fn interleaved(
     entries: &[Entry],
     batches: usize,
     per_batch: usize,
 ) -> Res<(Vec<Vec<Duration>>, Vec<u64>)> {
-    let mut samples = vec![Vec::with_capacity(batches * per_batch); entries.len()];
+    let runs = batches * per_batch;
+    let mut samples = vec![Vec::with_capacity(runs); entries.len()];
     let mut errors = vec![0; entries.len()];
-    let budget = error_budget(batches * per_batch);
-    let mut next = 0;
-    for (e, entry) in entries.iter().enumerate() {
-        for _ in 0..per_batch.min(20) {
-            if let Err(err) = entry.op.run(next).await {
-                absorb(&mut errors[e], budget, err)?;
-            }
-            next += 1;
-        }
+    let mut done = vec![0; entries.len()];
+    let budget = error_budget(runs);
+    for entry in entries {
+        warm_up(entry.op.as_ref(), runs.min(NAMES), budget)
+            .await
+            .map_err(|e| format!("{}: {e}", entry.label))?;
     }
     for batch in 0..batches {
         for k in 0..entries.len() {
             let e = (k + batch) % entries.len();
             for _ in 0..per_batch {
                 let start = Instant::now();
-                match entries[e].op.run(next).await {
+                match entries[e].op.run(done[e]).await {
                     Ok(()) => samples[e].push(start.elapsed()),
                     Err(err) => absorb(&mut errors[e], budget, err)?,
                 }
-                next += 1;
+                done[e] += 1;
             }
         }
     }
     Ok((samples, errors))
+}
+
+/// One untimed pass of `op` over the indices `0..n`, in order: names get used once (on
+/// Redis a name's first grant also seeds its fence counter from the server clock, a
+/// one-off per name) and connection pools grow to what back-to-back runs need.
+///
+/// # Errors
+/// When more than `budget` runs failed.
+pub(crate) async fn warm_up(op: &dyn Op, n: usize, budget: u64) -> Res<()> {
+    let mut errors = 0;
+    for i in 0..n {
+        if let Err(err) = op.run(i).await {
+            absorb(&mut errors, budget, err).map_err(|e| format!("warm-up: {e}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// [`warm_up`] from `tasks` concurrent tasks, each over its own slice of the [`NAMES`]
+/// (the slices [`throughput`] gives them), so every name is used once.
+///
+/// # Errors
+/// When more than [`error_budget`]`(NAMES)` runs failed.
+pub(crate) async fn warm_up_names(op: Arc<dyn Op>, tasks: usize) -> Res<()> {
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let op = op.clone();
+            tokio::spawn(async move {
+                let (mut failed, mut last) = (0_u64, None);
+                for k in 0..NAMES.saturating_sub(task).div_ceil(tasks) {
+                    if let Err(err) = op.run(task_index(task, tasks, k)).await {
+                        failed += 1;
+                        last = Some(err.to_string());
+                    }
+                }
+                (failed, last)
+            })
+        })
+        .collect();
+    let (mut failed, mut last) = (0, None);
+    for handle in handles {
+        let (f, l) = handle.await?;
+        failed += f;
+        last = l.or(last);
+    }
+    if failed > error_budget(NAMES) {
+        let last = last.unwrap_or_default();
+        return Err(format!("warm-up: {failed} failures (the last: {last})").into());
+    }
+    Ok(())
 }
 
 /// Counts `err` against `budget`; returns it once the budget is spent.
@@ -172,6 +223,46 @@ mod tests {
             }
             assert_eq!(seen.len(), NAMES, "{tasks} tasks");
         }
+    }
+
+    /// Records the index of every run.
+    #[derive(Default)]
+    struct Record(std::sync::Mutex<Vec<usize>>);
+
+    #[async_trait::async_trait]
+    impl Op for Record {
+        async fn run(&self, i: usize) -> Res<()> {
+            self.0.lock().expect("lock").push(i % NAMES);
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn warm_up_uses_every_name_the_timed_runs_use() {
+        for (batches, per_batch) in [(2, 3), (10, 100), (3, 500)] {
+            let record = Arc::new(Record::default());
+            let entry = Entry::new("r", Role::Raw, record.clone());
+            let entries = [entry.clone(), entry];
+            interleaved(&entries, batches, per_batch)
+                .await
+                .expect("latency");
+            let seen = record.0.lock().expect("lock").clone();
+            let runs = batches * per_batch;
+            let warm = runs.min(NAMES);
+            // Both entries share the op: their warm-ups come first, then the timed runs.
+            let (warm_up, timed) = seen.split_at(2 * warm);
+            assert_eq!(timed.len(), 2 * runs);
+            let warmed: HashSet<_> = warm_up.iter().collect();
+            assert!(
+                timed.iter().all(|i| warmed.contains(i)),
+                "{batches}×{per_batch}"
+            );
+        }
+        let record = Arc::new(Record::default());
+        warm_up_names(record.clone(), 64).await.expect("warm-up");
+        let mut seen = record.0.lock().expect("lock").clone();
+        seen.sort_unstable();
+        assert_eq!(seen, (0..NAMES).collect::<Vec<_>>());
     }
 
     #[tokio::test]

@@ -3,7 +3,7 @@
 //! redis-benchmark or pgbench would report) and the peers'.
 
 use crate::args::Plan;
-use crate::measure::throughput;
+use crate::measure::{throughput, warm_up_names};
 use crate::op::{Entry, Res};
 use crate::results::{Results, ThroughputRow};
 use crate::system::{Ctx, System};
@@ -18,10 +18,18 @@ fn entries(system: &System, ctx: &Ctx) -> Vec<Entry> {
     all
 }
 
-/// Measures every system and appends its rows (the mean over interleaved rounds).
+/// Measures every system and appends its rows (the mean over interleaved rounds), after an
+/// untimed warm-up pass over every name.
 pub(crate) async fn run(systems: &[System], ctx: &Ctx, plan: &Plan, out: &mut Results) -> Res<()> {
     for system in systems {
         let entries = entries(system, ctx);
+        // Every name once, untimed, so the rates are of steady state, not of first uses.
+        let widest = plan.tasks.iter().copied().max().unwrap_or(1);
+        for entry in &entries {
+            warm_up_names(entry.op.clone(), widest)
+                .await
+                .map_err(|e| format!("{}: {e}", entry.label))?;
+        }
         let mut sums = vec![vec![0.0; plan.tasks.len()]; entries.len()];
         let mut errors = vec![vec![0; plan.tasks.len()]; entries.len()];
         for round in 0..plan.throughput_rounds {
