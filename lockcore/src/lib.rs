@@ -26,6 +26,7 @@
 //! - [`Clock`]: the monotonic clock guards follow, adjustable to replay clock faults.
 //! - [`Error`]: one error type with an [`ErrorKind`] and a [`RetryStatus`].
 
+mod attempt;
 mod backend;
 mod backoff;
 mod clock;

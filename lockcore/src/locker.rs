@@ -7,6 +7,8 @@ use futures_util::StreamExt;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, sleep_until, timeout_at};
 
+use crate::attempt::{Attempted, InFlight, Unclaimed};
+
 use crate::backend::{LockBackend, QueueTicket, ReleaseEvents};
 use crate::backoff::JitterRng;
 use crate::clock::Clock;
@@ -17,7 +19,7 @@ use crate::identity::Identity;
 use crate::name::LockName;
 use crate::options::{LockOptions, WaitMode};
 use crate::state::Health;
-use crate::types::{Acquire, AcquireRequest, HolderInfo, Lease};
+use crate::types::{AcquireRequest, HolderInfo};
 
 /// Acquires locks on one backend and hands out [`LockGuard`]s.
 ///
@@ -131,6 +133,12 @@ impl Locker {
     /// real try; an attempt after the first that is still in flight at the deadline is
     /// abandoned (and released if it later succeeds).
     ///
+    /// One owner never has two attempts on one lock in flight in this process: an attempt
+    /// that has not answered within the attempt timeout is waited for (up to the deadline,
+    /// or for ever), not raced by a second one whose grant it could retake; in `TryOnce`
+    /// mode the call returns [`ErrorKind::OutcomeUnknown`] instead. A later acquisition
+    /// with the same fixed identity waits for such an attempt to settle first.
+    ///
     /// # Errors
     /// - [`ErrorKind::InvalidInput`] for a bad name or options, including options outside
     ///   the backend's own limits ([`LockBackend::check_options`]); never retried;
@@ -179,22 +187,21 @@ impl Locker {
         let mut wait = Wait::start(self, request, options).await;
         // The first attempt always runs to completion (bounded by the attempt timeout), so
         // a zero or tiny wait still means "one real try"; later ones stop at the deadline.
-        let mut deadline = None;
+        let mut first = true;
         loop {
-            let sent = self.clock.now();
-            let outcome = self.attempt(request, options, deadline).await;
-            deadline = wait.deadline;
+            let outcome = self.attempt(request, options, first, wait.deadline).await;
+            first = false;
             match outcome {
-                Ok(Acquire::Acquired(lease)) => {
-                    if let Some(guard) = self.start_guard(lease, sent, options) {
+                Ok((sent, Attempted::Acquired(grant))) => {
+                    if let Some(guard) = self.start_guard(grant, sent, options) {
                         return Ok(guard);
                     }
                     wait.holder = None;
                 }
-                Ok(Acquire::Held(holder)) if options.wait() == WaitMode::TryOnce => {
+                Ok((_, Attempted::Held(holder))) if options.wait() == WaitMode::TryOnce => {
                     return Err(held_error(holder));
                 }
-                Ok(Acquire::Held(holder)) => {
+                Ok((_, Attempted::Held(holder))) => {
                     wait.holder = Some(holder);
                     if wait.join_queue(&self.backend, request).await {
                         // Our place may already be first: try again before sleeping.
@@ -219,61 +226,71 @@ impl Locker {
         }
     }
 
-    /// One backend attempt in its own task, bounded by the attempt timeout and the wait
-    /// deadline. The lease travels back as an [`Unclaimed`] grant, which releases itself if
-    /// nobody claims it: whether this future is dropped before the reply, after it was sent
-    /// but before it was read, or the attempt times out and succeeds later.
+    /// One backend attempt in its own task ([`InFlight`]), with the time it was sent on
+    /// the locker's clock. Never two in flight for one owner and lock: an attempt that has
+    /// not answered within the attempt timeout is waited for, not raced by another, up to
+    /// the wait deadline (forever when waiting forever). In `TryOnce` mode the call gives
+    /// up at the attempt timeout with [`ErrorKind::OutcomeUnknown`]; a grant that arrives
+    /// later is released before this owner's next attempt on the lock may start.
     async fn attempt(
         &self,
         request: &AcquireRequest,
         options: &LockOptions,
+        first: bool,
         deadline: Option<Instant>,
-    ) -> Result<Acquire> {
-        let (tx, rx) = oneshot::channel();
-        let backend = Arc::clone(&self.backend);
-        let req = request.clone();
-        tokio::spawn(async move {
-            let outcome = backend.acquire(&req).await.map(|outcome| match outcome {
-                Acquire::Acquired(lease) => Attempted::Acquired(Unclaimed::new(lease, &backend)),
-                Acquire::Held(holder) => Attempted::Held(holder),
-            });
-            // If the caller is gone, the value is dropped here and releases itself.
-            let _ = tx.send(outcome);
-        });
-        let sent = Instant::now();
-        let own_limit = sent + options.acquire_timeout();
-        let limit = deadline.map_or(own_limit, |d| d.min(own_limit));
-        match timeout_at(limit, rx).await {
-            Ok(Ok(Ok(Attempted::Acquired(grant)))) => Ok(Acquire::Acquired(grant.claim())),
-            Ok(Ok(Ok(Attempted::Held(holder)))) => Ok(Acquire::Held(holder)),
-            Ok(Ok(Err(err))) => Err(err),
-            Ok(Err(_)) => Err(Error::unavailable(
-                "the acquire attempt task ended without a result",
-            )),
-            Err(_) if deadline.is_some_and(|d| limit == d) => Err(Error::new(
-                ErrorKind::Timeout,
-                "the wait deadline passed while an attempt was in flight",
-            )),
-            Err(_) => Err(Error::new(
+    ) -> Result<(Instant, Attempted)> {
+        let own_limit = Instant::now() + options.acquire_timeout();
+        let limit = match deadline {
+            _ if options.wait() == WaitMode::TryOnce => Some(own_limit),
+            Some(deadline) if first => Some(deadline.max(own_limit)),
+            deadline => deadline,
+        };
+        let Some(mut in_flight) = InFlight::start(&self.backend, request, &self.clock, limit).await
+        else {
+            return Err(still_in_flight(options));
+        };
+        let sent = in_flight.sent;
+        if limit.is_none_or(|limit| limit > own_limit) {
+            if let Some(outcome) = in_flight.outcome(Some(own_limit)).await {
+                return outcome.map(|o| (sent, o));
+            }
+            tracing::debug!(
+                timeout = ?options.acquire_timeout(),
+                "acquire attempt still unanswered; waiting for its outcome instead of sending another"
+            );
+        }
+        match in_flight.outcome(limit).await {
+            Some(outcome) => outcome.map(|o| (sent, o)),
+            None if options.wait() == WaitMode::TryOnce => Err(Error::new(
                 ErrorKind::OutcomeUnknown,
                 format!(
                     "acquire got no reply within {:?}",
                     options.acquire_timeout()
                 ),
             )),
+            None => Err(Error::new(
+                ErrorKind::Timeout,
+                "the wait deadline passed while an attempt was in flight",
+            )),
         }
     }
 
-    /// Wraps a fresh lease in a guard and starts its refresher, unless its validity is
+    /// Wraps a fresh grant in a guard and starts its refresher, unless its validity is
     /// already gone (the reply was too slow), in which case it is released.
-    fn start_guard(&self, lease: Lease, sent: Instant, options: &LockOptions) -> Option<LockGuard> {
-        let ttl = lease.ttl().min(options.ttl());
+    fn start_guard(
+        &self,
+        grant: Unclaimed,
+        sent: Instant,
+        options: &LockOptions,
+    ) -> Option<LockGuard> {
+        let ttl = grant.lease().ttl().min(options.ttl());
         let validity = (sent + ttl).checked_sub(options.drift()).unwrap_or(sent);
         if validity <= self.clock.now() {
-            tracing::debug!(lock = %lease.name(), "lease arrived with no validity left; releasing");
-            drop(Unclaimed::new(lease, &self.backend)); // releases itself
+            tracing::debug!(lock = %grant.lease().name(), "lease arrived with no validity left; releasing");
+            drop(grant); // releases itself
             return None;
         }
+        let lease = grant.claim();
         let shared = Arc::new(Shared::new(lease, validity, self.clock.clone()));
         let (health_tx, health_rx) = watch::channel(Health::Healthy);
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
@@ -289,50 +306,13 @@ impl Locker {
     }
 }
 
-/// An attempt's outcome on its way back to the acquire loop.
-enum Attempted {
-    Acquired(Unclaimed),
-    Held(HolderInfo),
-}
-
-/// A granted lease nobody has taken responsibility for yet: dropping it releases the lease
-/// (in a task on the current runtime), so a grant lost between the attempt task and its
-/// caller never stays held until its TTL.
-struct Unclaimed {
-    lease: Option<Lease>,
-    backend: Arc<dyn LockBackend>,
-}
-
-impl Unclaimed {
-    fn new(lease: Lease, backend: &Arc<dyn LockBackend>) -> Self {
-        Self {
-            lease: Some(lease),
-            backend: Arc::clone(backend),
-        }
-    }
-
-    fn claim(mut self) -> Lease {
-        self.lease
-            .take()
-            .unwrap_or_else(|| unreachable!("claimed once"))
-    }
-}
-
-impl Drop for Unclaimed {
-    fn drop(&mut self) {
-        let Some(lease) = self.lease.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::debug!(lock = %lease.name(), "no runtime to release an unclaimed grant; it expires by its TTL");
-            return;
-        };
-        let backend = Arc::clone(&self.backend);
-        runtime.spawn(async move {
-            if let Err(err) = backend.release(&lease).await {
-                tracing::debug!(error = %err, "releasing an unclaimed grant failed");
-            }
-        });
+/// An earlier attempt of this owner for this lock had not answered when we gave up
+/// waiting for it: sending another could race it.
+fn still_in_flight(options: &LockOptions) -> Error {
+    let message = "an earlier acquire attempt by this owner for this lock is still in flight";
+    match options.wait() {
+        WaitMode::TryOnce => Error::new(ErrorKind::OutcomeUnknown, message),
+        _ => Error::new(ErrorKind::Timeout, message),
     }
 }
 

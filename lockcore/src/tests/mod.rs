@@ -3,6 +3,7 @@
 
 mod acquire;
 mod clock;
+mod orphan;
 mod queue;
 mod refresher;
 

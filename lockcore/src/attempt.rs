@@ -1,0 +1,197 @@
+//! One acquire attempt: a backend call in its own task, with at most one in flight per
+//! backend, lock name and owner in this process.
+//!
+//! Why at most one: backends let an owner instantly retake a lock stored under its own
+//! identity (that is how a lost reply is recovered). Two attempts of one owner in flight
+//! would let the later-landing one retake the grant the other was given, and its own
+//! unwanted grant would then be released: the lock free while a guard reports it held
+//! (issue #14, item 1). So an attempt registers a slot before it is sent and frees it only
+//! once its outcome is settled: answered and not a grant, claimed by a guard, or released.
+
+use std::collections::HashMap;
+use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+
+use tokio::sync::{oneshot, watch};
+use tokio::time::{Instant, timeout_at};
+
+use crate::backend::LockBackend;
+use crate::clock::Clock;
+use crate::error::Result;
+use crate::identity::Identity;
+use crate::name::LockName;
+use crate::types::{Acquire, AcquireRequest, HolderInfo, Lease};
+
+/// Backend (by address), lock name and owner.
+type Key = (usize, LockName, Identity);
+
+/// Attempts in flight in this process. A waiter clones the receiver and waits for the
+/// sender (held by the attempt's [`Slot`]) to be dropped.
+static IN_FLIGHT: LazyLock<Mutex<HashMap<Key, watch::Receiver<()>>>> =
+    LazyLock::new(Mutex::default);
+
+fn in_flight() -> std::sync::MutexGuard<'static, HashMap<Key, watch::Receiver<()>>> {
+    IN_FLIGHT.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// An attempt's registration; dropping it lets the owner's next attempt start.
+#[derive(Debug)]
+struct Slot {
+    key: Key,
+    done: watch::Sender<()>,
+}
+
+impl Slot {
+    /// Takes the slot for `key` once no other attempt holds it; `None` if `limit` passes
+    /// first. The backend is kept alive by the attempt task while a slot exists, so its
+    /// address cannot be reused for another backend meanwhile.
+    async fn take(key: Key, limit: Option<Instant>) -> Option<Slot> {
+        loop {
+            let mut busy = {
+                let mut map = in_flight();
+                match map.get(&key) {
+                    Some(rx) => rx.clone(),
+                    None => {
+                        let (done, rx) = watch::channel(());
+                        map.insert(key.clone(), rx);
+                        return Some(Slot { key, done });
+                    }
+                }
+            };
+            // Resolves (with an error) when the holder of the slot drops its sender.
+            match limit {
+                Some(limit) => timeout_at(limit, busy.changed()).await.ok()?.ok(),
+                None => busy.changed().await.ok(),
+            };
+        }
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut map = in_flight();
+        if map
+            .get(&self.key)
+            .is_some_and(|rx| rx.same_channel(&self.done.subscribe()))
+        {
+            map.remove(&self.key);
+        }
+    }
+}
+
+/// An attempt's outcome on its way back to the acquire loop.
+#[derive(Debug)]
+pub(crate) enum Attempted {
+    Acquired(Unclaimed),
+    Held(HolderInfo),
+}
+
+impl Attempted {
+    fn new(outcome: Acquire, backend: &Arc<dyn LockBackend>, slot: Slot) -> Self {
+        match outcome {
+            Acquire::Acquired(lease) => Attempted::Acquired(Unclaimed {
+                lease: Some(lease),
+                backend: Arc::clone(backend),
+                slot: Some(slot),
+            }),
+            Acquire::Held(holder) => Attempted::Held(holder),
+        }
+    }
+}
+
+/// An attempt in flight.
+#[derive(Debug)]
+pub(crate) struct InFlight {
+    reply: oneshot::Receiver<Result<Attempted>>,
+    /// When the request was handed to the backend, on the locker's clock: a grant's
+    /// validity counts from here, never from the reply.
+    pub(crate) sent: Instant,
+}
+
+impl InFlight {
+    /// Starts an attempt for `request` on `backend` once no earlier attempt of the same
+    /// owner for the same lock is in flight in this process; `None` if `limit` passes
+    /// while one still is.
+    pub(crate) async fn start(
+        backend: &Arc<dyn LockBackend>,
+        request: &AcquireRequest,
+        clock: &Clock,
+        limit: Option<Instant>,
+    ) -> Option<InFlight> {
+        let address = Arc::as_ptr(backend).cast::<()>() as usize;
+        let key = (address, request.name.clone(), request.owner.clone());
+        let slot = Slot::take(key, limit).await?;
+        let (tx, reply) = oneshot::channel();
+        let backend = Arc::clone(backend);
+        let request = request.clone();
+        let sent = clock.now();
+        tokio::spawn(async move {
+            let outcome = backend.acquire(&request).await;
+            // A grant nobody receives is released before the slot is freed (by
+            // `Unclaimed`'s drop, which keeps the slot until the release is done).
+            let _ = tx.send(outcome.map(|o| Attempted::new(o, &backend, slot)));
+        });
+        Some(InFlight { reply, sent })
+    }
+
+    /// Waits for the outcome until `limit`; `None` if it passes first (the attempt stays
+    /// in flight and can be waited for again).
+    pub(crate) async fn outcome(&mut self, limit: Option<Instant>) -> Option<Result<Attempted>> {
+        let reply = match limit {
+            Some(limit) => timeout_at(limit, &mut self.reply).await.ok()?,
+            None => (&mut self.reply).await,
+        };
+        Some(reply.unwrap_or_else(|_| {
+            Err(crate::Error::unavailable(
+                "the acquire attempt task ended without a result",
+            ))
+        }))
+    }
+}
+
+/// A granted lease nobody has taken responsibility for yet: dropping it releases the lease
+/// (in a task on the current runtime), so a grant lost between the attempt task and its
+/// caller never stays held until its TTL. Until it is claimed or released, the owner's
+/// next attempt for the lock waits, so that release can only remove this grant.
+#[derive(Debug)]
+pub(crate) struct Unclaimed {
+    lease: Option<Lease>,
+    backend: Arc<dyn LockBackend>,
+    slot: Option<Slot>,
+}
+
+impl Unclaimed {
+    /// Takes responsibility for the lease (a guard now owns it).
+    pub(crate) fn claim(mut self) -> Lease {
+        self.slot = None;
+        self.lease
+            .take()
+            .unwrap_or_else(|| unreachable!("claimed once"))
+    }
+
+    /// The granted lease, before it is claimed.
+    pub(crate) fn lease(&self) -> &Lease {
+        self.lease
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("read before the claim"))
+    }
+}
+
+impl Drop for Unclaimed {
+    fn drop(&mut self) {
+        let Some(lease) = self.lease.take() else {
+            return;
+        };
+        let slot = self.slot.take();
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(lock = %lease.name(), "no runtime to release an unclaimed grant; it expires by its TTL");
+            return;
+        };
+        let backend = Arc::clone(&self.backend);
+        runtime.spawn(async move {
+            if let Err(err) = backend.release(&lease).await {
+                tracing::debug!(error = %err, "releasing an unclaimed grant failed");
+            }
+            drop(slot);
+        });
+    }
+}
