@@ -77,20 +77,29 @@ impl LockGuard {
         self.health.clone()
     }
 
-    /// The health right now. If the refresher task has stopped (its runtime shut down),
-    /// a live state reads as `Lost(RefresherStopped)`: nobody is refreshing the lease.
+    /// The health right now, honest even when the refresher task cannot run: a live state
+    /// reads as `Lost(ValidityExpired)` once the local validity deadline has passed (the
+    /// refresher may be starved by blocking work on the runtime), and as
+    /// `Lost(RefresherStopped)` if the refresher has stopped (its runtime shut down).
     pub fn state(&self) -> Health {
         let health = self.health.borrow().clone();
-        if health.is_held() && self.health.has_changed().is_err() {
+        if !health.is_held() {
+            return health;
+        }
+        if self.health.has_changed().is_err() {
             return Health::Lost(LostReason::RefresherStopped);
+        }
+        if self.shared.clock.now() >= self.shared.validity() {
+            return Health::Lost(LostReason::ValidityExpired);
         }
         health
     }
 
     /// `true` while the lease is believed to be ours (`Healthy` or `Degraded`) and its
-    /// local validity has not run out.
+    /// local validity has not run out: the check to make between steps of a critical
+    /// section. Same as `self.state().is_held()`.
     pub fn is_held(&self) -> bool {
-        self.state().is_held() && self.shared.clock.now() < self.shared.validity()
+        self.state().is_held()
     }
 
     /// How long the lease is still valid by the locker's [`Clock`](crate::Clock) (the

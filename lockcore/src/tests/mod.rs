@@ -5,6 +5,7 @@ mod acquire;
 mod clock;
 mod orphan;
 mod queue;
+mod starved;
 mod refresher;
 
 use std::sync::Arc;
