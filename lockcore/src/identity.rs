@@ -3,7 +3,8 @@
 //! An identity names the owner of a lease. It is what backends store and compare, and what
 //! people see in `inspect`. Its canonical form is `host/pid/random[/task]`:
 //!
-//! - `random`: 64 random bits drawn once per process, so two processes never share an
+//! - `random`: 64 random bits drawn once per process (and again in a child after `fork()`,
+//!   detected by its new pid), so two processes never share an
 //!   identity even when pids are reused or hosts share a name;
 //! - `host` and `pid`: for people reading `inspect` output, not for correctness;
 //! - `task`: an optional suffix. Seed 000 (Vault) shows that a process-unique identity is
@@ -13,9 +14,13 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::error::Error;
+
+/// The prefix of the suffixes [`Identity::unique`] generates; task suffixes may not start
+/// with it, so a chosen identity never equals a generated one.
+pub const AUTO_PREFIX: &str = "~auto-";
 
 /// The longest task suffix accepted, in bytes.
 pub const MAX_TASK_LEN: usize = 128;
@@ -24,20 +29,14 @@ pub const MAX_TASK_LEN: usize = 128;
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Identity(Arc<str>);
 
-static PROCESS: OnceLock<Identity> = OnceLock::new();
+/// The process identity and the pid it was drawn for.
+static PROCESS: Mutex<Option<(u32, Identity)>> = Mutex::new(None);
 static NEXT_TASK: AtomicU64 = AtomicU64::new(1);
 
 impl Identity {
     /// This process's identity: `host/pid/random`, the same for every call.
     pub fn process() -> Identity {
-        PROCESS
-            .get_or_init(|| {
-                let host = hostname();
-                let pid = std::process::id();
-                let random: u64 = rand::random();
-                Identity(Arc::from(format!("{host}/{pid}/{random:016x}")))
-            })
-            .clone()
+        cached_process(&PROCESS, std::process::id())
     }
 
     /// This process's identity with a task suffix, for code that wants same-identity
@@ -45,15 +44,18 @@ impl Identity {
     ///
     /// # Errors
     /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) when `task` is empty, longer
-    /// than [`MAX_TASK_LEN`] bytes, or contains a control character.
+    /// than [`MAX_TASK_LEN`] bytes, starts with [`AUTO_PREFIX`], or contains a control
+    /// character.
     pub fn for_task(task: &str) -> Result<Identity, Error> {
         Self::process().with_task(task)
     }
 
-    /// This process's identity with a suffix no other call in this process returns.
+    /// This process's identity with a suffix no other call in this process returns, and
+    /// that no task suffix can spell: it starts with [`AUTO_PREFIX`], which
+    /// [`with_task`](Self::with_task) refuses.
     pub fn unique() -> Identity {
         let n = NEXT_TASK.fetch_add(1, Ordering::Relaxed);
-        Identity(Arc::from(format!("{}/t{n}", Self::process().0)))
+        Identity(Arc::from(format!("{}/{AUTO_PREFIX}{n}", Self::process().0)))
     }
 
     /// This identity with `task` appended.
@@ -65,6 +67,12 @@ impl Identity {
             return Err(Error::invalid_input(format!(
                 "identity task suffix must be 1 to {MAX_TASK_LEN} bytes, got {}",
                 task.len()
+            )));
+        }
+        if task.starts_with(AUTO_PREFIX) {
+            return Err(Error::invalid_input(format!(
+                "identity task suffix must not start with {AUTO_PREFIX:?}: that prefix marks \
+                 the suffixes Identity::unique generates"
             )));
         }
         if task.chars().any(char::is_control) {
@@ -105,6 +113,20 @@ impl fmt::Debug for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&*self.0, f)
     }
+}
+
+/// The identity cached for `pid`, drawn anew when the pid differs: a child made by
+/// `fork()` inherits the parent's memory, and must not inherit its identity too, or
+/// same-identity retake would hand one lock to both processes.
+fn cached_process(cache: &Mutex<Option<(u32, Identity)>>, pid: u32) -> Identity {
+    let mut cache = cache.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, identity)) = cache.as_ref().filter(|(cached, _)| *cached == pid) {
+        return identity.clone();
+    }
+    let random: u64 = rand::random();
+    let identity = Identity(Arc::from(format!("{}/{pid}/{random:016x}", hostname())));
+    *cache = Some((pid, identity.clone()));
+    identity
 }
 
 fn hostname() -> String {
@@ -151,12 +173,43 @@ mod tests {
     }
 
     #[test]
+    fn a_task_suffix_can_never_equal_an_auto_generated_identity() {
+        for _ in 0..5 {
+            let auto = Identity::unique();
+            let suffix = auto.as_str().rsplit('/').next().expect("has a suffix");
+            if let Ok(chosen) = Identity::for_task(suffix) {
+                assert_ne!(chosen, auto, "for_task({suffix:?}) collided");
+            }
+        }
+    }
+
+    #[test]
+    fn a_forked_child_draws_a_new_process_identity() {
+        let cache = Mutex::new(None);
+        let parent = cached_process(&cache, 100);
+        assert_eq!(
+            parent,
+            cached_process(&cache, 100),
+            "stable within a process"
+        );
+        let child = cached_process(&cache, 101);
+        assert_ne!(child, parent, "a new pid (after fork) gets a new identity");
+        let random = |id: &Identity| id.as_str().rsplit('/').next().map(str::to_owned);
+        assert_ne!(
+            random(&child),
+            random(&parent),
+            "the random part is drawn again"
+        );
+    }
+
+    #[test]
     fn task_suffix_is_validated() {
         let id = Identity::for_task("worker-1").expect("valid");
         assert!(id.as_str().ends_with("/worker-1"));
         assert_eq!(id, Identity::for_task("worker-1").expect("valid"));
         assert!(Identity::for_task("").is_err());
         assert!(Identity::for_task("a\nb").is_err());
+        assert!(Identity::for_task(&format!("{AUTO_PREFIX}1")).is_err());
         assert!(Identity::for_task(&"x".repeat(MAX_TASK_LEN + 1)).is_err());
     }
 }

@@ -5,8 +5,8 @@ mod acquire;
 mod clock;
 mod orphan;
 mod queue;
-mod starved;
 mod refresher;
+mod starved;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -35,6 +35,9 @@ async fn is_held_is_false_exactly_at_the_deadline_and_true_just_before() {
     assert_eq!(guard.state(), Health::Healthy);
     control.jump_forward(ms(1));
     assert_eq!(guard.remaining_validity(), ms(0));
-    assert!(!guard.is_held(), "at the deadline the lease is no longer trusted");
+    assert!(
+        !guard.is_held(),
+        "at the deadline the lease is no longer trusted"
+    );
     assert_eq!(guard.state(), Health::Lost(LostReason::ValidityExpired));
 }
