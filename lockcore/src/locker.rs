@@ -337,6 +337,8 @@ struct Wait {
     last_error: Option<Error>,
     /// Our place in the backend's FIFO queue; dropped (leaving the queue) with `Wait`.
     ticket: Option<QueueTicket>,
+    /// `events` came from the ticket: their end means the place was lost.
+    events_from_ticket: bool,
     queue_tried: bool,
 }
 
@@ -367,11 +369,13 @@ impl Wait {
             holder: None,
             last_error: None,
             ticket: None,
+            events_from_ticket: false,
             queue_tried: false,
         }
     }
 
-    /// Joins the backend's waiter queue, once per acquisition; `true` when newly queued.
+    /// Joins the backend's waiter queue, once per acquisition and again after losing the
+    /// place (see [`pause`](Self::pause)); `true` when newly queued.
     /// The call runs in its own task, so a ticket that arrives after this future was
     /// dropped is dropped there, leaving the queue.
     async fn join_queue(
@@ -394,6 +398,7 @@ impl Wait {
             Ok(Ok(Ok(Some(mut ticket)))) => {
                 if let Some(events) = ticket.take_events() {
                     self.events = Some(events);
+                    self.events_from_ticket = true;
                 }
                 self.ticket = Some(ticket);
                 true
@@ -411,8 +416,12 @@ impl Wait {
     async fn pause(&mut self, unit: f64) -> Result<()> {
         let mut delay = self.backoff.delay(self.attempt, unit);
         self.attempt = self.attempt.saturating_add(1);
+        // Never sleep past the holder's expiry; but a holder already at zero (expired by
+        // the backend's clock, not yet removed) gets the plain backoff, not a 1 ms poll.
         if let Some(left) = self.holder.as_ref().and_then(HolderInfo::expires_in) {
-            delay = delay.min(left);
+            if !left.is_zero() {
+                delay = delay.min(left);
+            }
         }
         let now = Instant::now();
         let mut wake = now + delay.max(Duration::from_millis(1));
@@ -429,11 +438,25 @@ impl Wait {
         tokio::select! {
             () = sleep_until(wake) => {}
             item = events.next() => if item.is_none() {
-                tracing::debug!("release notifications ended; polling");
-                self.events = None;
+                // Still sleep the full delay: a stream that keeps ending must not spin.
+                self.events_ended();
+                sleep_until(wake).await;
             },
         }
         Ok(())
+    }
+
+    /// The wake-up stream ended. If it was our queue place's, the place is gone (etcd: its
+    /// key's lease ran out): leave it for good and join again after the next `Held`.
+    fn events_ended(&mut self) {
+        self.events = None;
+        if std::mem::take(&mut self.events_from_ticket) {
+            tracing::debug!("lost our place in the waiters' queue; joining again");
+            self.ticket = None;
+            self.queue_tried = false;
+        } else {
+            tracing::debug!("release notifications ended; polling");
+        }
     }
 
     fn timed_out(&mut self, cause: Option<Error>) -> Error {

@@ -4,6 +4,7 @@
 mod acquire;
 mod clock;
 mod orphan;
+mod poll;
 mod queue;
 mod refresher;
 mod starved;

@@ -22,6 +22,9 @@ struct Queueing {
     enqueued: Arc<AtomicUsize>,
     left: Arc<AtomicUsize>,
     release_on_enqueue: Mutex<Option<Lease>>,
+    /// Tickets carry an event stream that ends at once: the place was lost (etcd: the
+    /// queue key's lease expired or was revoked).
+    places_get_lost: bool,
 }
 
 /// The place: leaving the queue is counted on drop.
@@ -59,7 +62,10 @@ impl LockBackend for Queueing {
         if let Some(lease) = holder {
             self.inner.release(&lease).await?;
         }
-        Ok(Some(QueueTicket::new(Place(self.left.clone()), None)))
+        let events: Option<crate::ReleaseEvents> = self
+            .places_get_lost
+            .then(|| Box::pin(futures_util::stream::empty()) as crate::ReleaseEvents);
+        Ok(Some(QueueTicket::new(Place(self.left.clone()), events)))
     }
 }
 
@@ -141,5 +147,27 @@ async fn a_cancelled_waiter_leaves_the_queue() {
         backend.left.load(Ordering::SeqCst),
         1,
         "dropping the acquire left the queue"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiter_that_loses_its_place_in_the_queue_joins_it_again() {
+    let backend = Arc::new(Queueing {
+        places_get_lost: true,
+        ..Queueing::default()
+    });
+    let _holder = held(&backend).await;
+    let options = LockOptions::new(ms(600_000))
+        .with_backoff(Backoff::new(ms(100), ms(100)).with_jitter(Jitter::None))
+        .with_wait(WaitMode::Timeout(ms(1000)));
+    let locker = Locker::new(backend.clone()).with_options(options);
+    let err = locker.acquire("job").await.expect_err("held throughout");
+    assert_eq!(err.kind(), ErrorKind::Timeout);
+    let enqueued = backend.enqueued.load(Ordering::SeqCst);
+    assert!(enqueued >= 2, "joined the queue {enqueued} time(s)");
+    assert_eq!(
+        backend.left.load(Ordering::SeqCst),
+        enqueued,
+        "every lost place was left before joining again"
     );
 }

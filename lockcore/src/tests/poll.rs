@@ -1,0 +1,60 @@
+//! Issue #14 (Low): a holder whose remaining time reads zero (expired by the backend's
+//! clock but not yet removed, as GCS and etcd report during their clean-up lag) must not
+//! make waiters poll every millisecond.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::ms;
+use crate::{
+    Acquire, AcquireRequest, Guarantees, HolderInfo, Identity, Lease, LockBackend, LockName,
+    LockOptions, Locker, MemoryBackend, Result, WaitMode,
+};
+
+/// Reports the lock held by someone whose lease has zero time left, for ever.
+#[derive(Debug, Default)]
+struct ExpiredButListed {
+    inner: MemoryBackend,
+    attempts: AtomicUsize,
+}
+
+#[async_trait]
+impl LockBackend for ExpiredButListed {
+    fn backend_name(&self) -> &str {
+        "expired-but-listed"
+    }
+    fn guarantees(&self) -> Guarantees {
+        self.inner.guarantees()
+    }
+    async fn acquire(&self, _request: &AcquireRequest) -> Result<Acquire> {
+        self.attempts.fetch_add(1, Ordering::Relaxed);
+        let holder = HolderInfo::new(Identity::from_stored("h/1/0")).with_expires_in(ms(0));
+        Ok(Acquire::Held(holder))
+    }
+    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        self.inner.refresh(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        self.inner.inspect(name).await
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_holder_with_zero_time_left_does_not_make_waiters_poll_every_millisecond() {
+    let backend = Arc::new(ExpiredButListed::default());
+    let options = LockOptions::new(ms(10_000)).with_wait(WaitMode::Timeout(ms(5000)));
+    let locker = Locker::new(backend.clone())
+        .with_options(options)
+        .with_jitter_seed(3);
+    let err = locker.acquire("job").await.expect_err("never free");
+    assert_eq!(err.kind(), crate::ErrorKind::Timeout);
+    let attempts = backend.attempts.load(Ordering::Relaxed);
+    // The default backoff (20 ms doubling to 1 s, full jitter) allows a few dozen attempts
+    // in 5 s; polling every millisecond would make thousands.
+    assert!(attempts <= 50, "{attempts} attempts in 5 s");
+}
