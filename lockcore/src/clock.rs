@@ -168,16 +168,24 @@ impl fmt::Debug for ClockControl {
 mod tests {
     use super::*;
 
-    #[tokio::test(start_paused = true)]
-    async fn system_clock_is_the_runtime_clock() {
+    #[test]
+    fn system_clock_is_the_runtime_clock() {
+        crate::tests::bounded(system_clock_is_the_runtime_clock_body);
+    }
+
+    async fn system_clock_is_the_runtime_clock_body() {
         let clock = Clock::system();
         let before = Instant::now();
         clock.sleep_until(before + Duration::from_secs(5)).await;
         assert_eq!(clock.now(), before + Duration::from_secs(5));
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn jumps_move_now_both_ways() {
+    #[test]
+    fn jumps_move_now_both_ways() {
+        crate::tests::bounded(jumps_move_now_both_ways_body);
+    }
+
+    async fn jumps_move_now_both_ways_body() {
         let (clock, control) = Clock::adjustable();
         let base = Instant::now();
         control.jump_forward(Duration::from_secs(3));
@@ -187,8 +195,12 @@ mod tests {
         assert_eq!(control.offset_nanos(), -2_000_000_000);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_forward_jump_wakes_a_sleeper_early() {
+    #[test]
+    fn a_forward_jump_wakes_a_sleeper_early() {
+        crate::tests::bounded(a_forward_jump_wakes_a_sleeper_early_body);
+    }
+
+    async fn a_forward_jump_wakes_a_sleeper_early_body() {
         let (clock, control) = Clock::adjustable();
         let start = Instant::now();
         let sleeper = tokio::spawn({
@@ -201,8 +213,12 @@ mod tests {
         assert_eq!(Instant::now(), start + Duration::from_secs(1));
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_backward_jump_makes_a_sleeper_wait_longer() {
+    #[test]
+    fn a_backward_jump_makes_a_sleeper_wait_longer() {
+        crate::tests::bounded(a_backward_jump_makes_a_sleeper_wait_longer_body);
+    }
+
+    async fn a_backward_jump_makes_a_sleeper_wait_longer_body() {
         let (clock, control) = Clock::adjustable();
         let start = Instant::now();
         let sleeper = tokio::spawn({

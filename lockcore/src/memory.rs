@@ -301,8 +301,12 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn grants_exclusively_and_reports_the_holder() {
+    #[test]
+    fn grants_exclusively_and_reports_the_holder() {
+        crate::tests::bounded(grants_exclusively_and_reports_the_holder_body);
+    }
+
+    async fn grants_exclusively_and_reports_the_holder_body() {
         let backend = MemoryBackend::new();
         let (a, b) = (Identity::unique(), Identity::unique());
         let lease = acquired(backend.acquire(&request("x", &a, 1000)).await.expect("ok"));
@@ -316,8 +320,12 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn expiry_frees_the_lock_and_tokens_keep_increasing() {
+    #[test]
+    fn expiry_frees_the_lock_and_tokens_keep_increasing() {
+        crate::tests::bounded(expiry_frees_the_lock_and_tokens_keep_increasing_body);
+    }
+
+    async fn expiry_frees_the_lock_and_tokens_keep_increasing_body() {
         let backend = MemoryBackend::new();
         let (a, b) = (Identity::unique(), Identity::unique());
         let first = acquired(backend.acquire(&request("x", &a, 100)).await.expect("ok"));
@@ -337,8 +345,12 @@ mod tests {
         );
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn same_identity_retakes_with_a_new_token() {
+    #[test]
+    fn same_identity_retakes_with_a_new_token() {
+        crate::tests::bounded(same_identity_retakes_with_a_new_token_body);
+    }
+
+    async fn same_identity_retakes_with_a_new_token_body() {
         let backend = MemoryBackend::new();
         let a = Identity::unique();
         let first = acquired(backend.acquire(&request("x", &a, 1000)).await.expect("ok"));

@@ -17,8 +17,12 @@ fn options(ttl_ms: u64) -> LockOptions {
     LockOptions::new(ms(ttl_ms))
 }
 
-#[tokio::test(start_paused = true)]
-async fn try_acquire_reports_the_holder() {
+#[test]
+fn try_acquire_reports_the_holder() {
+    crate::tests::bounded(try_acquire_reports_the_holder_body);
+}
+
+async fn try_acquire_reports_the_holder_body() {
     let rig = Rig::new(options(1000));
     let guard = rig.locker.acquire("job").await.expect("free lock");
     assert!(rig.rival().try_acquire("job").await.expect("ok").is_none());
@@ -38,8 +42,12 @@ async fn try_acquire_reports_the_holder() {
     assert!(err.to_string().contains("expires in"), "{err}");
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_release_notification_wakes_the_waiter_at_once() {
+#[test]
+fn a_release_notification_wakes_the_waiter_at_once() {
+    crate::tests::bounded(a_release_notification_wakes_the_waiter_at_once_body);
+}
+
+async fn a_release_notification_wakes_the_waiter_at_once_body() {
     let rig = Rig::new(options(10_000));
     let guard = rig.locker.acquire("job").await.expect("free");
     // Backoff so long that only the notification can explain a prompt handoff.
@@ -57,8 +65,12 @@ async fn a_release_notification_wakes_the_waiter_at_once() {
     assert!(got - released < ms(5), "handoff took {:?}", got - released);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_polling_waiter_never_sleeps_past_the_holders_remaining_ttl() {
+#[test]
+fn a_polling_waiter_never_sleeps_past_the_holders_remaining_ttl() {
+    crate::tests::bounded(a_polling_waiter_never_sleeps_past_the_holders_remaining_ttl_body);
+}
+
+async fn a_polling_waiter_never_sleeps_past_the_holders_remaining_ttl_body() {
     let rig = Rig::new(options(500));
     rig.faulty.disable_notifications();
     // A crashed holder: acquired straight from the backend, never refreshed or released.
@@ -142,16 +154,24 @@ async fn attempt_gaps(backoff: Backoff, wait: Duration) -> Vec<Duration> {
     at.windows(2).map(|w| w[1] - w[0]).collect()
 }
 
-#[tokio::test(start_paused = true)]
-async fn backoff_doubles_up_to_its_cap() {
+#[test]
+fn backoff_doubles_up_to_its_cap() {
+    crate::tests::bounded(backoff_doubles_up_to_its_cap_body);
+}
+
+async fn backoff_doubles_up_to_its_cap_body() {
     let backoff = Backoff::new(ms(100), ms(800)).with_jitter(Jitter::None);
     let gaps = attempt_gaps(backoff, ms(4500)).await;
     let expected = [100, 200, 400, 800, 800, 800, 800];
     assert_eq!(gaps[..7], expected.map(ms), "{gaps:?}");
 }
 
-#[tokio::test(start_paused = true)]
-async fn full_jitter_stays_within_the_exponential_ceiling_and_varies() {
+#[test]
+fn full_jitter_stays_within_the_exponential_ceiling_and_varies() {
+    crate::tests::bounded(full_jitter_stays_within_the_exponential_ceiling_and_varies_body);
+}
+
+async fn full_jitter_stays_within_the_exponential_ceiling_and_varies_body() {
     let backoff = Backoff::new(ms(100), ms(800));
     let gaps = attempt_gaps(backoff, ms(60_000)).await;
     assert!(gaps.len() > 40, "{} attempts", gaps.len());
@@ -173,8 +193,12 @@ async fn full_jitter_stays_within_the_exponential_ceiling_and_varies() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_deadline_ends_the_wait_with_the_holder() {
+#[test]
+fn the_deadline_ends_the_wait_with_the_holder() {
+    crate::tests::bounded(the_deadline_ends_the_wait_with_the_holder_body);
+}
+
+async fn the_deadline_ends_the_wait_with_the_holder_body() {
     let rig = Rig::new(options(60_000));
     let guard = rig.locker.acquire("job").await.expect("free");
     let start = Instant::now();
@@ -196,8 +220,12 @@ async fn the_deadline_ends_the_wait_with_the_holder() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_deadline_cuts_a_later_attempt_in_flight() {
+#[test]
+fn the_deadline_cuts_a_later_attempt_in_flight() {
+    crate::tests::bounded(the_deadline_cuts_a_later_attempt_in_flight_body);
+}
+
+async fn the_deadline_cuts_a_later_attempt_in_flight_body() {
     let rig = Rig::new(options(60_000));
     let _holder = rig.rival().acquire("job").await.expect("free");
     rig.faulty.script(Op::Acquire, [Fault::Pass]);
@@ -214,8 +242,12 @@ async fn the_deadline_cuts_a_later_attempt_in_flight() {
     assert_eq!(rig.faulty.calls(Op::Acquire), 2, "held once, then hung");
 }
 
-#[tokio::test(start_paused = true)]
-async fn the_first_attempt_completes_even_with_a_zero_wait() {
+#[test]
+fn the_first_attempt_completes_even_with_a_zero_wait() {
+    crate::tests::bounded(the_first_attempt_completes_even_with_a_zero_wait_body);
+}
+
+async fn the_first_attempt_completes_even_with_a_zero_wait_body() {
     let rig = Rig::new(options(60_000));
     rig.faulty.script(Op::Acquire, [Fault::Delay(ms(300))]);
     let opts = options(60_000).with_wait(WaitMode::Timeout(Duration::ZERO));
@@ -239,8 +271,12 @@ async fn the_first_attempt_completes_even_with_a_zero_wait() {
     drop(guard);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_hung_first_attempt_is_bounded_by_the_attempt_timeout() {
+#[test]
+fn a_hung_first_attempt_is_bounded_by_the_attempt_timeout() {
+    crate::tests::bounded(a_hung_first_attempt_is_bounded_by_the_attempt_timeout_body);
+}
+
+async fn a_hung_first_attempt_is_bounded_by_the_attempt_timeout_body() {
     let rig = Rig::new(options(60_000).with_attempt_timeout(ms(2000)));
     rig.faulty.script(Op::Acquire, [Fault::Hang]);
     let opts = options(60_000)
@@ -256,8 +292,12 @@ async fn a_hung_first_attempt_is_bounded_by_the_attempt_timeout() {
     assert_eq!(start.elapsed(), ms(2000));
 }
 
-#[tokio::test(start_paused = true)]
-async fn transient_errors_are_retried_while_waiting_only() {
+#[test]
+fn transient_errors_are_retried_while_waiting_only() {
+    crate::tests::bounded(transient_errors_are_retried_while_waiting_only_body);
+}
+
+async fn transient_errors_are_retried_while_waiting_only_body() {
     let rig = Rig::new(options(1000));
     rig.faulty
         .script(Op::Acquire, [Fault::Fail(ErrorKind::Unavailable); 3]);
@@ -280,8 +320,12 @@ async fn transient_errors_are_retried_while_waiting_only() {
     assert_eq!(rig.faulty.calls(Op::Acquire), 1);
 }
 
-#[tokio::test(start_paused = true)]
-async fn permanent_errors_are_not_retried() {
+#[test]
+fn permanent_errors_are_not_retried() {
+    crate::tests::bounded(permanent_errors_are_not_retried_body);
+}
+
+async fn permanent_errors_are_not_retried_body() {
     let rig = Rig::new(options(1000));
     rig.faulty
         .set(Op::Acquire, Fault::Fail(ErrorKind::PermissionDenied));
@@ -291,8 +335,12 @@ async fn permanent_errors_are_not_retried() {
 }
 
 /// A backend's own option limits (`check_options`) stop the acquisition before any attempt.
-#[tokio::test(start_paused = true)]
-async fn options_outside_the_backends_limits_never_reach_it() {
+#[test]
+fn options_outside_the_backends_limits_never_reach_it() {
+    crate::tests::bounded(options_outside_the_backends_limits_never_reach_it_body);
+}
+
+async fn options_outside_the_backends_limits_never_reach_it_body() {
     let recorder = Arc::new(Recorder {
         inner: MemoryBackend::new(),
         at: Mutex::default(),
@@ -314,8 +362,12 @@ async fn options_outside_the_backends_limits_never_reach_it() {
     guard.release().await.expect("released");
 }
 
-#[tokio::test(start_paused = true)]
-async fn bad_input_never_reaches_the_backend() {
+#[test]
+fn bad_input_never_reaches_the_backend() {
+    crate::tests::bounded(bad_input_never_reaches_the_backend_body);
+}
+
+async fn bad_input_never_reaches_the_backend_body() {
     let rig = Rig::new(options(1000));
     for name in ["", "a\u{0}b"] {
         let err = rig.locker.acquire(name).await.expect_err("bad name");
@@ -336,8 +388,12 @@ async fn bad_input_never_reaches_the_backend() {
     assert_eq!(rig.faulty.calls(Op::Acquire), 0);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_lost_reply_is_recognised_by_the_same_owner() {
+#[test]
+fn a_lost_reply_is_recognised_by_the_same_owner() {
+    crate::tests::bounded(a_lost_reply_is_recognised_by_the_same_owner_body);
+}
+
+async fn a_lost_reply_is_recognised_by_the_same_owner_body() {
     let rig = Rig::new(options(60_000));
     let locker = rig
         .locker
@@ -352,8 +408,12 @@ async fn a_lost_reply_is_recognised_by_the_same_owner() {
     assert_eq!(guard.fence_token().map(|t| t.get()), Some(2));
 }
 
-#[tokio::test(start_paused = true)]
-async fn dropping_an_acquire_in_flight_leaves_nothing_held() {
+#[test]
+fn dropping_an_acquire_in_flight_leaves_nothing_held() {
+    crate::tests::bounded(dropping_an_acquire_in_flight_leaves_nothing_held_body);
+}
+
+async fn dropping_an_acquire_in_flight_leaves_nothing_held_body() {
     let rig = Rig::new(options(60_000));
     rig.faulty.script(Op::Acquire, [Fault::Delay(ms(100))]);
     let dropped = tokio::time::timeout(ms(50), rig.locker.acquire("job")).await;
@@ -374,8 +434,12 @@ async fn dropping_an_acquire_in_flight_leaves_nothing_held() {
     assert!(rig.rival().try_acquire("job").await.expect("ok").is_some());
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_grant_that_arrives_with_no_validity_left_is_released_and_retried() {
+#[test]
+fn a_grant_that_arrives_with_no_validity_left_is_released_and_retried() {
+    crate::tests::bounded(a_grant_that_arrives_with_no_validity_left_is_released_and_retried_body);
+}
+
+async fn a_grant_that_arrives_with_no_validity_left_is_released_and_retried_body() {
     let opts = options(1000).with_attempt_timeout(ms(5000));
     let rig = Rig::new(opts);
     rig.faulty.script(Op::Acquire, [Fault::Delay(ms(1000))]);
@@ -387,8 +451,12 @@ async fn a_grant_that_arrives_with_no_validity_left_is_released_and_retried() {
     assert_eq!(guard.fence_token().map(|t| t.get()), Some(2));
 }
 
-#[tokio::test(start_paused = true)]
-async fn each_acquisition_gets_its_own_identity_by_default() {
+#[test]
+fn each_acquisition_gets_its_own_identity_by_default() {
+    crate::tests::bounded(each_acquisition_gets_its_own_identity_by_default_body);
+}
+
+async fn each_acquisition_gets_its_own_identity_by_default_body() {
     let rig = Rig::new(options(1000));
     let _a = rig.locker.acquire("job").await.expect("free");
     assert!(
@@ -431,8 +499,12 @@ impl LockBackend for AbortsCaller {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_grant_delivered_to_a_cancelled_caller_is_released() {
+#[test]
+fn a_grant_delivered_to_a_cancelled_caller_is_released() {
+    crate::tests::bounded(a_grant_delivered_to_a_cancelled_caller_is_released_body);
+}
+
+async fn a_grant_delivered_to_a_cancelled_caller_is_released_body() {
     let memory = MemoryBackend::new();
     let backend = Arc::new(AbortsCaller {
         inner: memory.clone(),

@@ -15,8 +15,12 @@ fn rig_with_clock() -> (Rig, crate::ClockControl) {
 /// Seed 003's clock scenario on the client: a clock stepped back makes the holder keep
 /// believing in a lease the server has already expired and granted to someone else.
 /// This is the unsafe case; only a fence token protects the resource from it.
-#[tokio::test(start_paused = true)]
-async fn a_backward_jump_keeps_a_holder_believing_in_an_expired_lease() {
+#[test]
+fn a_backward_jump_keeps_a_holder_believing_in_an_expired_lease() {
+    crate::tests::bounded(a_backward_jump_keeps_a_holder_believing_in_an_expired_lease_body);
+}
+
+async fn a_backward_jump_keeps_a_holder_believing_in_an_expired_lease_body() {
     let (rig, control) = rig_with_clock();
     let guard = rig.locker.acquire("job").await.expect("free");
     control.jump_back(ms(5_000));
@@ -38,8 +42,12 @@ async fn a_backward_jump_keeps_a_holder_believing_in_an_expired_lease() {
 
 /// A clock that jumps forwards past the validity makes the guard give the lease up at
 /// once: early, which is safe.
-#[tokio::test(start_paused = true)]
-async fn a_forward_jump_past_the_validity_turns_the_guard_lost() {
+#[test]
+fn a_forward_jump_past_the_validity_turns_the_guard_lost() {
+    crate::tests::bounded(a_forward_jump_past_the_validity_turns_the_guard_lost_body);
+}
+
+async fn a_forward_jump_past_the_validity_turns_the_guard_lost_body() {
     let (rig, control) = rig_with_clock();
     let guard = rig.locker.acquire("job").await.expect("free");
     control.jump_forward(ms(10_000));
@@ -56,8 +64,12 @@ async fn a_forward_jump_past_the_validity_turns_the_guard_lost() {
 /// true, so a rival must wait for the server's expiry or the holder's own release. The
 /// reliability harness caught the earlier behaviour (release at once on Lost) handing the
 /// lock over under an in-flight write.
-#[tokio::test(start_paused = true)]
-async fn a_lost_guard_is_not_released_until_the_holder_lets_go() {
+#[test]
+fn a_lost_guard_is_not_released_until_the_holder_lets_go() {
+    crate::tests::bounded(a_lost_guard_is_not_released_until_the_holder_lets_go_body);
+}
+
+async fn a_lost_guard_is_not_released_until_the_holder_lets_go_body() {
     let (rig, control) = rig_with_clock();
     let guard = rig.locker.acquire("job").await.expect("free");
     control.jump_forward(ms(10_000));
@@ -75,8 +87,12 @@ async fn a_lost_guard_is_not_released_until_the_holder_lets_go() {
 }
 
 /// Without jumps an adjustable clock behaves exactly like the runtime's.
-#[tokio::test(start_paused = true)]
-async fn an_unmoved_adjustable_clock_refreshes_on_schedule() {
+#[test]
+fn an_unmoved_adjustable_clock_refreshes_on_schedule() {
+    crate::tests::bounded(an_unmoved_adjustable_clock_refreshes_on_schedule_body);
+}
+
+async fn an_unmoved_adjustable_clock_refreshes_on_schedule_body() {
     let (rig, _control) = rig_with_clock();
     let guard = rig.locker.acquire("job").await.expect("free");
     tokio::time::sleep(ms(1_050)).await;

@@ -1,5 +1,9 @@
 //! Runtime tests of the acquire loop and the lease refresher, on tokio's paused clock with
 //! a scripted fault-injecting backend. Time is virtual: bounds are exact, not generous.
+//!
+//! Every runtime test runs through [`bounded`]: on the paused clock a regression that
+//! spins (a loop that never sleeps) or waits on something that never comes hangs for
+//! ever, so each test gets a wall-clock limit and fails with its own name instead.
 
 mod acquire;
 mod clock;
@@ -16,6 +20,39 @@ use tokio::time::Instant;
 
 use crate::testing::FaultyBackend;
 use crate::{Health, LockGuard, LockOptions, Locker, MemoryBackend};
+
+/// Wall-clock time a paused-clock test may take; they take milliseconds.
+const HANG_LIMIT: Duration = Duration::from_secs(60);
+
+/// Runs `body` on a current-thread runtime with tokio's clock paused, in its own thread;
+/// fails the calling test (named by the harness) if it has not finished within
+/// [`HANG_LIMIT`] of real time. A hung body's thread is left behind; the test binary
+/// exits without it.
+pub(crate) fn bounded<F>(body: impl FnOnce() -> F + Send + 'static)
+where
+    F: Future<Output = ()>,
+{
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .expect("a test runtime");
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            runtime.block_on(body());
+        }));
+        let _ = done.send(outcome);
+    });
+    match finished.recv_timeout(HANG_LIMIT) {
+        Ok(Ok(())) => {}
+        Ok(Err(panic)) => std::panic::resume_unwind(panic),
+        Err(_) => panic!(
+            "still running after {HANG_LIMIT:?} of wall-clock time on the paused clock: \
+             a hang or a spin"
+        ),
+    }
+}
 
 pub(super) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)

@@ -48,8 +48,12 @@ async fn assert_exclusive(rig: &Rig, guard: &LockGuard) {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_late_first_attempt_never_destroys_the_grant_of_the_next() {
+#[test]
+fn a_late_first_attempt_never_destroys_the_grant_of_the_next() {
+    crate::tests::bounded(a_late_first_attempt_never_destroys_the_grant_of_the_next_body);
+}
+
+async fn a_late_first_attempt_never_destroys_the_grant_of_the_next_body() {
     let rig = Rig::new(slow_attempts());
     rig.faulty.script(Op::Acquire, [Fault::Delay(ms(3000))]);
     let guard = rig.locker.acquire("job").await.expect("acquired");
@@ -58,8 +62,14 @@ async fn a_late_first_attempt_never_destroys_the_grant_of_the_next() {
     assert_exclusive(&rig, &guard).await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_late_attempt_of_an_abandoned_try_never_destroys_a_newer_grant_of_its_owner() {
+#[test]
+fn a_late_attempt_of_an_abandoned_try_never_destroys_a_newer_grant_of_its_owner() {
+    crate::tests::bounded(
+        a_late_attempt_of_an_abandoned_try_never_destroys_a_newer_grant_of_its_owner_body,
+    );
+}
+
+async fn a_late_attempt_of_an_abandoned_try_never_destroys_a_newer_grant_of_its_owner_body() {
     let rig = Rig::new(slow_attempts());
     let locker = rig
         .locker
@@ -82,8 +92,12 @@ async fn a_late_attempt_of_an_abandoned_try_never_destroys_a_newer_grant_of_its_
     assert_exclusive(&rig, &guard).await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_late_grant_is_used_instead_of_racing_a_second_attempt() {
+#[test]
+fn a_late_grant_is_used_instead_of_racing_a_second_attempt() {
+    crate::tests::bounded(a_late_grant_is_used_instead_of_racing_a_second_attempt_body);
+}
+
+async fn a_late_grant_is_used_instead_of_racing_a_second_attempt_body() {
     let rig = Rig::new(slow_attempts());
     rig.faulty.script(Op::Acquire, [Fault::Delay(ms(2500))]);
     let guard = rig.locker.acquire("job").await.expect("acquired");
@@ -100,8 +114,14 @@ async fn a_late_grant_is_used_instead_of_racing_a_second_attempt() {
     assert_exclusive(&rig, &guard).await;
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_try_that_meets_its_owners_earlier_attempt_in_flight_does_not_send_another() {
+#[test]
+fn a_try_that_meets_its_owners_earlier_attempt_in_flight_does_not_send_another() {
+    crate::tests::bounded(
+        a_try_that_meets_its_owners_earlier_attempt_in_flight_does_not_send_another_body,
+    );
+}
+
+async fn a_try_that_meets_its_owners_earlier_attempt_in_flight_does_not_send_another_body() {
     let rig = Rig::new(slow_attempts());
     let locker = rig
         .locker
@@ -168,8 +188,12 @@ impl LockBackend for InFlightProbe {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn one_acquisition_never_has_two_attempts_in_flight() {
+#[test]
+fn one_acquisition_never_has_two_attempts_in_flight() {
+    crate::tests::bounded(one_acquisition_never_has_two_attempts_in_flight_body);
+}
+
+async fn one_acquisition_never_has_two_attempts_in_flight_body() {
     let probe = Arc::new(InFlightProbe {
         inner: MemoryBackend::new(),
         delay: ms(700),

@@ -2,8 +2,8 @@
 //! clock but not yet removed, as GCS and etcd report during their clean-up lag) must not
 //! make waiters poll every millisecond.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 
@@ -44,8 +44,14 @@ impl LockBackend for ExpiredButListed {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_holder_with_zero_time_left_does_not_make_waiters_poll_every_millisecond() {
+#[test]
+fn a_holder_with_zero_time_left_does_not_make_waiters_poll_every_millisecond() {
+    crate::tests::bounded(
+        a_holder_with_zero_time_left_does_not_make_waiters_poll_every_millisecond_body,
+    );
+}
+
+async fn a_holder_with_zero_time_left_does_not_make_waiters_poll_every_millisecond_body() {
     let backend = Arc::new(ExpiredButListed::default());
     let options = LockOptions::new(ms(10_000)).with_wait(WaitMode::Timeout(ms(5000)));
     let locker = Locker::new(backend.clone())

@@ -89,8 +89,12 @@ async fn held(backend: &Queueing) -> Lease {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn try_once_never_joins_the_queue() {
+#[test]
+fn try_once_never_joins_the_queue() {
+    crate::tests::bounded(try_once_never_joins_the_queue_body);
+}
+
+async fn try_once_never_joins_the_queue_body() {
     let backend = Arc::new(Queueing::default());
     held(&backend).await;
     let locker = Locker::new(backend.clone()).with_options(sleepy(WaitMode::TryOnce));
@@ -98,8 +102,12 @@ async fn try_once_never_joins_the_queue() {
     assert_eq!(backend.enqueued.load(Ordering::SeqCst), 0);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_waiter_joins_once_retries_at_once_and_leaves_after_the_grant() {
+#[test]
+fn a_waiter_joins_once_retries_at_once_and_leaves_after_the_grant() {
+    crate::tests::bounded(a_waiter_joins_once_retries_at_once_and_leaves_after_the_grant_body);
+}
+
+async fn a_waiter_joins_once_retries_at_once_and_leaves_after_the_grant_body() {
     let backend = Arc::new(Queueing::default());
     *backend.release_on_enqueue.lock().expect("lock") = Some(held(&backend).await);
     let locker = Locker::new(backend.clone()).with_options(sleepy(WaitMode::Forever));
@@ -119,8 +127,12 @@ async fn a_waiter_joins_once_retries_at_once_and_leaves_after_the_grant() {
     guard.release().await.expect("release");
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_timed_out_waiter_leaves_the_queue() {
+#[test]
+fn a_timed_out_waiter_leaves_the_queue() {
+    crate::tests::bounded(a_timed_out_waiter_leaves_the_queue_body);
+}
+
+async fn a_timed_out_waiter_leaves_the_queue_body() {
     let backend = Arc::new(Queueing::default());
     held(&backend).await;
     let locker = Locker::new(backend.clone()).with_options(sleepy(WaitMode::Timeout(ms(500))));
@@ -134,8 +146,12 @@ async fn a_timed_out_waiter_leaves_the_queue() {
     assert_eq!(backend.left.load(Ordering::SeqCst), 1);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_cancelled_waiter_leaves_the_queue() {
+#[test]
+fn a_cancelled_waiter_leaves_the_queue() {
+    crate::tests::bounded(a_cancelled_waiter_leaves_the_queue_body);
+}
+
+async fn a_cancelled_waiter_leaves_the_queue_body() {
     let backend = Arc::new(Queueing::default());
     held(&backend).await;
     let locker = Locker::new(backend.clone()).with_options(sleepy(WaitMode::Forever));
@@ -150,8 +166,12 @@ async fn a_cancelled_waiter_leaves_the_queue() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_waiter_that_loses_its_place_in_the_queue_joins_it_again() {
+#[test]
+fn a_waiter_that_loses_its_place_in_the_queue_joins_it_again() {
+    crate::tests::bounded(a_waiter_that_loses_its_place_in_the_queue_joins_it_again_body);
+}
+
+async fn a_waiter_that_loses_its_place_in_the_queue_joins_it_again_body() {
     let backend = Arc::new(Queueing {
         places_get_lost: true,
         ..Queueing::default()

@@ -22,8 +22,12 @@ fn name() -> LockName {
     LockName::new("job").expect("valid")
 }
 
-#[tokio::test(start_paused = true)]
-async fn refreshing_keeps_the_lease_far_beyond_its_ttl() {
+#[test]
+fn refreshing_keeps_the_lease_far_beyond_its_ttl() {
+    crate::tests::bounded(refreshing_keeps_the_lease_far_beyond_its_ttl_body);
+}
+
+async fn refreshing_keeps_the_lease_far_beyond_its_ttl_body() {
     let rig = rig();
     let guard = rig.locker.acquire("job").await.expect("free");
     tokio::time::sleep(ms(8000)).await;
@@ -43,8 +47,12 @@ async fn refreshing_keeps_the_lease_far_beyond_its_ttl() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn transient_failures_degrade_then_lose_after_the_limit() {
+#[test]
+fn transient_failures_degrade_then_lose_after_the_limit() {
+    crate::tests::bounded(transient_failures_degrade_then_lose_after_the_limit_body);
+}
+
+async fn transient_failures_degrade_then_lose_after_the_limit_body() {
     let rig = rig();
     let guard = rig.locker.acquire("job").await.expect("free");
     let start = Instant::now();
@@ -76,8 +84,12 @@ async fn transient_failures_degrade_then_lose_after_the_limit() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_success_brings_a_degraded_lease_back_to_healthy() {
+#[test]
+fn a_success_brings_a_degraded_lease_back_to_healthy() {
+    crate::tests::bounded(a_success_brings_a_degraded_lease_back_to_healthy_body);
+}
+
+async fn a_success_brings_a_degraded_lease_back_to_healthy_body() {
     let rig = rig();
     let guard = rig.locker.acquire("job").await.expect("free");
     rig.faulty
@@ -89,8 +101,12 @@ async fn a_success_brings_a_degraded_lease_back_to_healthy() {
     assert_eq!(guard.state(), Health::Healthy);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_stolen_lock_is_lost_within_one_interval_and_not_released() {
+#[test]
+fn a_stolen_lock_is_lost_within_one_interval_and_not_released() {
+    crate::tests::bounded(a_stolen_lock_is_lost_within_one_interval_and_not_released_body);
+}
+
+async fn a_stolen_lock_is_lost_within_one_interval_and_not_released_body() {
     let rig = rig();
     let guard = rig.locker.acquire("job").await.expect("free");
     let thief = Identity::unique();
@@ -118,8 +134,12 @@ async fn a_stolen_lock_is_lost_within_one_interval_and_not_released() {
     assert_eq!(holder.owner(), &thief);
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_deleted_lock_is_lost() {
+#[test]
+fn a_deleted_lock_is_lost() {
+    crate::tests::bounded(a_deleted_lock_is_lost_body);
+}
+
+async fn a_deleted_lock_is_lost_body() {
     let rig = rig();
     let guard = rig.locker.acquire("job").await.expect("free");
     assert!(rig.memory.admin_delete(&name()));
@@ -134,8 +154,12 @@ async fn a_deleted_lock_is_lost() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_permanent_refresh_error_is_lost_at_once() {
+#[test]
+fn a_permanent_refresh_error_is_lost_at_once() {
+    crate::tests::bounded(a_permanent_refresh_error_is_lost_at_once_body);
+}
+
+async fn a_permanent_refresh_error_is_lost_at_once_body() {
     let rig = rig();
     let guard = rig.locker.acquire("job").await.expect("free");
     rig.faulty
@@ -145,8 +169,12 @@ async fn a_permanent_refresh_error_is_lost_at_once() {
     assert_eq!(rig.faulty.calls(Op::Refresh), 1);
 }
 
-#[tokio::test(start_paused = true)]
-async fn hanging_refreshes_count_as_failures() {
+#[test]
+fn hanging_refreshes_count_as_failures() {
+    crate::tests::bounded(hanging_refreshes_count_as_failures_body);
+}
+
+async fn hanging_refreshes_count_as_failures_body() {
     let rig = rig();
     let guard = rig.locker.acquire("job").await.expect("free");
     let start = Instant::now();
@@ -162,8 +190,12 @@ async fn hanging_refreshes_count_as_failures() {
     ));
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_hung_refresh_cannot_keep_the_guard_healthy_past_validity() {
+#[test]
+fn a_hung_refresh_cannot_keep_the_guard_healthy_past_validity() {
+    crate::tests::bounded(a_hung_refresh_cannot_keep_the_guard_healthy_past_validity_body);
+}
+
+async fn a_hung_refresh_cannot_keep_the_guard_healthy_past_validity_body() {
     // The grant arrives late (700 ms after it was sent), so validity is almost gone.
     let rig = Rig::new(LockOptions::new(ms(800)).with_attempt_timeout(ms(5000)));
     rig.faulty.script(Op::Acquire, [Fault::Delay(ms(700))]);
@@ -194,8 +226,12 @@ async fn a_hung_refresh_cannot_keep_the_guard_healthy_past_validity() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn release_removes_the_lock_and_ends_the_lease() {
+#[test]
+fn release_removes_the_lock_and_ends_the_lease() {
+    crate::tests::bounded(release_removes_the_lock_and_ends_the_lease_body);
+}
+
+async fn release_removes_the_lock_and_ends_the_lease_body() {
     let rig = rig();
     let guard = rig.locker.acquire("job").await.expect("free");
     let token = guard.cancellation_token();
@@ -206,8 +242,12 @@ async fn release_removes_the_lock_and_ends_the_lease() {
     assert!(rig.memory.inspect(&name()).await.expect("ok").is_none());
 }
 
-#[tokio::test(start_paused = true)]
-async fn release_reports_backend_errors() {
+#[test]
+fn release_reports_backend_errors() {
+    crate::tests::bounded(release_reports_backend_errors_body);
+}
+
+async fn release_reports_backend_errors_body() {
     let rig = rig();
     let guard = rig.locker.acquire("job").await.expect("free");
     rig.faulty
@@ -217,8 +257,12 @@ async fn release_reports_backend_errors() {
     assert!(err.to_string().contains("lock \"job\""), "{err}");
 }
 
-#[tokio::test(start_paused = true)]
-async fn dropping_the_guard_releases_best_effort() {
+#[test]
+fn dropping_the_guard_releases_best_effort() {
+    crate::tests::bounded(dropping_the_guard_releases_best_effort_body);
+}
+
+async fn dropping_the_guard_releases_best_effort_body() {
     let rig = rig();
     let guard = rig.locker.acquire("job").await.expect("free");
     drop(guard);
@@ -272,8 +316,12 @@ impl LockBackend for TokenChanger {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_refresh_that_changes_the_fence_token_is_lost() {
+#[test]
+fn a_refresh_that_changes_the_fence_token_is_lost() {
+    crate::tests::bounded(a_refresh_that_changes_the_fence_token_is_lost_body);
+}
+
+async fn a_refresh_that_changes_the_fence_token_is_lost_body() {
     let locker = Locker::new(Arc::new(TokenChanger(MemoryBackend::new())))
         .with_options(LockOptions::new(ms(800)));
     let guard = locker.acquire("job").await.expect("free");
@@ -284,8 +332,12 @@ async fn a_refresh_that_changes_the_fence_token_is_lost() {
     );
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_broken_lock_is_lost_and_reports_its_holder() {
+#[test]
+fn a_broken_lock_is_lost_and_reports_its_holder() {
+    crate::tests::bounded(a_broken_lock_is_lost_and_reports_its_holder_body);
+}
+
+async fn a_broken_lock_is_lost_and_reports_its_holder_body() {
     let rig = rig();
     let guard = rig.locker.acquire("job").await.expect("free");
     let removed = rig

@@ -15,8 +15,15 @@ async fn starved_guard(ttl_ms: u64) -> (crate::LockGuard, crate::ClockControl, R
     (guard, control, rig)
 }
 
-#[tokio::test(start_paused = true)]
-async fn state_reads_lost_once_the_validity_deadline_passes_even_if_the_refresher_is_starved() {
+#[test]
+fn state_reads_lost_once_the_validity_deadline_passes_even_if_the_refresher_is_starved() {
+    crate::tests::bounded(
+        state_reads_lost_once_the_validity_deadline_passes_even_if_the_refresher_is_starved_body,
+    );
+}
+
+async fn state_reads_lost_once_the_validity_deadline_passes_even_if_the_refresher_is_starved_body()
+{
     let (guard, control, _rig) = starved_guard(1000).await;
     assert_eq!(guard.state(), Health::Healthy);
     control.jump_forward(ms(2000));
@@ -25,8 +32,12 @@ async fn state_reads_lost_once_the_validity_deadline_passes_even_if_the_refreshe
     assert_eq!(guard.remaining_validity(), ms(0));
 }
 
-#[tokio::test(start_paused = true)]
-async fn is_held_is_false_exactly_at_the_deadline_and_true_just_before() {
+#[test]
+fn is_held_is_false_exactly_at_the_deadline_and_true_just_before() {
+    crate::tests::bounded(is_held_is_false_exactly_at_the_deadline_and_true_just_before_body);
+}
+
+async fn is_held_is_false_exactly_at_the_deadline_and_true_just_before_body() {
     let (guard, control, _rig) = starved_guard(1000).await;
     let left = guard.remaining_validity();
     assert!(left > ms(1), "{left:?}");
