@@ -418,10 +418,10 @@ impl Wait {
         self.attempt = self.attempt.saturating_add(1);
         // Never sleep past the holder's expiry; but a holder already at zero (expired by
         // the backend's clock, not yet removed) gets the plain backoff, not a 1 ms poll.
-        if let Some(left) = self.holder.as_ref().and_then(HolderInfo::expires_in) {
-            if !left.is_zero() {
-                delay = delay.min(left);
-            }
+        if let Some(left) = self.holder.as_ref().and_then(HolderInfo::expires_in)
+            && !left.is_zero()
+        {
+            delay = delay.min(left);
         }
         let now = Instant::now();
         let mut wake = now + delay.max(Duration::from_millis(1));
