@@ -6,6 +6,7 @@
 //! ever, so each test gets a wall-clock limit and fails with its own name instead.
 
 mod acquire;
+mod arithmetic;
 mod clock;
 mod orphan;
 mod poll;
@@ -33,7 +34,12 @@ where
     F: Future<Output = ()>,
 {
     let (done, finished) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
+    let name = std::thread::current().name().map(str::to_owned);
+    let mut thread = std::thread::Builder::new();
+    if let Some(name) = name {
+        thread = thread.name(name);
+    }
+    let spawned = thread.spawn(move || {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .start_paused(true)
@@ -44,6 +50,7 @@ where
         }));
         let _ = done.send(outcome);
     });
+    spawned.expect("a test thread");
     match finished.recv_timeout(HANG_LIMIT) {
         Ok(Ok(())) => {}
         Ok(Err(panic)) => std::panic::resume_unwind(panic),

@@ -207,3 +207,63 @@ async fn one_acquisition_never_has_two_attempts_in_flight_body() {
     assert_eq!(probe.max(), 1, "attempts overlapped");
     guard.release().await.expect("release");
 }
+
+/// Releases whatever lease `owner` holds, whatever its token: backends whose stored value
+/// is the owner alone compare-and-delete this way.
+#[derive(Debug)]
+struct OwnerOnlyRelease(MemoryBackend);
+
+#[async_trait]
+impl LockBackend for OwnerOnlyRelease {
+    fn backend_name(&self) -> &str {
+        "owner-only-release"
+    }
+    fn guarantees(&self) -> Guarantees {
+        self.0.guarantees()
+    }
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.0.acquire(request).await
+    }
+    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        self.0.refresh(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        match self.0.inspect(lease.name()).await? {
+            Some(holder) if holder.owner() == lease.owner() => self.0.release(lease).await,
+            _ => Ok(()),
+        }
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        self.0.inspect(name).await
+    }
+}
+
+#[test]
+fn the_release_of_a_late_grant_finishes_before_its_owner_may_try_again() {
+    crate::tests::bounded(the_release_of_a_late_grant_finishes_before_its_owner_may_try_again_body);
+}
+
+async fn the_release_of_a_late_grant_finishes_before_its_owner_may_try_again_body() {
+    let memory = MemoryBackend::with_defect(crate::Defect::ReleaseIgnoresOwner);
+    let faulty = crate::testing::FaultyBackend::new(Arc::new(OwnerOnlyRelease(memory.clone())));
+    let locker = Locker::new(Arc::new(faulty.clone()))
+        .with_options(slow_attempts())
+        .with_identity(Identity::for_task("publisher").expect("ok"));
+    let rig = Rig {
+        memory,
+        faulty,
+        locker: locker.clone(),
+    };
+    // The late grant lands at 3 s; releasing it takes until 5 s.
+    rig.faulty.script(Op::Acquire, [Fault::Delay(ms(3000))]);
+    rig.faulty.script(Op::Release, [Fault::Delay(ms(2000))]);
+    assert!(locker.try_acquire("job").await.is_err(), "gave up at 1 s");
+    let guard = loop {
+        match locker.try_acquire("job").await {
+            Ok(Some(guard)) => break guard,
+            Ok(None) | Err(_) => tokio::time::sleep(ms(200)).await,
+        }
+    };
+    tokio::time::sleep(ms(5000)).await;
+    assert_exclusive(&rig, &guard).await;
+}
