@@ -151,8 +151,12 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// - `Ok(None)` (the default): no queue; waiters retry with backoff, woken by
     ///   [`subscribe`](Self::subscribe) events.
     /// - Called by a waiting acquire (never try-once) after an attempt for `request`
-    ///   returned `Held`, at most once per acquisition; the caller then retries at once, and
-    ///   after that on the ticket's events or its backoff.
+    ///   returned `Held`: once per acquisition, and again after the ticket's events ended
+    ///   (the place may be lost); the caller then retries at once, and after that on the
+    ///   ticket's events or its backoff. A new ticket replaces (drops) the old one; `Ok(None)`
+    ///   on a rejoin keeps the old one.
+    /// - End the ticket's events when the place is lost (its key deleted, its lease gone),
+    ///   so the waiter joins again instead of waiting behind a place that no longer exists.
     /// - While the ticket lives, the backend keeps this waiter's place (keeping alive
     ///   whatever holds it), and `acquire(request)` for the same owner returns `Acquired`
     ///   only once the place is first, turning the place into the grant; later contenders

@@ -400,6 +400,7 @@ impl Wait {
                     self.events = Some(events);
                     self.events_from_ticket = true;
                 }
+                // Replaces (and so leaves) a place whose events had ended.
                 self.ticket = Some(ticket);
                 true
             }
@@ -446,13 +447,14 @@ impl Wait {
         Ok(())
     }
 
-    /// The wake-up stream ended. If it was our queue place's, the place is gone (etcd: its
-    /// key's lease ran out): leave it for good and join again after the next `Held`.
+    /// The wake-up stream ended. If it was our queue place's, the place may be gone (etcd:
+    /// its key was deleted or its lease ran out): join again after the next `Held`. The
+    /// old ticket is kept until a new one replaces it, since the backend may answer that
+    /// the place is still valid (no new ticket) when only its watch broke.
     fn events_ended(&mut self) {
         self.events = None;
         if std::mem::take(&mut self.events_from_ticket) {
-            tracing::debug!("lost our place in the waiters' queue; joining again");
-            self.ticket = None;
+            tracing::debug!("our place in the waiters' queue stopped waking us; joining again");
             self.queue_tried = false;
         } else {
             tracing::debug!("release notifications ended; polling");
