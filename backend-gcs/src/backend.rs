@@ -164,7 +164,10 @@ impl GcsBackend {
 
     async fn try_refresh(&self, object: &str, lease: &Lease) -> Result<Lease> {
         let (generation, metageneration) = object::parse_grant(lease.grant())?;
-        match self.extend(object, lease, generation, metageneration).await? {
+        match self
+            .extend(object, lease, generation, metageneration)
+            .await?
+        {
             Some(refreshed) => Ok(refreshed),
             None => self.recover_refresh(object, lease, generation).await,
         }
@@ -204,7 +207,10 @@ impl GcsBackend {
         if obj.is_stale(date) {
             return Err(lost());
         }
-        match self.extend(object, lease, generation, obj.metageneration).await? {
+        match self
+            .extend(object, lease, generation, obj.metageneration)
+            .await?
+        {
             Some(refreshed) => Ok(refreshed),
             None => Err(Error::unavailable(
                 "the lock object changed again during the refresh; retry",

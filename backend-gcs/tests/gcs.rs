@@ -199,7 +199,10 @@ async fn a_recovered_refresh_never_reports_more_than_the_server_grants() {
     let backend = gcs.backend();
     let lease = grant(&backend, "lost-ttl", Duration::from_secs(30)).await;
     gcs.server.inject(Fault::LoseReplies { count: 1 });
-    let lost = backend.refresh(&lease).await.expect_err("the reply was lost");
+    let lost = backend
+        .refresh(&lease)
+        .await
+        .expect_err("the reply was lost");
     assert_eq!(lost.kind(), ErrorKind::OutcomeUnknown, "{lost}");
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let sent = SystemTime::now();
@@ -227,7 +230,9 @@ async fn a_guard_after_a_lost_refresh_reply_never_outlives_the_server_lease() {
     gcs.server.clear_requests();
     gcs.server.inject(Fault::LoseReplies { count: 1 });
     let recovered = |log: &[gcs_test_server::RequestRecord]| {
-        let first_412 = log.iter().position(|r| r.method == "PATCH" && r.status == 412);
+        let first_412 = log
+            .iter()
+            .position(|r| r.method == "PATCH" && r.status == 412);
         first_412.is_some_and(|at| log[at..].iter().any(|r| r.method == "GET"))
     };
     let deadline = Instant::now() + Duration::from_secs(6);
@@ -254,7 +259,10 @@ async fn release_after_a_lost_refresh_reply_removes_the_lock() {
     let backend = gcs.backend();
     let lease = grant(&backend, "lost-release", Duration::from_secs(30)).await;
     gcs.server.inject(Fault::LoseReplies { count: 1 });
-    let lost = backend.refresh(&lease).await.expect_err("the reply was lost");
+    let lost = backend
+        .refresh(&lease)
+        .await
+        .expect_err("the reply was lost");
     assert_eq!(lost.kind(), ErrorKind::OutcomeUnknown, "{lost}");
     backend.release(&lease).await.expect("release");
     assert!(
@@ -271,11 +279,18 @@ async fn release_after_a_lost_reply_spares_a_new_holder() {
     let backend = gcs.backend();
     let lease = grant(&backend, "lost-spare", Duration::from_secs(30)).await;
     gcs.server.inject(Fault::LoseReplies { count: 1 });
-    backend.refresh(&lease).await.expect_err("the reply was lost");
+    backend
+        .refresh(&lease)
+        .await
+        .expect_err("the reply was lost");
     let other = Identity::unique();
-    gcs.raw_put("lost-spare", &other, Duration::from_secs(30)).await;
+    gcs.raw_put("lost-spare", &other, Duration::from_secs(30))
+        .await;
     backend.release(&lease).await.expect("release");
-    let object = gcs.raw_get("lost-spare").await.expect("the new holder's lock");
+    let object = gcs
+        .raw_get("lost-spare")
+        .await
+        .expect("the new holder's lock");
     assert_eq!(object["metadata"]["identity"], other.as_str());
 }
 

@@ -49,7 +49,11 @@ async fn lost_replies_apply_the_write_but_answer_nothing() {
         .await;
     assert!(lost.is_err(), "the reply arrived: {lost:?}");
     let resource = gcs.resource("o").await;
-    assert_eq!(int_field(&resource, "metageneration"), 2, "the patch applied");
+    assert_eq!(
+        int_field(&resource, "metageneration"),
+        2,
+        "the patch applied"
+    );
     assert_eq!(resource["metadata"]["k"], "v");
     let patches: Vec<_> = server
         .requests()
@@ -57,7 +61,11 @@ async fn lost_replies_apply_the_write_but_answer_nothing() {
         .filter(|r| r.method == "PATCH")
         .map(|r| r.status)
         .collect();
-    assert_eq!(patches, [200], "logged with the status it would have answered");
+    assert_eq!(
+        patches,
+        [200],
+        "logged with the status it would have answered"
+    );
 }
 
 /// Off by default: a lock cycle can mutate one name back to back.
