@@ -470,30 +470,6 @@ mod tests {
     }
 
     #[test]
-    fn the_statement_timeout_follows_the_timeout_unless_set() {
-        let base = PostgresConfig::from_url("postgres://h/db?timeout_ms=2500").expect("valid");
-        assert_eq!(base.statement_timeout(), Some(Duration::from_millis(2500)));
-        let own = PostgresConfig::from_url("postgres://h/db?statement_timeout_ms=700");
-        assert_eq!(
-            own.expect("valid").statement_timeout(),
-            Some(Duration::from_millis(700))
-        );
-        let off = base.clone().with_statement_timeout(Duration::ZERO);
-        assert_eq!(off.statement_timeout(), None);
-        assert_eq!(off.connect_options().get_options(), None);
-        let options = base.connect_options();
-        assert!(options.get_options().is_some_and(|o| o.contains("2500ms")));
-        let pooled = base.clone().with_prepared_statements(false);
-        assert_eq!(
-            pooled.connect_options().get_options(),
-            None,
-            "PgBouncer refuses them"
-        );
-        let huge = base.with_statement_timeout(Duration::from_secs(30 * 86_400));
-        assert_eq!(huge.validate().unwrap_err().kind(), ErrorKind::InvalidInput);
-    }
-
-    #[test]
     fn validates_identifiers() {
         let base = PostgresConfig::from_url("postgres://h/db").expect("valid");
         let odd = base

@@ -63,6 +63,8 @@ pub(crate) fn begin_statement(limit: Option<Duration>) -> SqlStr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::PostgresConfig;
+    use lockcore::ErrorKind;
 
     #[test]
     fn limits_become_millisecond_settings() {
@@ -78,5 +80,29 @@ mod tests {
         let shown = options.get_options().unwrap_or_default().to_owned();
         assert!(shown.contains("statement_timeout=2000ms"), "{shown}");
         assert!(shown.contains("lock_timeout=2000ms"), "{shown}");
+    }
+
+    #[test]
+    fn the_statement_timeout_follows_the_timeout_unless_set() {
+        let base = PostgresConfig::from_url("postgres://h/db?timeout_ms=2500").expect("valid");
+        assert_eq!(base.statement_timeout(), Some(Duration::from_millis(2500)));
+        let own = PostgresConfig::from_url("postgres://h/db?statement_timeout_ms=700");
+        assert_eq!(
+            own.expect("valid").statement_timeout(),
+            Some(Duration::from_millis(700))
+        );
+        let off = base.clone().with_statement_timeout(Duration::ZERO);
+        assert_eq!(off.statement_timeout(), None);
+        assert_eq!(off.connect_options().get_options(), None);
+        let options = base.connect_options();
+        assert!(options.get_options().is_some_and(|o| o.contains("2500ms")));
+        let pooled = base.clone().with_prepared_statements(false);
+        assert_eq!(
+            pooled.connect_options().get_options(),
+            None,
+            "PgBouncer refuses them"
+        );
+        let huge = base.with_statement_timeout(Duration::from_secs(30 * 86_400));
+        assert_eq!(huge.validate().unwrap_err().kind(), ErrorKind::InvalidInput);
     }
 }
