@@ -26,7 +26,7 @@ pub struct EtcdBackend {
     client: Arc<EtcdClient>,
     layout: Layout,
     config: Arc<EtcdConfig>,
-    queue: Arc<Queue>,
+    pub(crate) queue: Arc<Queue>,
 }
 
 impl EtcdBackend {
@@ -61,6 +61,18 @@ impl EtcdBackend {
     /// Cancel safe.
     pub async fn from_url(url: &str) -> Result<Self> {
         Self::connect(EtcdConfig::from_url(url)?).await
+    }
+
+    /// The wake-ups a queued waiter's ticket carries: a Watch on the lock's keys for
+    /// delete events (1 RPC) that ends when the waiter's place is lost.
+    pub(crate) async fn queue_events(
+        &self,
+        name: &LockName,
+        ticket: &crate::queue::Ticket,
+    ) -> Result<ReleaseEvents> {
+        let prefix = self.layout.lock_prefix(name);
+        let watch = self.client.watch_deletes(&prefix).await;
+        Ok(ticket.events(watch.map_err(|e| e.with_lock(name))?))
     }
 
     /// The configuration (its `Display` hides the password).
@@ -291,15 +303,16 @@ impl LockBackend for EtcdBackend {
     }
 
     /// A LeaseGrant and a key in the lock's FIFO queue (a Txn), kept alive until the
-    /// ticket is dropped or the key becomes the grant; the ticket's events are a
-    /// [`subscribe`](Self::subscribe) watch (1 more RPC).
+    /// ticket is dropped or the key becomes the grant; the ticket's events are a watch
+    /// (1 more RPC) like [`subscribe`](Self::subscribe)'s, which also ends when the
+    /// waiter's key is lost, so lockcore can queue it again.
     async fn enqueue(&self, request: &AcquireRequest) -> Result<Option<QueueTicket>> {
         let joined = self.queue.join(request, ttl_secs(request.ttl)).await;
         let Some(place) = joined.map_err(|e| e.with_lock(&request.name))? else {
             return Ok(None);
         };
-        let events = match self.subscribe(&request.name).await {
-            Ok(events) => events,
+        let events = match self.queue_events(&request.name, &place).await {
+            Ok(events) => Some(events),
             Err(err) => {
                 tracing::debug!(error = %err, "no watch for a queued waiter; it polls");
                 None
