@@ -207,15 +207,24 @@ impl EtcdBackend {
     }
 
     /// The remaining TTL of `key`'s lease: `None` for a key without a lease, zero when the
-    /// lease has just expired (etcd is deleting the key).
+    /// lease has just expired (etcd is deleting the key). etcd rounds the TTL down to whole
+    /// seconds, so a live lease that reads 0 has up to a second left: reported as 1 s, not
+    /// 0, which would make waiters poll without pause until the key goes.
     async fn remaining(&self, key: &KeyValue) -> Result<Option<Duration>> {
         if key.lease() == 0 {
             return Ok(None);
         }
         let ttl = self.client.time_to_live(key.lease()).await?;
-        Ok(Some(ttl.unwrap_or(Duration::ZERO)))
+        Ok(Some(match ttl {
+            Some(left) if left.is_zero() => TTL_RESOLUTION,
+            Some(left) => left,
+            None => Duration::ZERO,
+        }))
     }
 }
+
+/// The resolution of the TTLs etcd reports (whole seconds, rounded down).
+const TTL_RESOLUTION: Duration = Duration::from_secs(1);
 
 /// What the etcd backend promises, without connecting (for comparison tables). See
 /// `docs/etcd.md` for why each field has its value, and how FIFO waiting works.
