@@ -242,7 +242,9 @@ pub fn guarantees() -> Guarantees {
         "Leases expire on the etcd leader's clock (whole seconds, at least ~2 s); the \
          fence token is the key's create revision (cluster-wide, so tokens jump). FIFO: \
          a waiting acquire keeps a queue key (its create revision is its place) for the \
-         whole wait, in one queue shared with etcdctl/Go waiters.",
+         whole wait, in one queue shared with etcdctl/Go waiters; a waiter whose queue key \
+         is lost waits without a place. A snapshot restore rewinds revisions, so tokens can \
+         repeat unless the restore bumps them (etcdutl 3.5.10+ --bump-revision).",
     )
 }
 
