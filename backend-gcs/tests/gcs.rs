@@ -165,7 +165,8 @@ async fn a_refresh_after_a_lost_reply_recovers() {
     backend.refresh(&refreshed).await.expect("refresh again");
 }
 
-/// When the object's lease lapses on the server's clock: `updated + ttl_ms`.
+/// When the object's lease lapses on the server's clock: `updated + ttl_ms`. `updated` is
+/// written truncated to the millisecond, so the write happened up to 1 ms after it says.
 async fn server_expiry(gcs: &Gcs, lock: &str) -> SystemTime {
     let object = gcs.raw_get(lock).await.expect("object");
     let updated = object["updated"].as_str().expect("updated");
@@ -173,7 +174,7 @@ async fn server_expiry(gcs: &Gcs, lock: &str) -> SystemTime {
         .as_str()
         .and_then(|ms| ms.parse().ok())
         .expect("ttl_ms");
-    parse_rfc3339(updated) + Duration::from_millis(ttl_ms)
+    parse_rfc3339(updated) + Duration::from_millis(ttl_ms + 1)
 }
 
 /// Parses the test server's `updated` (`…T12:34:56.789Z`), enough for these tests.
