@@ -26,7 +26,7 @@ pub struct EtcdBackend {
     client: Arc<EtcdClient>,
     layout: Layout,
     config: Arc<EtcdConfig>,
-    queue: Arc<Queue>,
+    pub(crate) queue: Arc<Queue>,
 }
 
 impl EtcdBackend {
@@ -61,6 +61,18 @@ impl EtcdBackend {
     /// Cancel safe.
     pub async fn from_url(url: &str) -> Result<Self> {
         Self::connect(EtcdConfig::from_url(url)?).await
+    }
+
+    /// The wake-ups a queued waiter's ticket carries: a Watch on the lock's keys for
+    /// delete events (1 RPC) that ends when the waiter's place is lost.
+    pub(crate) async fn queue_events(
+        &self,
+        name: &LockName,
+        ticket: &crate::queue::Ticket,
+    ) -> Result<ReleaseEvents> {
+        let prefix = self.layout.lock_prefix(name);
+        let watch = self.client.watch_deletes(&prefix).await;
+        Ok(ticket.events(watch.map_err(|e| e.with_lock(name))?))
     }
 
     /// The configuration (its `Display` hides the password).
@@ -195,15 +207,24 @@ impl EtcdBackend {
     }
 
     /// The remaining TTL of `key`'s lease: `None` for a key without a lease, zero when the
-    /// lease has just expired (etcd is deleting the key).
+    /// lease has just expired (etcd is deleting the key). etcd rounds the TTL down to whole
+    /// seconds, so a live lease that reads 0 has up to a second left: reported as 1 s, not
+    /// 0, which would make waiters poll without pause until the key goes.
     async fn remaining(&self, key: &KeyValue) -> Result<Option<Duration>> {
         if key.lease() == 0 {
             return Ok(None);
         }
         let ttl = self.client.time_to_live(key.lease()).await?;
-        Ok(Some(ttl.unwrap_or(Duration::ZERO)))
+        Ok(Some(match ttl {
+            Some(left) if left.is_zero() => TTL_RESOLUTION,
+            Some(left) => left,
+            None => Duration::ZERO,
+        }))
     }
 }
+
+/// The resolution of the TTLs etcd reports (whole seconds, rounded down).
+const TTL_RESOLUTION: Duration = Duration::from_secs(1);
 
 /// What the etcd backend promises, without connecting (for comparison tables). See
 /// `docs/etcd.md` for why each field has its value, and how FIFO waiting works.
@@ -221,7 +242,9 @@ pub fn guarantees() -> Guarantees {
         "Leases expire on the etcd leader's clock (whole seconds, at least ~2 s); the \
          fence token is the key's create revision (cluster-wide, so tokens jump). FIFO: \
          a waiting acquire keeps a queue key (its create revision is its place) for the \
-         whole wait, in one queue shared with etcdctl/Go waiters.",
+         whole wait, in one queue shared with etcdctl/Go waiters; a waiter whose queue key \
+         is lost waits without a place. A snapshot restore rewinds revisions, so tokens can \
+         repeat unless the restore bumps them (etcdutl 3.5.10+ --bump-revision).",
     )
 }
 
@@ -291,15 +314,16 @@ impl LockBackend for EtcdBackend {
     }
 
     /// A LeaseGrant and a key in the lock's FIFO queue (a Txn), kept alive until the
-    /// ticket is dropped or the key becomes the grant; the ticket's events are a
-    /// [`subscribe`](Self::subscribe) watch (1 more RPC).
+    /// ticket is dropped or the key becomes the grant; the ticket's events are a watch
+    /// (1 more RPC) like [`subscribe`](Self::subscribe)'s, which also ends when the
+    /// waiter's key is lost, so lockcore can queue it again.
     async fn enqueue(&self, request: &AcquireRequest) -> Result<Option<QueueTicket>> {
         let joined = self.queue.join(request, ttl_secs(request.ttl)).await;
         let Some(place) = joined.map_err(|e| e.with_lock(&request.name))? else {
             return Ok(None);
         };
-        let events = match self.subscribe(&request.name).await {
-            Ok(events) => events,
+        let events = match self.queue_events(&request.name, &place).await {
+            Ok(events) => Some(events),
             Err(err) => {
                 tracing::debug!(error = %err, "no watch for a queued waiter; it polls");
                 None

@@ -50,6 +50,8 @@ mod keys;
 #[cfg(test)]
 mod prop_tests;
 mod queue;
+#[cfg(test)]
+mod queue_tests;
 
 pub use backend::{EtcdBackend, guarantees};
 pub use config::{DEFAULT_PORT, EtcdConfig, SCHEME, TLS_SCHEME, URL_ENV};

@@ -12,14 +12,24 @@
 //! acquisition time (same key, same lease, same create revision), then one keep-alive, so
 //! the lease runs a full TTL from this attempt on. The place becomes the grant: the
 //! keep-alive task stops and lockcore's refresher takes over the lease.
+//!
+//! A place can be lost while it waits: an operator deletes the key, or the lease expires
+//! (the keep-alive could not reach etcd for a TTL). Then the ticket's wake-up stream
+//! ([`Ticket::events`]) ends and the place leaves the registry, so the owner can queue
+//! again (lockcore re-enqueues when a ticket's events end; until it does, the waiter
+//! polls without a place).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse};
-use lockcore::{AcquireRequest, Error, ErrorKind, Result};
+use etcd_client::{
+    Compare, CompareOp, EventType, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, WatchStream,
+};
+use futures_util::stream;
+use lockcore::{AcquireRequest, Error, ErrorKind, ReleaseEvents, Result};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::client::{EtcdClient, Op, first_created, malformed, revision_of};
@@ -51,6 +61,8 @@ pub(crate) struct Place {
     key: Vec<u8>,
     state: AtomicU8,
     keep_alive: JoinHandle<()>,
+    /// Turns `true` once the place is known lost (key gone, lease expired).
+    lost: Arc<watch::Sender<bool>>,
 }
 
 /// What a queued attempt found.
@@ -118,7 +130,13 @@ impl Queue {
                 return Err(err);
             }
         };
-        let keep_alive = spawn_keep_alive(Arc::clone(&self.client), lease, granted_ttl);
+        let lost = Arc::new(watch::Sender::new(false));
+        let keep_alive = spawn_keep_alive(
+            Arc::clone(&self.client),
+            lease,
+            granted_ttl,
+            Arc::clone(&lost),
+        );
         let place = Arc::new(Place {
             lease,
             granted_ttl,
@@ -126,6 +144,7 @@ impl Queue {
             key,
             state: AtomicU8::new(WAITING),
             keep_alive,
+            lost,
         });
         let mut places = self.places();
         if places.contains_key(&slot) {
@@ -229,10 +248,17 @@ impl Queue {
 
     /// Our key vanished (lease expired, key deleted by an operator): drop the place.
     fn forget(&self, slot: &Slot, place: &Arc<Place>) -> Claim {
-        tracing::debug!(lease = %format!("{:x}", place.lease), "our queue key vanished; acquiring without a place");
+        self.lose(slot, place);
+        Claim::NotQueued
+    }
+
+    /// The place is lost: out of the registry (so the owner may queue again), keep-alive
+    /// stopped, lease revoked, and the ticket's wake-ups ended.
+    fn lose(&self, slot: &Slot, place: &Arc<Place>) {
+        tracing::debug!(lease = %format!("{:x}", place.lease), "our queue key vanished; the waiter has no place");
         self.remove(slot, place);
         place.leave(&self.client);
-        Claim::NotQueued
+        place.lost.send_replace(true);
     }
 
     /// Removes `slot`'s entry if it is still `place`.
@@ -254,6 +280,76 @@ impl Place {
         if left.is_ok() {
             self.keep_alive.abort();
             revoke_in_background(client, self.lease);
+        }
+    }
+}
+
+impl Ticket {
+    /// Our queue key.
+    #[cfg(test)]
+    pub(crate) fn key(&self) -> &[u8] {
+        &self.place.key
+    }
+
+    /// The waiter's wake-ups from `watch` (deletes under the lock's prefix): one item per
+    /// reply that deletes another key, so the waiter retries; the stream ends when the
+    /// watch does, or when our own key is deleted or the place is otherwise lost, after
+    /// dropping the place so that the owner can queue again.
+    pub(crate) fn events(&self, watch: WatchStream) -> ReleaseEvents {
+        let wake = Wake {
+            watch,
+            lost: self.place.lost.subscribe(),
+            queue: Arc::clone(&self.queue),
+            slot: self.slot.clone(),
+            place: Arc::clone(&self.place),
+        };
+        Box::pin(stream::unfold(wake, |mut wake| async move {
+            let woken = wake.next().await;
+            woken.then_some(((), wake))
+        }))
+    }
+}
+
+/// The state behind a ticket's wake-up stream.
+struct Wake {
+    watch: WatchStream,
+    lost: watch::Receiver<bool>,
+    queue: Arc<Queue>,
+    slot: Slot,
+    place: Arc<Place>,
+}
+
+impl Wake {
+    /// `true` for a wake-up, `false` when the stream ends.
+    async fn next(&mut self) -> bool {
+        loop {
+            let reply = tokio::select! {
+                lost = self.lost.wait_for(|lost| *lost) => {
+                    drop(lost);
+                    self.queue.lose(&self.slot, &self.place);
+                    return false;
+                }
+                reply = self.watch.message() => reply,
+            };
+            let resp = match reply {
+                Ok(Some(resp)) if !resp.canceled() => resp,
+                Ok(_) | Err(_) => return false,
+            };
+            let mut deleted = resp
+                .events()
+                .iter()
+                .filter(|e| e.event_type() == EventType::Delete)
+                .filter_map(|e| e.kv().map(KeyValue::key))
+                .peekable();
+            if deleted.peek().is_none() {
+                continue;
+            }
+            let ours = deleted.any(|key| key == self.place.key.as_slice());
+            if ours && self.place.state.load(Ordering::Acquire) == WAITING {
+                self.queue.lose(&self.slot, &self.place);
+                return false;
+            }
+            return true;
         }
     }
 }
@@ -280,8 +376,14 @@ fn revoke_in_background(client: &Arc<EtcdClient>, lease: i64) {
     });
 }
 
-/// Keeps `lease` alive every third of its TTL until aborted or the lease is gone.
-fn spawn_keep_alive(client: Arc<EtcdClient>, lease: i64, ttl_secs: i64) -> JoinHandle<()> {
+/// Keeps `lease` alive every third of its TTL until aborted or the lease is gone (then
+/// says so on `lost`).
+fn spawn_keep_alive(
+    client: Arc<EtcdClient>,
+    lease: i64,
+    ttl_secs: i64,
+    lost: Arc<watch::Sender<bool>>,
+) -> JoinHandle<()> {
     tokio::spawn(async move {
         let ttl = Duration::from_secs(u64::try_from(ttl_secs).unwrap_or(1).max(1));
         let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + ttl / 3, ttl / 3);
@@ -289,7 +391,10 @@ fn spawn_keep_alive(client: Arc<EtcdClient>, lease: i64, ttl_secs: i64) -> JoinH
         loop {
             ticks.tick().await;
             match client.keep_alive(lease).await {
-                Err(err) if err.kind() == ErrorKind::Lost => return,
+                Err(err) if err.kind() == ErrorKind::Lost => {
+                    lost.send_replace(true);
+                    return;
+                }
                 Err(err) => tracing::debug!(error = %err, "keeping a queue lease alive failed"),
                 Ok(()) => {}
             }

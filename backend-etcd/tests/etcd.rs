@@ -214,6 +214,32 @@ async fn refresh_checks_the_key_as_well_as_the_lease() {
         .expect("releasing a gone lease is fine");
 }
 
+/// Issue #14 item 5: etcd reports a lease's TTL in whole seconds, rounded down, so a holder
+/// with under a second left reads 0. Reported as 0 s left, it made waiters poll every
+/// millisecond until etcd deleted the key; it has up to a second left, so say so.
+#[tokio::test]
+async fn a_holder_under_a_second_from_expiry_does_not_report_zero() {
+    let Some(endpoints) = common::shared_endpoints() else {
+        return;
+    };
+    let prefix = common::random_prefix("ttl-zero");
+    let backend = common::backend(&endpoints, &prefix).await;
+    let mut raw = common::raw(&endpoints).await;
+    let session = raw.lease_grant(2, None).await.expect("grant").id();
+    let granted = tokio::time::Instant::now();
+    let key = format!("{prefix}dying/{session:x}");
+    let options = PutOptions::new().with_lease(session);
+    raw.put(key.as_str(), "", Some(options)).await.expect("put");
+    tokio::time::sleep_until(granted + Duration::from_millis(1300)).await;
+    let Acquire::Held(holder) = attempt(&backend, &name("dying"), &Identity::unique()).await else {
+        panic!("acquired a lock whose lease has about 0.6 s left");
+    };
+    assert_eq!(holder.expires_in(), Some(Duration::from_secs(1)));
+    let shown = backend.inspect(&name("dying")).await.expect("inspect");
+    let shown = shown.expect("inspect calls a lock with about 0.5 s left free");
+    assert_eq!(shown.expires_in(), Some(Duration::from_secs(1)));
+}
+
 /// A key written the way `etcdctl lock` and Go's `concurrency.Mutex` write it (empty value,
 /// bound to the client's session lease) owns the lock for anylock too, and is shown by its
 /// lease id.

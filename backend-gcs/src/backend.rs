@@ -164,43 +164,88 @@ impl GcsBackend {
 
     async fn try_refresh(&self, object: &str, lease: &Lease) -> Result<Lease> {
         let (generation, metageneration) = object::parse_grant(lease.grant())?;
+        match self
+            .extend(object, lease, generation, metageneration)
+            .await?
+        {
+            Some(refreshed) => Ok(refreshed),
+            None => self.recover_refresh(object, lease, generation).await,
+        }
+    }
+
+    /// One PATCH rewriting our metadata, which moves the server's `updated` (and so the
+    /// expiry) to when GCS applies it, under exact preconditions; `None` on 412.
+    async fn extend(
+        &self,
+        object: &str,
+        lease: &Lease,
+        generation: u64,
+        metageneration: u64,
+    ) -> Result<Option<Lease>> {
         let metadata = object::metadata(lease.owner(), lease.ttl());
         let exact = Preconditions::exact(generation, metageneration);
-        let answer = self.client.patch(object, metadata, exact).await?;
-        match answer.reply {
+        match self.client.patch(object, metadata, exact).await?.reply {
             Reply::Ok(Some(obj)) if obj.is_owned_by(lease.owner()) => {
-                Ok(lease.clone().with_grant(obj.grant()))
+                Ok(Some(lease.clone().with_grant(obj.grant())))
             }
             Reply::Ok(_) => Err(Error::lost("the lock object now names another owner")),
             Reply::NotFound => Err(Error::lost("the lock object was deleted")),
-            Reply::PreconditionFailed => self.recover_refresh(object, lease, generation).await,
+            Reply::PreconditionFailed => Ok(None),
         }
     }
 
     /// After a refresh's 412: an earlier PATCH whose reply was lost may have applied and
-    /// moved the metageneration. Adopt it when the object is still this grant (same
-    /// generation, our identity) and fresh on the server's clock; otherwise the lock is lost.
+    /// moved the metageneration. When the object is still this grant (same generation, our
+    /// identity) and fresh on the server's clock, extend it once more under its current
+    /// metageneration: adopting it as it stands would report a full TTL although its
+    /// `updated` is as old as that earlier PATCH (issue #14, item 6). Otherwise it is lost.
     async fn recover_refresh(&self, object: &str, lease: &Lease, generation: u64) -> Result<Lease> {
-        let Answer { reply, date } = self.client.get(object).await?;
-        match (reply, date) {
-            (Reply::Ok(Some(obj)), Some(date))
-                if obj.generation == generation
-                    && obj.is_owned_by(lease.owner())
-                    && !obj.is_stale(date) =>
-            {
-                Ok(lease.clone().with_grant(obj.grant()))
-            }
-            _ => Err(Error::lost(
-                "the lock object changed (deleted, taken over or replaced)",
+        let lost = || Error::lost("the lock object changed (deleted, taken over or replaced)");
+        let Some((obj, date)) = self.own_object(object, lease, generation).await? else {
+            return Err(lost());
+        };
+        if obj.is_stale(date) {
+            return Err(lost());
+        }
+        match self
+            .extend(object, lease, generation, obj.metageneration)
+            .await?
+        {
+            Some(refreshed) => Ok(refreshed),
+            None => Err(Error::unavailable(
+                "the lock object changed again during the refresh; retry",
             )),
         }
     }
 
+    /// The object of `object` when it is still `lease`'s grant: the same generation (no
+    /// one recreated it) and our identity, with the server time it was read at.
+    async fn own_object(
+        &self,
+        object: &str,
+        lease: &Lease,
+        generation: u64,
+    ) -> Result<Option<(LockObject, SystemTime)>> {
+        let found = self.read(object).await?;
+        Ok(found.filter(|(obj, _)| obj.generation == generation && obj.is_owned_by(lease.owner())))
+    }
+
+    /// Deletes our object under exact preconditions. A 412 may mean only that a refresh
+    /// whose reply was lost moved the metageneration: when the object is still this grant,
+    /// delete it under its current metageneration; otherwise (404, or another generation or
+    /// owner) nothing of ours is left.
     async fn try_release(&self, object: &str, lease: &Lease) -> Result<()> {
         let (generation, metageneration) = object::parse_grant(lease.grant())?;
         let exact = Preconditions::exact(generation, metageneration);
-        // 412 or 404: already gone or someone else's, so nothing of ours is left.
-        self.client.delete(object, exact).await?;
+        let reply = self.client.delete(object, exact).await?.reply;
+        if !matches!(reply, Reply::PreconditionFailed) {
+            return Ok(());
+        }
+        if let Some((obj, _)) = self.own_object(object, lease, generation).await? {
+            // A 412 or 404 here means someone else moved first: nothing of ours is left.
+            let current = Preconditions::exact(generation, obj.metageneration);
+            self.client.delete(object, current).await?;
+        }
         Ok(())
     }
 

@@ -82,14 +82,29 @@ impl LockObject {
             info = info.with_acquired_at(created);
         }
         if let (Some(ttl), Some(date)) = (self.ttl, date) {
-            // `Date` is truncated to the second, so `updated + ttl - Date` can exceed the
-            // TTL by up to a second; the TTL bounds the estimate.
-            let left = (self.updated + ttl)
-                .duration_since(date)
-                .unwrap_or_default();
-            info = info.with_expires_in(left.min(ttl));
+            info = info.with_expires_in(self.time_left(ttl, date));
         }
         info
+    }
+
+    /// Time left at server time `date`: `updated + ttl - Date`, capped at the TTL (`Date` is
+    /// truncated to the second, so the difference can exceed the TTL by up to a second).
+    /// Once lapsed but not yet stale (inside the `Date` margin), the time until a contender
+    /// may take over instead, never 0: a waiter told 0 polls without pause until then.
+    /// Zero once stale.
+    fn time_left(&self, ttl: Duration, date: SystemTime) -> Duration {
+        let expires = self.updated + ttl;
+        if self.is_stale(date) {
+            return Duration::ZERO;
+        }
+        match expires.duration_since(date) {
+            Ok(left) if !left.is_zero() => left.min(ttl),
+            _ => match (expires + DATE_RESOLUTION).duration_since(date) {
+                Ok(until_stale) if !until_stale.is_zero() => until_stale,
+                // `Date` must tick once more before the lock counts as stale.
+                _ => DATE_RESOLUTION,
+            },
+        }
     }
 }
 
@@ -287,6 +302,23 @@ mod tests {
             truncated.expires_in(),
             Some(Duration::from_secs(3)),
             "capped at the TTL"
+        );
+    }
+
+    /// Issue #14 item 5: a lock past `updated + ttl` but within the `Date` margin cannot be
+    /// taken over yet; reporting 0 s left made waiters poll every millisecond until it could.
+    #[test]
+    fn a_lapsed_lock_not_yet_stale_reports_the_time_until_takeover() {
+        let o = object(10_000, 3_000);
+        assert_eq!(
+            o.holder(Some(at(13_400))).expires_in(),
+            Some(Duration::from_millis(600))
+        );
+        assert!(!o.is_stale(at(14_000)));
+        assert_eq!(
+            o.holder(Some(at(14_000))).expires_in(),
+            Some(DATE_RESOLUTION),
+            "stale only once Date ticks past the margin"
         );
     }
 

@@ -4,7 +4,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use backend_gcs::{GcsBackend, GcsConfig};
 use common::Gcs;
@@ -163,6 +163,136 @@ async fn a_refresh_after_a_lost_reply_recovers() {
     let refreshed = backend.refresh(&lease).await.expect("recognised as ours");
     assert_ne!(refreshed.grant(), lease.grant());
     backend.refresh(&refreshed).await.expect("refresh again");
+}
+
+/// When the object's lease lapses on the server's clock: `updated + ttl_ms`. `updated` is
+/// written truncated to the millisecond, so the write happened up to 1 ms after it says.
+async fn server_expiry(gcs: &Gcs, lock: &str) -> SystemTime {
+    let object = gcs.raw_get(lock).await.expect("object");
+    let updated = object["updated"].as_str().expect("updated");
+    let ttl_ms: u64 = object["metadata"]["ttl_ms"]
+        .as_str()
+        .and_then(|ms| ms.parse().ok())
+        .expect("ttl_ms");
+    parse_rfc3339(updated) + Duration::from_millis(ttl_ms + 1)
+}
+
+/// Parses the test server's `updated` (`…T12:34:56.789Z`), enough for these tests.
+fn parse_rfc3339(text: &str) -> SystemTime {
+    let n = |range: std::ops::Range<usize>| text[range].parse::<u64>().expect("digits");
+    let (y, m, d) = (n(0..4), n(5..7), n(8..10));
+    let (y, m) = if m <= 2 { (y - 1, m + 9) } else { (y, m - 3) };
+    let (era, yoe) = (y / 400, y % 400);
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + (153 * m + 2) / 5 + d - 1;
+    let days = era * 146_097 + doe - 719_468;
+    let secs = days * 86_400 + n(11..13) * 3600 + n(14..16) * 60 + n(17..19);
+    let millis = text.get(20..23).and_then(|ms| ms.parse().ok()).unwrap_or(0);
+    UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_millis(millis)
+}
+
+/// Issue #14 item 6: a refresh PATCH applied but its reply was lost; the next refresh
+/// recovers. The TTL it reports, counted from when it was sent (as lockcore counts it),
+/// must not pass the server's expiry: adopting the earlier PATCH's grant without extending
+/// it overstated the lease by the time since that PATCH.
+#[tokio::test]
+async fn a_recovered_refresh_never_reports_more_than_the_server_grants() {
+    let gcs = Gcs::start().await;
+    let backend = gcs.backend();
+    let lease = grant(&backend, "lost-ttl", Duration::from_secs(30)).await;
+    gcs.server.inject(Fault::LoseReplies { count: 1 });
+    let lost = backend
+        .refresh(&lease)
+        .await
+        .expect_err("the reply was lost");
+    assert_eq!(lost.kind(), ErrorKind::OutcomeUnknown, "{lost}");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let sent = SystemTime::now();
+    let refreshed = backend.refresh(&lease).await.expect("recognised as ours");
+    let expiry = server_expiry(&gcs, "lost-ttl").await;
+    let claimed = sent + refreshed.ttl();
+    assert!(
+        claimed <= expiry,
+        "the lease claims {:?} past the server's expiry",
+        claimed.duration_since(expiry).unwrap_or_default()
+    );
+    backend.refresh(&refreshed).await.expect("refresh again");
+}
+
+/// The same end to end: a guard whose refresh reply was lost never reads more remaining
+/// validity than the server object still has, right after the refresh that recovers.
+#[tokio::test]
+async fn a_guard_after_a_lost_refresh_reply_never_outlives_the_server_lease() {
+    let gcs = Gcs::start().await;
+    let options = LockOptions::new(Duration::from_secs(8))
+        .with_refresh_interval(Duration::from_millis(1500))
+        .with_max_refresh_failures(2);
+    let locker = Locker::new(Arc::new(gcs.backend())).with_options(options);
+    let guard = locker.acquire("lost-guard").await.expect("acquire");
+    gcs.server.clear_requests();
+    gcs.server.inject(Fault::LoseReplies { count: 1 });
+    let recovered = |log: &[gcs_test_server::RequestRecord]| {
+        let first_412 = log
+            .iter()
+            .position(|r| r.method == "PATCH" && r.status == 412);
+        first_412.is_some_and(|at| log[at..].iter().any(|r| r.method == "GET"))
+    };
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while !recovered(&gcs.server.requests()) {
+        assert!(Instant::now() < deadline, "{:?}", gcs.server.requests());
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let believed = SystemTime::now() + guard.remaining_validity();
+    let expiry = server_expiry(&gcs, "lost-guard").await;
+    assert!(
+        believed <= expiry,
+        "the guard believes in {:?} past the server's expiry",
+        believed.duration_since(expiry).unwrap_or_default()
+    );
+    guard.release().await.expect("release");
+}
+
+/// Issue #14 (Low): after a refresh whose reply was lost, the lease still names the old
+/// metageneration; release must still remove our own object, not leave it until its TTL.
+#[tokio::test]
+async fn release_after_a_lost_refresh_reply_removes_the_lock() {
+    let gcs = Gcs::start().await;
+    let backend = gcs.backend();
+    let lease = grant(&backend, "lost-release", Duration::from_secs(30)).await;
+    gcs.server.inject(Fault::LoseReplies { count: 1 });
+    let lost = backend
+        .refresh(&lease)
+        .await
+        .expect_err("the reply was lost");
+    assert_eq!(lost.kind(), ErrorKind::OutcomeUnknown, "{lost}");
+    backend.release(&lease).await.expect("release");
+    assert!(
+        gcs.raw_get("lost-release").await.is_none(),
+        "release left our own lock in place until its TTL"
+    );
+}
+
+/// Release after a lost refresh reply still never deletes someone else's lock: a holder
+/// that took over (a new generation) keeps it.
+#[tokio::test]
+async fn release_after_a_lost_reply_spares_a_new_holder() {
+    let gcs = Gcs::start().await;
+    let backend = gcs.backend();
+    let lease = grant(&backend, "lost-spare", Duration::from_secs(30)).await;
+    gcs.server.inject(Fault::LoseReplies { count: 1 });
+    backend
+        .refresh(&lease)
+        .await
+        .expect_err("the reply was lost");
+    let other = Identity::unique();
+    gcs.raw_put("lost-spare", &other, Duration::from_secs(30))
+        .await;
+    backend.release(&lease).await.expect("release");
+    let object = gcs
+        .raw_get("lost-spare")
+        .await
+        .expect("the new holder's lock");
+    assert_eq!(object["metadata"]["identity"], other.as_str());
 }
 
 /// An operator changed the owner in place (same generation): the refresh must not write

@@ -20,7 +20,10 @@ use crate::notify::Notifier;
 const NOTES: &str = "Linearizable on one PostgreSQL primary; leases and tokens survive a \
     restart when commits are durable (synchronous_commit=on), but an asynchronous standby \
     promoted in a failover can lose recent grants. Expiry uses the database clock only. \
-    Tokens come from one sequence, so they rise per name even if an operator deletes rows. \
+    Tokens come from one sequence, so they rise per name even if an operator deletes rows; \
+    the sequence must keep CACHE 1 (connect refuses a cached one), and restoring a backup or \
+    restarting the sequence can repeat tokens. Every statement carries statement_timeout and \
+    lock_timeout (statement_timeout_ms, default the client timeout), fenced ones included. \
     No session state: works behind PgBouncer transaction pooling (prepared_statements=false \
     before PgBouncer 1.21), except LISTEN, which needs a session connection (listen_url). \
     begin_fenced/fenced make writes in the same database commit only while the lease holds.";

@@ -9,6 +9,7 @@ use sqlx::{Connection, Row, SqlStr};
 use tokio::time::{Instant, timeout_at};
 
 use crate::config::PostgresConfig;
+use crate::limits;
 use crate::sql::{self, Names, Statements};
 
 /// The backend name in every error.
@@ -31,6 +32,8 @@ pub(crate) struct Client {
     pub(crate) names: Names,
     pub(crate) timeout: Duration,
     pub(crate) prepared: bool,
+    /// Begins every explicit transaction, with the statement timeout (see [`limits`]).
+    pub(crate) begin: SqlStr,
 }
 
 /// Pooled connections idle at least this long are pinged before a lock statement.
@@ -56,7 +59,7 @@ impl Client {
                     Ok(true)
                 })
             })
-            .connect_lazy_with(config.connect_options().clone());
+            .connect_lazy_with(config.connect_options());
         let names = Names::new(config);
         Self {
             pool,
@@ -64,6 +67,7 @@ impl Client {
             names,
             timeout: config.timeout(),
             prepared: config.prepared_statements(),
+            begin: limits::begin_statement(config.statement_timeout()),
         }
     }
 
@@ -100,7 +104,7 @@ impl Client {
             if self.prepared {
                 work(&mut conn).await
             } else {
-                pinned(&mut conn, work).await
+                pinned(&mut conn, self.begin.clone(), work).await
             }
         };
         match timeout_at(deadline, attempt).await {
@@ -118,15 +122,18 @@ impl Client {
     /// operator made.
     pub(crate) async fn ensure_schema(&self, create: bool) -> lockcore::Result<()> {
         let names = self.names.clone();
-        let present = self
+        let (present, cache) = self
             .run(Effect::Write, async |conn| {
-                let found = exists(conn, &names).await?;
+                let (found, cache) = exists(conn, &names).await?;
                 if found || !create {
-                    return Ok(found);
+                    return Ok((found, cache));
                 }
-                create_schema(conn, &names).await.map(|()| true)
+                create_schema(conn, &names).await.map(|()| (true, None))
             })
             .await?;
+        if let Some(cache) = cache.filter(|&cache| cache > 1) {
+            return Err(cached_sequence(&self.names.sequence, cache));
+        }
         if present {
             return Ok(());
         }
@@ -164,7 +171,7 @@ async fn create_schema(conn: &mut PgConnection, names: &Names) -> Result<(), sql
     tx.commit().await
 }
 
-/// Runs `work` in an explicit transaction.
+/// Runs `work` in an explicit transaction begun by `begin`.
 ///
 /// sqlx parses a statement (`Parse`, `Describe`, `Sync`) and only then binds and executes
 /// it. Behind PgBouncer in transaction mode the `Sync` ends the implicit transaction, so
@@ -173,22 +180,41 @@ async fn create_schema(conn: &mut PgConnection, names: &Names) -> Result<(), sql
 /// statement \"\" requires 3"). An open transaction pins the server connection.
 async fn pinned<T>(
     conn: &mut PgConnection,
+    begin: SqlStr,
     work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
 ) -> Result<T, sqlx::Error> {
-    let mut tx = conn.begin().await?;
+    let mut tx = conn.begin_with(begin).await?;
     let value = work(&mut tx).await?;
     tx.commit().await?;
     Ok(value)
 }
 
-async fn exists(conn: &mut PgConnection, names: &Names) -> Result<bool, sqlx::Error> {
+/// Whether the table and sequence exist, and the sequence's `CACHE` when it does.
+async fn exists(
+    conn: &mut PgConnection,
+    names: &Names,
+) -> Result<(bool, Option<i64>), sqlx::Error> {
     let row = sqlx::query(sql::EXISTS)
         .bind(&names.table)
         .bind(&names.sequence)
         .persistent(false)
         .fetch_one(conn)
         .await?;
-    row.try_get("present")
+    Ok((row.try_get("present")?, row.try_get("cache")?))
+}
+
+/// A fence sequence with `CACHE > 1` hands each session a block of values of its own, so
+/// tokens drawn by two sessions are not in grant order: fencing would go backwards.
+fn cached_sequence(sequence: &str, cache: i64) -> Error {
+    Error::new(
+        ErrorKind::Config,
+        format!(
+            "the fence sequence {sequence} has CACHE {cache}: each session draws from its own \
+             block of values, so fence tokens would not rise in grant order; run \
+             ALTER SEQUENCE {sequence} CACHE 1"
+        ),
+    )
+    .with_backend(BACKEND)
 }
 
 async fn schema_exists(conn: &mut PgConnection, names: &Names) -> Result<bool, sqlx::Error> {

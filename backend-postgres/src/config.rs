@@ -15,6 +15,7 @@ use std::time::Duration;
 use lockcore::{Error, Result};
 use sqlx::postgres::PgConnectOptions;
 
+use crate::limits::{self, MAX_STATEMENT_TIMEOUT};
 use crate::url::{connect_options, parse_url, redact, split_params};
 
 /// The schema used unless the URL or [`PostgresConfig::with_schema`] names another.
@@ -58,6 +59,7 @@ pub struct PostgresConfig {
     channel: Option<String>,
     pool_size: u32,
     timeout: Duration,
+    statement_timeout: Option<Duration>,
     create_schema: bool,
     prepared_statements: bool,
 }
@@ -68,7 +70,8 @@ impl PostgresConfig {
     /// Standard parameters (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`,
     /// `application_name`, `options`, `host`, `port`, `user`, `password`, `dbname`) go to
     /// sqlx. anylock reads `schema`, `table`, `channel`, `pool_size`, `timeout_ms`,
-    /// `create_schema` (`true`/`false`) and `prepared_statements` (`true`/`false`).
+    /// `statement_timeout_ms`, `create_schema` (`true`/`false`) and `prepared_statements`
+    /// (`true`/`false`).
     ///
     /// # Errors
     /// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for an unparseable
@@ -87,6 +90,7 @@ impl PostgresConfig {
             channel: None,
             pool_size: DEFAULT_POOL_SIZE,
             timeout: DEFAULT_TIMEOUT,
+            statement_timeout: None,
             create_schema: true,
             prepared_statements: true,
         };
@@ -141,6 +145,16 @@ impl PostgresConfig {
     /// [`ErrorKind::OutcomeUnknown`](lockcore::ErrorKind::OutcomeUnknown).
     pub fn with_timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
+        self
+    }
+
+    /// Bounds every statement the backend runs on the server (`statement_timeout` and
+    /// `lock_timeout`), so a statement the client gave up on does not run on (default: the
+    /// [timeout](Self::with_timeout)). `Duration::ZERO` sets nothing, leaving the
+    /// server's and role's settings. Statements in a [`FencedTx`](crate::FencedTx) are
+    /// bounded too; raise it, or `SET LOCAL statement_timeout` inside one, for longer work.
+    pub fn with_statement_timeout(mut self, limit: Duration) -> Self {
+        self.statement_timeout = Some(limit);
         self
     }
 
@@ -207,6 +221,16 @@ impl PostgresConfig {
         self.timeout
     }
 
+    /// The server-side bound on each statement, `None` when none is set (see
+    /// [`with_statement_timeout`](Self::with_statement_timeout)).
+    pub fn statement_timeout(&self) -> Option<Duration> {
+        match self.statement_timeout {
+            None => Some(self.timeout.min(MAX_STATEMENT_TIMEOUT)),
+            Some(limit) if limit.is_zero() => None,
+            Some(limit) => Some(limit),
+        }
+    }
+
     /// Whether a missing table is created on connect.
     pub fn create_schema(&self) -> bool {
         self.create_schema
@@ -226,7 +250,8 @@ impl PostgresConfig {
     ///
     /// # Errors
     /// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for a bad schema,
-    /// table or channel name, a zero pool size or a zero timeout.
+    /// table or channel name, a zero pool size, a zero timeout or a statement timeout above
+    /// [`MAX_STATEMENT_TIMEOUT`].
     pub fn validate(&self) -> Result<()> {
         check_identifier("schema", &self.schema, MAX_IDENTIFIER_LEN)?;
         if self.schema.starts_with("pg_") {
@@ -243,12 +268,23 @@ impl PostgresConfig {
         if self.timeout.is_zero() {
             return Err(invalid("timeout must be greater than zero"));
         }
+        if self.statement_timeout > Some(MAX_STATEMENT_TIMEOUT) {
+            return Err(invalid(format!(
+                "statement_timeout must be at most {} ms (PostgreSQL's limit), or 0 to set none",
+                MAX_STATEMENT_TIMEOUT.as_millis()
+            )));
+        }
         Ok(())
     }
 
-    /// The sqlx options for the pool.
-    pub(crate) fn connect_options(&self) -> &PgConnectOptions {
-        &self.connect
+    /// The sqlx options for the pool: with prepared statements, the statement timeout
+    /// travels as startup options (see [`limits`](crate::limits)).
+    pub(crate) fn connect_options(&self) -> PgConnectOptions {
+        let options = self.connect.clone();
+        if self.prepared_statements {
+            return limits::startup_options(options, self.statement_timeout());
+        }
+        options
     }
 
     /// The sqlx options for the `LISTEN` connection, with `(listen)` added to the
@@ -282,6 +318,9 @@ impl PostgresConfig {
                 self.with_pool_size(size)
             }
             "timeout_ms" => self.with_timeout(Duration::from_millis(number(value)?)),
+            "statement_timeout_ms" => {
+                self.with_statement_timeout(Duration::from_millis(number(value)?))
+            }
             "create_schema" => self.with_create_schema(flag(value)?),
             "prepared_statements" => self.with_prepared_statements(flag(value)?),
             _ => self,
@@ -299,6 +338,7 @@ impl fmt::Debug for PostgresConfig {
             .field("channel", &self.channel())
             .field("pool_size", &self.pool_size)
             .field("timeout", &self.timeout)
+            .field("statement_timeout", &self.statement_timeout())
             .field("create_schema", &self.create_schema)
             .field("prepared_statements", &self.prepared_statements)
             .finish()

@@ -209,7 +209,7 @@ impl PostgresBackend {
         token: i64,
     ) -> Result<Option<Transaction<'static, Postgres>>, sqlx::Error> {
         let client = self.client();
-        let mut tx = client.pool.begin().await?;
+        let mut tx = client.pool.begin_with(client.begin.clone()).await?;
         // The GUC's maximum is i32::MAX milliseconds (about 24 days).
         let idle_ms = lease.ttl().as_millis().clamp(1, i32::MAX as u128);
         let row = client

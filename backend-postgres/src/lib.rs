@@ -36,6 +36,7 @@ mod backend;
 mod client;
 mod config;
 pub mod fenced;
+mod limits;
 mod notify;
 #[cfg(test)]
 mod prop_tests;
@@ -48,6 +49,7 @@ pub use config::{
     MAX_IDENTIFIER_LEN, MAX_TABLE_LEN, PostgresConfig,
 };
 pub use fenced::{FencedTx, error_from_sqlx};
+pub use limits::MAX_STATEMENT_TIMEOUT;
 pub use notify::KEEPALIVE;
 pub use {lockcore, sqlx};
 

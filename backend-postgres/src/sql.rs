@@ -193,9 +193,11 @@ pub(crate) fn create_statements(names: &Names) -> Vec<SqlStr> {
     ]
 }
 
-/// `$1` table, `$2` sequence (quoted, qualified): whether both exist already.
-pub(crate) const EXISTS: &str =
-    "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AS present";
+/// `$1` table, `$2` sequence (quoted, qualified): whether both exist already, and the
+/// sequence's `CACHE` (NULL when it does not exist).
+pub(crate) const EXISTS: &str = "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AS present, \
+            (SELECT seqcache FROM pg_catalog.pg_sequence WHERE seqrelid = to_regclass($2)) \
+            AS cache";
 
 /// `$1` schema (quoted): whether it exists already.
 pub(crate) const SCHEMA_EXISTS: &str = "SELECT to_regnamespace($1) IS NOT NULL AS present";

@@ -16,6 +16,7 @@ const OWN_PARAMS: &[&str] = &[
     "channel",
     "pool_size",
     "timeout_ms",
+    "statement_timeout_ms",
     "create_schema",
     "prepared_statements",
 ];

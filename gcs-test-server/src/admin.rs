@@ -65,6 +65,11 @@ fn set_faults(shared: &Shared, body: &[u8]) -> Result<Response<Body>, ApiError> 
             u32::try_from(count).map_err(|_| ApiError::bad_request("serverErrors out of range"))?;
         shared.inject(Fault::ServerErrors { count });
     }
+    if let Some(count) = number("lostReplies")? {
+        let count =
+            u32::try_from(count).map_err(|_| ApiError::bad_request("lostReplies out of range"))?;
+        shared.inject(Fault::LoseReplies { count });
+    }
     if let Some(ms) = number("rateLimitMs")? {
         shared.set_rate_limit((ms > 0).then(|| millis(ms)));
     }

@@ -28,6 +28,13 @@ pub enum Fault {
     },
     /// Hold every API request this long before handling it.
     Delay(Duration),
+    /// The next `count` API requests are handled (a write is applied) but get no
+    /// reply: the server closes the connection instead, as when a reply is lost on
+    /// the network (replaces an earlier count).
+    LoseReplies {
+        /// How many replies are lost.
+        count: u32,
+    },
 }
 
 impl Fault {
@@ -68,10 +75,11 @@ impl ClockOffset {
     }
 }
 
-/// The request-level faults: pending 503s and a delay.
+/// The request-level faults: pending 503s, pending lost replies and a delay.
 #[derive(Debug, Default)]
 pub(crate) struct RequestFaults {
     pub(crate) server_errors: u32,
+    pub(crate) lost_replies: u32,
     pub(crate) delay: Option<Duration>,
 }
 
@@ -82,6 +90,15 @@ impl RequestFaults {
             return false;
         }
         self.server_errors -= 1;
+        true
+    }
+
+    /// Whether this request's reply should be lost (uses one up).
+    pub(crate) fn take_lost_reply(&mut self) -> bool {
+        if self.lost_replies == 0 {
+            return false;
+        }
+        self.lost_replies -= 1;
         true
     }
 }

@@ -1,8 +1,8 @@
 //! The per-request pipeline: admin paths bypass it; API requests get the
 //! injected delay and 503s, are routed, logged, and every response gets a
-//! `Date` header from the server's clock.
+//! `Date` header from the server's clock, unless the reply is to be lost.
 
-use std::convert::Infallible;
+use std::fmt;
 use std::sync::{Arc, PoisonError};
 
 use bytes::Bytes;
@@ -29,11 +29,25 @@ pub(crate) struct ReadRequest {
     pub(crate) body: Bytes,
 }
 
-/// Handles one request; never fails at the HTTP level.
+/// The error that makes hyper close the connection without a reply: an injected
+/// [`Fault::LoseReplies`](crate::Fault::LoseReplies).
+#[derive(Debug)]
+pub(crate) struct ReplyLost;
+
+impl fmt::Display for ReplyLost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("reply lost by an injected fault")
+    }
+}
+
+impl std::error::Error for ReplyLost {}
+
+/// Handles one request; fails at the HTTP level (closing the connection after the
+/// request took effect) only when a lost reply was injected.
 pub(crate) async fn handle(
     shared: Arc<Shared>,
     request: Request<Incoming>,
-) -> Result<Response<Body>, Infallible> {
+) -> Result<Response<Body>, ReplyLost> {
     let (parts, body) = request.into_parts();
     let body = body.collect().await.map(|b| b.to_bytes());
     let request = ReadRequest {
@@ -49,7 +63,11 @@ pub(crate) async fn handle(
         let url = format!("{}{}", shared.base_url, auth::TOKEN_PATH);
         shared.auth().token(&request, &url)
     } else {
-        api_request(&shared, &request).await
+        let response = api_request(&shared, &request).await;
+        if shared.faults().take_lost_reply() {
+            return Err(ReplyLost);
+        }
+        response
     };
     let date = httpdate::fmt_http_date(shared.clock.now());
     if let Ok(value) = HeaderValue::from_str(&date) {

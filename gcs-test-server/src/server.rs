@@ -52,6 +52,7 @@ impl Shared {
             Fault::ServerErrors { count } => self.faults().server_errors = count,
             Fault::RateLimit { min_interval } => self.set_rate_limit(Some(min_interval)),
             Fault::Delay(delay) => self.set_delay(Some(delay)),
+            Fault::LoseReplies { count } => self.faults().lost_replies = count,
         }
     }
 
@@ -87,7 +88,7 @@ impl Shared {
         self.auth.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn faults(&self) -> std::sync::MutexGuard<'_, RequestFaults> {
+    pub(crate) fn faults(&self) -> std::sync::MutexGuard<'_, RequestFaults> {
         self.faults.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
@@ -166,7 +167,7 @@ impl GcsTestServer {
         self.shared.inject(fault);
     }
 
-    /// Removes every fault: pending 503s, the delay and the rate limit.
+    /// Removes every fault: pending 503s and lost replies, the delay and the rate limit.
     pub fn clear_faults(&self) {
         self.shared.clear_faults();
     }

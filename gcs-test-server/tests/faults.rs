@@ -37,6 +37,37 @@ async fn server_errors_fail_the_next_requests_only() {
     );
 }
 
+/// A lost reply: the write is applied, but the client gets a closed connection instead of
+/// an answer; the next request is answered normally.
+#[tokio::test]
+async fn lost_replies_apply_the_write_but_answer_nothing() {
+    let (server, gcs) = setup().await;
+    assert_eq!(gcs.media_insert("o", "", b"").await.status(), 200);
+    server.inject(Fault::LoseReplies { count: 1 });
+    let lost = gcs
+        .try_patch("o", "", &json!({"metadata": {"k": "v"}}))
+        .await;
+    assert!(lost.is_err(), "the reply arrived: {lost:?}");
+    let resource = gcs.resource("o").await;
+    assert_eq!(
+        int_field(&resource, "metageneration"),
+        2,
+        "the patch applied"
+    );
+    assert_eq!(resource["metadata"]["k"], "v");
+    let patches: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.method == "PATCH")
+        .map(|r| r.status)
+        .collect();
+    assert_eq!(
+        patches,
+        [200],
+        "logged with the status it would have answered"
+    );
+}
+
 /// Off by default: a lock cycle can mutate one name back to back.
 #[tokio::test]
 async fn rate_limit_is_off_by_default() {

@@ -138,6 +138,17 @@ impl Gcs {
         request.send().await.expect("patch")
     }
 
+    /// A patch whose transport failure is returned, not a panic (lost replies).
+    pub async fn try_patch(
+        &self,
+        name: &str,
+        query: &str,
+        body: &Value,
+    ) -> reqwest::Result<Response> {
+        let request = self.http.patch(self.object_url(name, query)).json(body);
+        request.send().await
+    }
+
     pub async fn delete(&self, name: &str, query: &str) -> Response {
         self.http
             .delete(self.object_url(name, query))
