@@ -172,3 +172,35 @@ async fn queue_keys_are_kept_alive_while_waiting() {
     next.release().await.expect("release");
     wait_for_keys(&mut raw, &lock, 0).await;
 }
+
+/// A waiter whose queue key disappears (deleted by an operator, or its lease lost) joins
+/// the queue again, instead of waiting out the whole wait unqueued and polling (issue
+/// #14: "an etcd waiter that loses its queue place never queues again").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_loses_its_queue_key_queues_again() {
+    let Some(endpoints) = common::shared_endpoints() else {
+        return;
+    };
+    let (backend, mut raw, lock) = setup(&endpoints, "queue-lost").await;
+    let holder = locker(&backend, LONG, WaitMode::Forever);
+    let guard = holder.acquire("q").await.expect("acquire");
+    let waiter = locker(&backend, LONG, WaitMode::Timeout(Duration::from_secs(25)));
+    let waiting = tokio::spawn(async move { waiter.acquire("q").await });
+    wait_for_keys(&mut raw, &lock, 2).await;
+    let keys = common::keys_under(&mut raw, &lock).await;
+    let place = keys[1].key().to_vec();
+    raw.delete(place.clone(), None).await.expect("delete");
+    // Joined again: a second key, and not the deleted one.
+    wait_for_keys(&mut raw, &lock, 2).await;
+    let keys = common::keys_under(&mut raw, &lock).await;
+    assert_ne!(keys[1].key(), &place[..], "a new place, not the old key");
+    let released = Instant::now();
+    guard.release().await.expect("release");
+    let next = waiting.await.expect("task").expect("the waiter");
+    assert!(
+        released.elapsed() < Duration::from_secs(3),
+        "the waiter was woken, waited {:?}",
+        released.elapsed()
+    );
+    next.release().await.expect("release");
+}
