@@ -7,29 +7,29 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_anylock");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_anylock");
 
 /// A scratch directory and a backend URL for one test.
-pub struct Scene {
-    pub dir: PathBuf,
-    pub backend: String,
+pub(crate) struct Scene {
+    pub(crate) dir: PathBuf,
+    pub(crate) backend: String,
 }
 
 impl Scene {
-    pub fn scratch() -> PathBuf {
+    pub(crate) fn scratch() -> PathBuf {
         let dir = std::env::temp_dir().join(format!("anylock-cli-{:016x}", rand::random::<u64>()));
         std::fs::create_dir_all(&dir).expect("scratch dir");
         dir
     }
 
-    pub fn local() -> Self {
+    pub(crate) fn local() -> Self {
         let dir = Self::scratch();
         let backend = format!("local:{}/locks.sqlite3", dir.display());
         Self { dir, backend }
     }
 
     /// Redis from the harness, under a fresh key prefix; `None` (skip) outside CI without it.
-    pub fn redis() -> Option<Self> {
+    pub(crate) fn redis() -> Option<Self> {
         let url = conformance::env::require("ANYLOCK_TEST_REDIS_URL", "Redis")?;
         let prefix = format!("cli-{:016x}", rand::random::<u64>());
         let separator = if url.contains('?') { '&' } else { '?' };
@@ -41,7 +41,7 @@ impl Scene {
     }
 
     /// PostgreSQL from the harness, in a fresh schema; `None` (skip) outside CI without it.
-    pub fn postgres() -> Option<Self> {
+    pub(crate) fn postgres() -> Option<Self> {
         let url = conformance::env::require("ANYLOCK_TEST_POSTGRES_URL", "PostgreSQL")?;
         let schema = format!("cli_{:016x}", rand::random::<u64>());
         let separator = if url.contains('?') { '&' } else { '?' };
@@ -52,7 +52,7 @@ impl Scene {
         })
     }
 
-    pub fn command(&self, args: &[&str]) -> Command {
+    pub(crate) fn command(&self, args: &[&str]) -> Command {
         let mut command = Command::new(BIN);
         command
             .args(args)
@@ -64,11 +64,11 @@ impl Scene {
         command
     }
 
-    pub fn output(&self, args: &[&str]) -> Output {
+    pub(crate) fn output(&self, args: &[&str]) -> Output {
         self.command(args).output().expect("run anylock")
     }
 
-    pub fn spawn(&self, args: &[&str]) -> Child {
+    pub(crate) fn spawn(&self, args: &[&str]) -> Child {
         self.command(args)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -76,7 +76,7 @@ impl Scene {
             .expect("spawn anylock")
     }
 
-    pub fn path(&self, file: &str) -> PathBuf {
+    pub(crate) fn path(&self, file: &str) -> PathBuf {
         self.dir.join(file)
     }
 }
@@ -87,11 +87,11 @@ impl Drop for Scene {
     }
 }
 
-pub fn code(output: &Output) -> i32 {
+pub(crate) fn code(output: &Output) -> i32 {
     output.status.code().expect("exited normally")
 }
 
-pub fn stderr_lines(output: &Output) -> Vec<String> {
+pub(crate) fn stderr_lines(output: &Output) -> Vec<String> {
     String::from_utf8_lossy(&output.stderr)
         .lines()
         .map(str::to_owned)
@@ -99,7 +99,7 @@ pub fn stderr_lines(output: &Output) -> Vec<String> {
 }
 
 /// Waits until `check` holds, failing after `limit`.
-pub fn wait_until(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+pub(crate) fn wait_until(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
     let start = Instant::now();
     while !check() {
         assert!(start.elapsed() < limit, "timed out waiting for {what}");
@@ -107,7 +107,7 @@ pub fn wait_until(limit: Duration, what: &str, mut check: impl FnMut() -> bool) 
     }
 }
 
-pub fn wait_child(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
+pub(crate) fn wait_child(child: &mut Child, limit: Duration) -> std::process::ExitStatus {
     let start = Instant::now();
     loop {
         if let Some(status) = child.try_wait().expect("try_wait") {
@@ -122,7 +122,7 @@ pub fn wait_child(child: &mut Child, limit: Duration) -> std::process::ExitStatu
 }
 
 /// Dead: gone, or a zombie nobody reaped (init does not reap on this machine).
-pub fn process_dead(pid: &str) -> bool {
+pub(crate) fn process_dead(pid: &str) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => true,
         Ok(stat) => stat
@@ -131,29 +131,29 @@ pub fn process_dead(pid: &str) -> bool {
     }
 }
 
-pub fn read(path: &Path) -> String {
+pub(crate) fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
 
 /// The one-letter state of process `pid` in /proc (`R`, `S`, `T`, `Z`...), `None` if gone.
-pub fn process_state(pid: &str) -> Option<char> {
+pub(crate) fn process_state(pid: &str) -> Option<char> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (_, rest) = stat.rsplit_once(')')?;
     rest.trim_start().chars().next()
 }
 
 /// Stopped by a signal (`T`), not traced.
-pub fn process_stopped(pid: &str) -> bool {
+pub(crate) fn process_stopped(pid: &str) -> bool {
     process_state(pid) == Some('T')
 }
 
 /// Sends `signal` to process `pid`.
-pub fn send(pid: u32, signal: nix::sys::signal::Signal) {
+pub(crate) fn send(pid: u32, signal: nix::sys::signal::Signal) {
     let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid"));
     nix::sys::signal::kill(pid, signal).expect("signal anylock");
 }
 
 /// Process ids written one per line to `path`.
-pub fn pids(path: &Path) -> Vec<String> {
+pub(crate) fn pids(path: &Path) -> Vec<String> {
     read(path).lines().map(str::to_owned).collect()
 }
