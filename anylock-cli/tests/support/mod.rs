@@ -147,6 +147,18 @@ pub(crate) fn process_stopped(pid: &str) -> bool {
     process_state(pid) == Some('T')
 }
 
+/// Runs no code: stopped, or (dash forks with vfork) waiting in `D` state for a vfork
+/// child that was stopped before it could exec.
+pub(crate) fn process_halted(pid: &str) -> bool {
+    match process_state(pid) {
+        Some('T') => true,
+        Some('D') => read(Path::new(&format!("/proc/{pid}/task/{pid}/children")))
+            .split_whitespace()
+            .any(process_stopped),
+        _ => false,
+    }
+}
+
 /// Sends `signal` to process `pid`.
 pub(crate) fn send(pid: u32, signal: nix::sys::signal::Signal) {
     let pid = nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid"));
