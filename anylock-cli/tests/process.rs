@@ -18,8 +18,13 @@ use support::{
 /// A command that records its pid and a grandchild's, then appends a tick to `ticks`
 /// every 50 ms until stopped.
 fn ticking(scene: &Scene) -> String {
+    ticking_with(scene, "sleep 0.05")
+}
+
+/// As [`ticking`], with `pause` between ticks (`:` for none).
+fn ticking_with(scene: &Scene, pause: &str) -> String {
     format!(
-        "echo $$ >> {0}; sleep 60 & echo $! >> {0}; while true; do echo x >> {1}; sleep 0.05; done",
+        "echo $$ >> {0}; sleep 60 & echo $! >> {0}; while true; do echo x >> {1}; {pause}; done",
         scene.path("pids").display(),
         scene.path("ticks").display()
     )
@@ -112,21 +117,14 @@ fn stopping_anylock_stops_the_command_group_and_continue_resumes_both() {
 
 /// A stop longer than the lease: another holder gets the lock meanwhile, so on SIGCONT
 /// the command must not run another step: it is killed still stopped and anylock exits
-/// with 122. On Redis where configured: a `local:` holder stopped in the middle of a
-/// refresh keeps SQLite's write lock, and the other holder then times out instead.
+/// with 122. The command ticks without pause, so that even a moment of running shows. On
+/// Redis where configured: a `local:` holder stopped in the middle of a refresh keeps
+/// SQLite's write lock, and the other holder then times out instead.
 #[test]
 fn a_stop_longer_than_the_lease_kills_the_command_and_exits_lost() {
     let scene = Scene::redis().unwrap_or_else(Scene::local);
-    let mut run = scene.spawn(&[
-        "run",
-        "job",
-        "--ttl",
-        "2s",
-        "--",
-        "sh",
-        "-c",
-        &ticking(&scene),
-    ]);
+    let busy = ticking_with(&scene, ":");
+    let mut run = scene.spawn(&["run", "job", "--ttl", "2s", "--", "sh", "-c", &busy]);
     wait_started(&scene);
     send(run.id(), Signal::SIGTSTP);
     for pid in pids(&scene.path("pids")) {
