@@ -2,7 +2,7 @@
 
 use std::future::poll_fn;
 use std::io;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use nix::sys::signal::Signal;
 use tokio::signal::unix::{SignalKind, signal};
@@ -28,14 +28,10 @@ impl Signals {
         poll_fn(|cx| self.poll_next(cx)).await
     }
 
-    /// The signals received and not yet taken, without waiting.
-    pub(crate) fn drain(&mut self) -> Vec<Signal> {
-        let mut cx = Context::from_waker(Waker::noop());
-        std::iter::from_fn(|| match self.poll_next(&mut cx) {
-            Poll::Ready(sig) => Some(sig),
-            Poll::Pending => None,
-        })
-        .collect()
+    /// Also handles `signals` from now on.
+    pub(crate) fn add(&mut self, signals: &[Signal]) -> io::Result<()> {
+        self.streams.extend(Self::install(signals)?.streams);
+        Ok(())
     }
 
     fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<Signal> {

@@ -2,7 +2,7 @@
 //! group dies with `anylock`, even by SIGKILL.
 //!
 //! `anylock run` starts `anylock __supervise PARENT GRACE_MS LEFTOVERS -- CMD...` as the
-//! leader of a new process group. The supervisor asks the kernel for SIGTERM when its
+//! leader of a new process group. The supervisor asks the kernel for SIGUSR1 when its
 //! parent dies (`PR_SET_PDEATHSIG`), checks that the parent is still the one that started
 //! it (it may have died before the request, the classic race), and starts the command in
 //! its own group. Whenever it wakes (a signal, a child, every 100 ms) and finds its parent
@@ -87,34 +87,29 @@ pub(crate) fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
 }
 
 async fn supervise(plan: &Plan) -> u8 {
-    // Handled, so that signals meant for the command (forwarded to the whole group) do not
-    // end the supervisor; SIGTERM is also what the kernel sends when the parent dies.
-    let signals = [
-        Signal::SIGTERM,
-        Signal::SIGINT,
-        Signal::SIGHUP,
-        Signal::SIGCHLD,
-    ];
-    let Ok(mut signals) = Signals::install(&signals) else {
+    // SIGUSR1 is the kernel's word that the parent died; anylock never forwards it.
+    let Ok(mut signals) = Signals::install(&[Signal::SIGUSR1, Signal::SIGCHLD]) else {
         return exit::FAILED;
     };
     // Orphans of the command are re-parented here, so that they are reaped.
-    if prctl::set_pdeathsig(Signal::SIGTERM).is_err() || prctl::set_child_subreaper(true).is_err() {
+    if prctl::set_pdeathsig(Signal::SIGUSR1).is_err() || prctl::set_child_subreaper(true).is_err() {
         return exit::FAILED;
     }
     if getppid() != plan.parent {
         return exit::FAILED; // anylock died before it could be watched: run nothing
     }
-    // Signals forwarded to the group before the command existed reach it now; a later one
-    // reaches it directly. Only one sent in the microseconds between this drain and the
-    // spawn is lost; none is doubled.
-    let early = signals.drain();
     let command = match spawn(&plan.command) {
         Ok(pid) => pid,
         Err(code) => return code,
     };
-    for sig in early.into_iter().filter(|&s| s != Signal::SIGCHLD) {
-        let _ = killpg(getpgrp(), sig);
+    // Only now are the signals forwarded to the group handled here (so that they do not end
+    // the supervisor): one that arrived before the spawn ended the supervisor (anylock then
+    // exits 128+N and nothing ran); one after it reached the command too. The kernel
+    // decides which, so none is lost and none is doubled.
+    let forwarded = [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP];
+    if signals.add(&forwarded).is_err() {
+        let _ = killpg(getpgrp(), Signal::SIGKILL);
+        return exit::FAILED;
     }
     let code = loop {
         if let Some(code) = reap(plan, Some(command)) {

@@ -6,6 +6,7 @@
 mod support;
 
 use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -273,6 +274,44 @@ fn a_signal_right_after_the_grant_is_forwarded_not_fatal() {
         send(run.id(), Signal::SIGINT);
         // Keep reading: anylock's later lines must not meet a closed pipe.
         std::thread::spawn(move || stderr.for_each(drop));
+        let status = wait_child(&mut run, Duration::from_secs(15));
+        assert_eq!(status.code(), Some(128 + 2), "round {round}: {status:?}");
+    }
+}
+
+/// The supervisor of `anylock run`'s command, once it runs its own code (after exec).
+fn supervisor_of(anylock: u32) -> Option<String> {
+    let tasks = std::fs::read_dir(format!("/proc/{anylock}/task")).ok()?;
+    tasks
+        .filter_map(Result::ok)
+        .flat_map(|task| {
+            read(&task.path().join("children"))
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .find(|pid| read(Path::new(&format!("/proc/{pid}/cmdline"))).contains("__supervise"))
+}
+
+/// A signal forwarded to the group at any moment of the supervisor's start (before, during
+/// or after it starts the command) ends the run: it is never lost in between, which would
+/// leave the command running (here for 30 s).
+#[test]
+fn a_signal_forwarded_while_the_supervisor_starts_reaches_the_command() {
+    for round in 0..50 {
+        let scene = Scene::local();
+        let mut run = scene.spawn(&["run", "job", "--", "sleep", "30"]);
+        let start = Instant::now();
+        let supervisor = loop {
+            if let Some(pid) = supervisor_of(run.id()) {
+                break pid;
+            }
+            assert!(start.elapsed() < Duration::from_secs(20), "no supervisor");
+        };
+        let spin = Instant::now() + Duration::from_micros(rand::random_range(0..2000));
+        while Instant::now() < spin {}
+        let group = nix::unistd::Pid::from_raw(supervisor.parse().expect("pid"));
+        nix::sys::signal::killpg(group, Signal::SIGINT).expect("signal the group");
         let status = wait_child(&mut run, Duration::from_secs(15));
         assert_eq!(status.code(), Some(128 + 2), "round {round}: {status:?}");
     }
