@@ -316,3 +316,50 @@ fn a_signal_forwarded_while_the_supervisor_starts_reaches_the_command() {
         assert_eq!(status.code(), Some(128 + 2), "round {round}: {status:?}");
     }
 }
+
+/// Redis cut off by a blackhole mid-run: the lease is lost after three failed refreshes
+/// but may still be valid for a while on the server. A command that ignores SIGTERM gets
+/// SIGKILL when the lease can have expired at the latest, not after the full `--grace`.
+#[test]
+fn the_grace_never_outlasts_the_lease_when_the_backend_is_unreachable() {
+    let Some(url) = conformance::env::require("ANYLOCK_TEST_REDIS_URL", "Redis") else {
+        return;
+    };
+    let upstream = conformance::env::host_port(&url).expect("host:port");
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    let proxy = runtime
+        .block_on(conformance::proxy::FaultProxy::start(
+            upstream.parse().expect("address"),
+        ))
+        .expect("proxy");
+    let via_proxy = url.replacen(upstream, &proxy.local_addr().to_string(), 1);
+    let separator = if via_proxy.contains('?') { '&' } else { '?' };
+    let mut scene = Scene::local();
+    scene.backend = format!(
+        "{via_proxy}{separator}timeout_ms=200&prefix=cli-{:016x}",
+        rand::random::<u64>()
+    );
+    let ready = scene.path("ready");
+    let script = format!(
+        "trap '' TERM; touch {}; while true; do sleep 0.05; done",
+        ready.display()
+    );
+    let args = [
+        "run", "job", "--ttl", "6s", "--grace", "5900ms", "--", "sh", "-c", &script,
+    ];
+    let mut run = scene.spawn(&args);
+    wait_until(Duration::from_secs(20), "the command to start", || {
+        ready.exists()
+    });
+    proxy.set_fault(conformance::proxy::Fault::Blackhole);
+    let cut = Instant::now();
+    let status = wait_child(&mut run, Duration::from_secs(30));
+    assert_eq!(status.code(), Some(122), "{status:?}");
+    // The last refresh that reached Redis was sent before the cut: the server expires the
+    // lease at most 6 s after it. With the full grace the kill came about 8 s after the cut.
+    assert!(
+        cut.elapsed() < Duration::from_secs(7),
+        "took {:?}",
+        cut.elapsed()
+    );
+}
