@@ -11,6 +11,7 @@ Examples:
   anylock run publish-repo -- ./publish.sh            # embedded backend, wait forever
   anylock run nightly --no-wait -- make report         # skip if another run holds it
   anylock run deploy --wait 5m --ttl 1m -- ./deploy    # give up after 5 minutes
+  anylock run build --leftovers wait -- sh -c 'make &'  # hold until background work ends
   ANYLOCK_BACKEND=redis://redis:6379/0 anylock run publish-repo -- ./publish.sh
   anylock status publish-repo
   anylock break publish-repo --yes
@@ -18,7 +19,8 @@ Examples:
   anylock check postgres://locks@db/locks
 
 Exit codes of `run`: the command's own code (128+N if a signal N killed it);
-  122 the lock was lost while the command ran (the command was stopped)
+  122 the lock was lost while the command ran, or ran out while anylock was stopped
+      (the command was stopped)
   123 the lock is held and --no-wait was given
   124 timed out waiting for the lock (--wait)
   125 anylock failed (backend unreachable, permission denied)

@@ -363,3 +363,24 @@ fn the_grace_never_outlasts_the_lease_when_the_backend_is_unreachable() {
         cut.elapsed()
     );
 }
+
+/// SIGKILL of `anylock` while it and the command's group are stopped (Ctrl-Z, then the job
+/// is killed): the stopped group must not be resumed later to run unlocked. The kernel
+/// sends an orphaned stopped group SIGHUP and SIGCONT; the command ignores SIGHUP (as under
+/// `nohup`), so only the supervisor, which sees its parent gone, can stop it.
+#[test]
+fn killing_a_stopped_anylock_stops_the_stopped_command_for_good() {
+    let scene = Scene::local();
+    let script = format!("trap '' HUP; {}", ticking(&scene));
+    let mut run = scene.spawn(&["run", "job", "--", "sh", "-c", &script]);
+    wait_started(&scene);
+    send(run.id(), Signal::SIGTSTP);
+    for pid in pids(&scene.path("pids")) {
+        wait_until(Duration::from_secs(5), &format!("{pid} to stop"), || {
+            process_halted(&pid)
+        });
+    }
+    run.kill().expect("SIGKILL anylock");
+    run.wait().expect("reap anylock");
+    wait_all_dead(&scene, Duration::from_secs(5));
+}
