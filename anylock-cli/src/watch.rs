@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use lockcore::{ErrorKind, LockGuard, LostReason};
 use nix::sys::signal::{Signal, raise};
-use tokio::time::{Instant, interval};
+use tokio::time::{Instant, Interval, interval};
 
 use crate::child::{self, Child};
 use crate::cli::RunArgs;
@@ -41,11 +41,7 @@ pub(crate) async fn supervise(
     grace: Duration,
     mut signals: Signals,
 ) -> u8 {
-    let mut env = vec![("ANYLOCK_NAME", args.name.clone())];
-    if let Some(token) = guard.fence_token() {
-        env.push(("ANYLOCK_FENCE_TOKEN", token.to_string()));
-    }
-    let mut child = match Child::spawn(&args.command, &env, grace, args.leftovers) {
+    let mut child = match start(&guard, args, grace) {
         Ok(child) => child,
         Err(err) => {
             eprintln!("anylock: cannot start the command's supervisor: {err}");
@@ -58,13 +54,7 @@ pub(crate) async fn supervise(
     let mut valid_until = Instant::now() + guard.remaining_validity();
     let mut sample = interval(SAMPLE);
     loop {
-        let event = tokio::select! {
-            status = child.wait() => Event::Exited(status),
-            reason = guard.lost() => Event::Lost(reason),
-            sig = signals.next() => Event::Signal(sig),
-            _ = sample.tick() => Event::Sample,
-        };
-        let reason = match event {
+        let reason = match next_event(&mut child, &guard, &mut signals, &mut sample).await {
             Event::Sample if guard.is_held() => {
                 valid_until = Instant::now() + guard.remaining_validity();
                 continue;
@@ -81,6 +71,29 @@ pub(crate) async fn supervise(
         let grace = effective_grace(grace, &reason, left);
         return stop_on_loss(child, guard, &args.name, &reason, grace).await;
     }
+}
+
+async fn next_event(
+    child: &mut Child,
+    guard: &LockGuard,
+    signals: &mut Signals,
+    sample: &mut Interval,
+) -> Event {
+    tokio::select! {
+        status = child.wait() => Event::Exited(status),
+        reason = guard.lost() => Event::Lost(reason),
+        sig = signals.next() => Event::Signal(sig),
+        _ = sample.tick() => Event::Sample,
+    }
+}
+
+/// Starts the command with the lock's name and fence token in its environment.
+fn start(guard: &LockGuard, args: &RunArgs, grace: Duration) -> std::io::Result<Child> {
+    let mut env = vec![("ANYLOCK_NAME", args.name.clone())];
+    if let Some(token) = guard.fence_token() {
+        env.push(("ANYLOCK_FENCE_TOKEN", token.to_string()));
+    }
+    Child::spawn(&args.command, &env, grace, args.leftovers)
 }
 
 /// Forwards `sig`, or follows anylock's own stop. `Err` when the lease ran out while
