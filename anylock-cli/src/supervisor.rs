@@ -15,7 +15,6 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use nix::errno::Errno;
 use nix::sys::prctl;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
@@ -146,7 +145,8 @@ fn reap(plan: &Plan, command: Option<Pid>) -> Option<u8> {
         let (pid, exited) = match waitpid(None, Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(pid, status)) => (pid, (status & 0xff) as u8),
             Ok(WaitStatus::Signaled(pid, signal, _)) => (pid, 128 + signal as u8),
-            Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) | Err(_) => return code,
+            // No child left to reap (ECHILD) or none has exited yet.
+            Ok(WaitStatus::StillAlive) | Err(_) => return code,
             Ok(_) => continue,
         };
         if Some(pid) == command {
