@@ -1,5 +1,6 @@
-//! The supervised command: its own process group, signal forwarding, and stopping the
-//! whole tree (children and grandchildren) when the lock is lost.
+//! The supervised command: the supervisor (a re-exec of `anylock`, see
+//! `supervisor.rs`) leads the command's process group; signal forwarding, and stopping the
+//! whole group (children and grandchildren) when the lock is lost.
 
 use std::ffi::OsString;
 use std::io;
@@ -10,9 +11,14 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::time::{Instant, sleep, timeout};
 
-use crate::exit;
+use crate::cli::Leftovers;
+use crate::supervisor::{self, Plan};
+use crate::{exit, group};
 
-/// A running command, leader of its own process group.
+/// How long SIGKILLed processes get to disappear before anylock gives up watching them.
+const KILL_WAIT: Duration = Duration::from_secs(5);
+
+/// A running command under its supervisor, the leader of its own process group.
 #[derive(Debug)]
 pub(crate) struct Child {
     inner: tokio::process::Child,
@@ -20,25 +26,38 @@ pub(crate) struct Child {
 }
 
 impl Child {
-    /// Starts `command` in a new process group with `env` added to its environment.
-    pub(crate) fn spawn(command: &[OsString], env: &[(&str, String)]) -> io::Result<Self> {
-        let (program, args) = command
-            .split_first()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "no command given"))?;
-        let mut cmd = tokio::process::Command::new(program);
-        cmd.args(args)
+    /// Starts the supervisor of `command` in a new process group with `env` added to the
+    /// environment; it handles `leftovers` with `grace` once the command exits.
+    pub(crate) fn spawn(
+        command: &[OsString],
+        env: &[(&str, String)],
+        grace: Duration,
+        leftovers: Leftovers,
+    ) -> io::Result<Self> {
+        let plan = Plan {
+            parent: nix::unistd::getpid(),
+            grace,
+            leftovers,
+            command: command.to_vec(),
+        };
+        // This very binary, even if its file was replaced or deleted since it started.
+        let mut cmd = tokio::process::Command::new("/proc/self/exe");
+        cmd.arg0("anylock")
+            .arg(supervisor::ARG)
+            .args(plan.to_args())
             .envs(env.iter().map(|(k, v)| (k, v)))
-            // Its own group, so one signal reaches every process it starts.
+            // Its own group, so one signal reaches every process the command starts.
             .process_group(0);
         let inner = cmd.spawn()?;
         let pid = inner
             .id()
-            .ok_or_else(|| io::Error::other("the command exited at once"))?;
+            .ok_or_else(|| io::Error::other("the supervisor exited at once"))?;
         let group = Pid::from_raw(i32::try_from(pid).map_err(io::Error::other)?);
         Ok(Self { inner, group })
     }
 
-    /// Waits for the command to exit. Cancel safe.
+    /// Waits for the supervisor to exit: the command has exited and its leftovers are
+    /// gone. Cancel safe.
     pub(crate) async fn wait(&mut self) -> io::Result<ExitStatus> {
         self.inner.wait().await
     }
@@ -51,25 +70,37 @@ impl Child {
     }
 
     fn group_alive(&self) -> bool {
-        killpg(self.group, None).is_ok()
+        !group::members(self.group, None).is_empty()
     }
 
-    /// SIGTERM to the whole group; SIGKILL to whatever is left after `grace`, including
-    /// grandchildren that outlive the command itself.
-    pub(crate) async fn stop(&mut self, grace: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + grace;
-        self.signal_group(Signal::SIGTERM);
-        let status = timeout(grace, self.inner.wait())
-            .await
-            .ok()
-            .and_then(Result::ok);
-        while self.group_alive() && Instant::now() < deadline {
-            sleep(Duration::from_millis(50)).await;
+    /// SIGTERM to the whole group, SIGKILL to whatever is left after `grace` (at once if
+    /// `grace` is zero), grandchildren that outlive the command included. Returns once the
+    /// group is gone.
+    pub(crate) async fn stop(&mut self, grace: Duration) {
+        if !grace.is_zero() {
+            let deadline = Instant::now() + grace;
+            self.signal_group(Signal::SIGTERM);
+            let _ = timeout(grace, self.inner.wait()).await;
+            while self.group_alive() && Instant::now() < deadline {
+                sleep(Duration::from_millis(50)).await;
+            }
         }
+        self.kill_group().await;
+    }
+
+    /// SIGKILLs whatever is left of the group (normally nothing: the supervisor clears
+    /// it before it exits) and waits until it is gone.
+    pub(crate) async fn kill_group(&mut self) {
+        let deadline = Instant::now() + KILL_WAIT;
         self.signal_group(Signal::SIGKILL);
-        match status {
-            Some(status) => Some(status),
-            None => self.inner.wait().await.ok(),
+        let _ = timeout(KILL_WAIT, self.inner.wait()).await;
+        while self.group_alive() {
+            if Instant::now() >= deadline {
+                eprintln!("anylock: warning: processes of the command's group survive SIGKILL");
+                return;
+            }
+            self.signal_group(Signal::SIGKILL);
+            sleep(Duration::from_millis(20)).await;
         }
     }
 }

@@ -4,13 +4,14 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{ArgAction, Args, Parser, Subcommand};
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
 const EXAMPLES: &str = "\
 Examples:
   anylock run publish-repo -- ./publish.sh            # embedded backend, wait forever
   anylock run nightly --no-wait -- make report         # skip if another run holds it
   anylock run deploy --wait 5m --ttl 1m -- ./deploy    # give up after 5 minutes
+  anylock run build --leftovers wait -- sh -c 'make &'  # hold until background work ends
   ANYLOCK_BACKEND=redis://redis:6379/0 anylock run publish-repo -- ./publish.sh
   anylock status publish-repo
   anylock break publish-repo --yes
@@ -18,7 +19,8 @@ Examples:
   anylock check postgres://locks@db/locks
 
 Exit codes of `run`: the command's own code (128+N if a signal N killed it);
-  122 the lock was lost while the command ran (the command was stopped)
+  122 the lock was lost while the command ran, or ran out while anylock was stopped
+      (the command was stopped)
   123 the lock is held and --no-wait was given
   124 timed out waiting for the lock (--wait)
   125 anylock failed (backend unreachable, permission denied)
@@ -95,11 +97,45 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     pub(crate) no_wait: bool,
 
-    /// After SIGTERM on a lost lock, wait this long before SIGKILL.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
-    pub(crate) grace: Duration,
+    /// After SIGTERM on a lost lock, wait this long before SIGKILL [default: 10s]. Must be
+    /// shorter than the TTL; cut to what the lease has left when the loss is detected, and
+    /// skipped when the lease is already gone (taken over, broken, expired).
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub(crate) grace: Option<Duration>,
+
+    /// What to do with processes the command leaves in its group when it exits: `kill`
+    /// them (SIGTERM, SIGKILL after the grace) or `wait` for them, holding the lock either
+    /// way until the group is empty.
+    #[arg(long, value_enum, default_value_t = Leftovers::Kill)]
+    pub(crate) leftovers: Leftovers,
 
     /// The command and its arguments.
     #[arg(required = true, last = true, value_name = "CMD")]
     pub(crate) command: Vec<OsString>,
+}
+
+/// What happens to processes left in the command's group after the command exits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Leftovers {
+    /// SIGTERM, then SIGKILL after the grace; the lock is released once they are gone.
+    Kill,
+    /// Keep holding (and refreshing) the lock until they exit by themselves.
+    Wait,
+}
+
+impl Leftovers {
+    /// The name on the command line.
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Self::Kill => "kill",
+            Self::Wait => "wait",
+        }
+    }
+
+    /// Parses [`as_str`](Leftovers::as_str)'s output.
+    pub(crate) fn from_str(text: &str) -> Option<Self> {
+        [Self::Kill, Self::Wait]
+            .into_iter()
+            .find(|l| l.as_str() == text)
+    }
 }

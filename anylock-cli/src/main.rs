@@ -6,10 +6,14 @@ mod admin;
 mod child;
 mod cli;
 mod exit;
+mod group;
 #[cfg(test)]
 mod prop_tests;
 mod run;
 mod select;
+mod signals;
+mod supervisor;
+mod watch;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;
@@ -20,6 +24,10 @@ use tracing_subscriber::EnvFilter;
 use crate::cli::{Cli, Command};
 
 fn main() -> ExitCode {
+    let mut args = std::env::args_os().skip(1);
+    if args.next().is_some_and(|arg| arg == supervisor::ARG) {
+        return supervisor::main(args);
+    }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(err) if !err.use_stderr() => {

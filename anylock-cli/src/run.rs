@@ -4,19 +4,18 @@
 use std::io::IsTerminal;
 use std::time::{Duration, SystemTime};
 
+use crate::cli::RunArgs;
+use crate::signals::Signals;
+use crate::{exit, watch};
 use anylock::Config;
 use lockcore::{
     Error, ErrorKind, HolderInfo, LockBackend, LockGuard, LockOptions, Locker, WaitMode,
 };
-use nix::sys::signal::Signal;
-use tokio::signal::unix::{SignalKind, signal};
-
-use crate::child::{self, Child};
-use crate::cli::RunArgs;
-use crate::exit;
 
 /// Default lease TTL for commands.
 const DEFAULT_TTL: Duration = Duration::from_secs(30);
+/// Default time between SIGTERM and SIGKILL when the lock is lost.
+const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 
 /// Runs `anylock run`; returns the process exit code.
 pub(crate) async fn run(args: RunArgs, config: &Config) -> u8 {
@@ -31,11 +30,16 @@ pub(crate) async fn run(args: RunArgs, config: &Config) -> u8 {
 
 async fn run_inner(args: RunArgs, config: &Config) -> Result<u8, Error> {
     let options = options(&args, config)?;
+    let grace = grace(&args, config)?;
     let backend = crate::select::connect(&config.backend_url()).await?;
     let locker = Locker::new(backend).with_options(options);
     let guard = acquire_with_status(&locker, &args.name).await?;
+    // Before the command starts: from here on a signal is forwarded, never fatal.
+    let signals = Signals::install(&watch::SIGNALS).map_err(|e| {
+        Error::new(ErrorKind::Unavailable, "cannot install signal handlers").with_source(e)
+    })?;
     tracing::info!(lock = %args.name, token = ?guard.fence_token(), "acquired");
-    Ok(supervise(guard, &args).await)
+    Ok(watch::supervise(guard, &args, grace, signals).await)
 }
 
 fn duration(text: &str, what: &str) -> Result<Duration, Error> {
@@ -47,12 +51,34 @@ fn duration(text: &str, what: &str) -> Result<Duration, Error> {
     })
 }
 
-pub(crate) fn options(args: &RunArgs, config: &Config) -> Result<LockOptions, Error> {
-    let ttl = match (args.ttl, &config.ttl) {
+fn ttl(args: &RunArgs, config: &Config) -> Result<Duration, Error> {
+    Ok(match (args.ttl, &config.ttl) {
         (Some(ttl), _) => ttl,
         (None, Some(text)) => duration(text, "ttl")?,
         (None, None) => DEFAULT_TTL,
-    };
+    })
+}
+
+/// `--grace`, which must be shorter than the TTL: after a loss the command may only run
+/// while the lease cannot yet have expired on the server. The default is cut at loss time
+/// to what the lease has left instead.
+fn grace(args: &RunArgs, config: &Config) -> Result<Duration, Error> {
+    let ttl = ttl(args, config)?;
+    match args.grace {
+        None => Ok(DEFAULT_GRACE),
+        Some(grace) if grace < ttl => Ok(grace),
+        Some(grace) => Err(Error::invalid_input(format!(
+            "--grace {} is not shorter than the lease TTL {}: the command could run on after \
+             the server expired the lease; pass a shorter --grace or a longer --ttl",
+            humantime::format_duration(grace),
+            humantime::format_duration(ttl)
+        ))),
+    }
+}
+
+pub(crate) fn options(args: &RunArgs, config: &Config) -> Result<LockOptions, Error> {
+    let ttl = ttl(args, config)?;
+    grace(args, config)?;
     let wait = match (args.no_wait, args.wait, config.wait.as_deref()) {
         (true, _, _) => WaitMode::TryOnce,
         (false, Some(wait), _) => WaitMode::Timeout(wait),
@@ -111,112 +137,6 @@ pub(crate) fn describe_wait(name: &str, holder: &HolderInfo) -> String {
         ));
     }
     line
-}
-
-/// What ended one round of supervision.
-enum Event {
-    Exited(std::io::Result<std::process::ExitStatus>),
-    Lost(lockcore::LostReason),
-    Signal(Signal),
-}
-
-async fn supervise(guard: LockGuard, args: &RunArgs) -> u8 {
-    let mut env = vec![("ANYLOCK_NAME", args.name.clone())];
-    if let Some(token) = guard.fence_token() {
-        env.push(("ANYLOCK_FENCE_TOKEN", token.to_string()));
-    }
-    let mut child = match Child::spawn(&args.command, &env) {
-        Ok(child) => child,
-        Err(err) => {
-            let program = args
-                .command
-                .first()
-                .map(|p| p.to_string_lossy())
-                .unwrap_or_default();
-            eprintln!("anylock: cannot run {program}: {err}");
-            release(guard, &args.name).await;
-            return child::spawn_error_code(&err);
-        }
-    };
-    let (Ok(mut int), Ok(mut term), Ok(mut hup)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-        signal(SignalKind::hangup()),
-    ) else {
-        child.stop(args.grace).await;
-        return exit::FAILED;
-    };
-    loop {
-        let event = tokio::select! {
-            status = child.wait() => Event::Exited(status),
-            reason = guard.lost() => Event::Lost(reason),
-            _ = int.recv() => Event::Signal(Signal::SIGINT),
-            _ = term.recv() => Event::Signal(Signal::SIGTERM),
-            _ = hup.recv() => Event::Signal(Signal::SIGHUP),
-        };
-        match event {
-            Event::Signal(sig) => {
-                tracing::info!(?sig, "forwarding to the command's process group");
-                child.signal_group(sig);
-            }
-            Event::Lost(reason) => return stop_on_loss(child, guard, args, &reason).await,
-            Event::Exited(status) => return finish(guard, &args.name, status).await,
-        }
-    }
-}
-
-async fn stop_on_loss(
-    mut child: Child,
-    guard: LockGuard,
-    args: &RunArgs,
-    reason: &lockcore::LostReason,
-) -> u8 {
-    eprintln!(
-        "anylock: lock {} lost ({reason}); stopping the command (SIGTERM, SIGKILL after {})",
-        args.name,
-        humantime::format_duration(args.grace)
-    );
-    child.stop(args.grace).await;
-    drop(guard);
-    exit::LOST
-}
-
-async fn finish(
-    guard: LockGuard,
-    name: &str,
-    status: std::io::Result<std::process::ExitStatus>,
-) -> u8 {
-    let code = match status {
-        Ok(status) => child::exit_code(status),
-        Err(err) => {
-            eprintln!("anylock: lost track of the command: {err}");
-            exit::FAILED
-        }
-    };
-    if release(guard, name).await {
-        code
-    } else {
-        exit::LOST
-    }
-}
-
-/// Releases; `false` when the lease had been lost before the release (the command's work
-/// may have overlapped another holder's).
-async fn release(guard: LockGuard, name: &str) -> bool {
-    match guard.release().await {
-        Ok(()) => true,
-        Err(err) if err.kind() == ErrorKind::Lost => {
-            eprintln!(
-                "anylock: the command finished, but lock {name} was lost before release; \
-                 its work may have overlapped another holder's"
-            );
-            false
-        }
-        Err(err) => {
-            eprintln!("anylock: warning: release failed ({err}); the lease expires by its TTL");
-            true
-        }
-    }
 }
 
 /// `t` in RFC 3339, for people. humantime panics (inside `Display`) on times before 1970

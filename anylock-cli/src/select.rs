@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anylock::{BackendUrl, Config};
-use lockcore::{Error, LockBackend};
+use lockcore::{Error, ErrorKind, LockBackend};
 
 use crate::cli::Cli;
 
@@ -34,6 +34,14 @@ fn default_config_path() -> Option<PathBuf> {
 
 /// Connects to `url`, logging which backend (redacted) is used.
 pub(crate) async fn connect(url: &BackendUrl) -> Result<Arc<dyn LockBackend>, Error> {
+    if url.scheme() == "memory" {
+        return Err(Error::new(
+            ErrorKind::Config,
+            "memory: keeps locks inside one process, so separate anylock commands would all \
+             get the same lock; use local: (every process on this machine) or a server \
+             backend (redis://, redlock://, postgres://, etcd://, gs://)",
+        ));
+    }
     tracing::info!(backend = %url, "connecting");
     anylock::connect(url.expose()).await
 }

@@ -1,0 +1,232 @@
+//! Watching the command while the lease is held: forwarding signals, following `anylock`'s
+//! own stops (Ctrl-Z) with the command's group, stopping the group when the lock is lost,
+//! releasing at the end.
+
+use std::time::Duration;
+
+use lockcore::{ErrorKind, LockGuard, LostReason};
+use nix::sys::signal::{Signal, raise};
+use tokio::time::{Instant, Interval, interval};
+
+use crate::child::{self, Child};
+use crate::cli::RunArgs;
+use crate::exit;
+use crate::signals::Signals;
+
+/// The signals `anylock run` handles once it holds the lock.
+pub(crate) const SIGNALS: [Signal; 5] = [
+    Signal::SIGINT,
+    Signal::SIGTERM,
+    Signal::SIGHUP,
+    Signal::SIGTSTP,
+    Signal::SIGCONT,
+];
+
+/// How often the lease's validity is sampled, to bound the grace after a loss.
+const SAMPLE: Duration = Duration::from_millis(100);
+
+/// What ended one round of supervision.
+enum Event {
+    Exited(std::io::Result<std::process::ExitStatus>),
+    Lost(LostReason),
+    Signal(Signal),
+    Sample,
+}
+
+/// Runs the command under `guard` until it exits or the lock is lost; returns the exit
+/// code. `signals` must handle [`SIGNALS`].
+pub(crate) async fn supervise(
+    guard: LockGuard,
+    args: &RunArgs,
+    grace: Duration,
+    mut signals: Signals,
+) -> u8 {
+    let mut child = match start(&guard, args, grace) {
+        Ok(child) => child,
+        Err(err) => {
+            eprintln!("anylock: cannot start the command's supervisor: {err}");
+            release(guard, &args.name).await;
+            return exit::FAILED;
+        }
+    };
+    // The latest moment the lease is known valid until, sampled while it is held: once it
+    // is lost, lockcore reports no validity any more.
+    let mut valid_until = Instant::now() + guard.remaining_validity();
+    let mut sample = interval(SAMPLE);
+    loop {
+        let reason = match next_event(&mut child, &guard, &mut signals, &mut sample).await {
+            Event::Sample if guard.is_held() => {
+                valid_until = Instant::now() + guard.remaining_validity();
+                continue;
+            }
+            Event::Sample => continue,
+            Event::Signal(sig) => match on_signal(&child, &guard, sig) {
+                Ok(()) => continue,
+                Err(reason) => reason,
+            },
+            Event::Lost(reason) => reason,
+            Event::Exited(status) => return finish(child, guard, &args.name, status).await,
+        };
+        let left = valid_until.saturating_duration_since(Instant::now());
+        let grace = effective_grace(grace, &reason, left);
+        return stop_on_loss(child, guard, &args.name, &reason, grace).await;
+    }
+}
+
+async fn next_event(
+    child: &mut Child,
+    guard: &LockGuard,
+    signals: &mut Signals,
+    sample: &mut Interval,
+) -> Event {
+    tokio::select! {
+        status = child.wait() => Event::Exited(status),
+        reason = guard.lost() => Event::Lost(reason),
+        sig = signals.next() => Event::Signal(sig),
+        _ = sample.tick() => Event::Sample,
+    }
+}
+
+/// Starts the command with the lock's name and fence token in its environment.
+fn start(guard: &LockGuard, args: &RunArgs, grace: Duration) -> std::io::Result<Child> {
+    let mut env = vec![("ANYLOCK_NAME", args.name.clone())];
+    if let Some(token) = guard.fence_token() {
+        env.push(("ANYLOCK_FENCE_TOKEN", token.to_string()));
+    }
+    Child::spawn(&args.command, &env, grace, args.leftovers)
+}
+
+/// Forwards `sig`, or follows anylock's own stop. `Err` when the lease ran out while
+/// anylock was stopped.
+fn on_signal(child: &Child, guard: &LockGuard, sig: Signal) -> Result<(), LostReason> {
+    match sig {
+        Signal::SIGTSTP => {
+            // Nobody refreshes the lease while anylock is stopped, so the command must not
+            // run either. SIGSTOP, because a command may ignore SIGTSTP.
+            tracing::info!("stopping the command's process group, then anylock");
+            child.signal_group(Signal::SIGSTOP);
+            let _ = raise(Signal::SIGSTOP);
+            resume(child, guard)
+        }
+        Signal::SIGCONT => resume(child, guard),
+        _ => {
+            tracing::info!(?sig, "forwarding to the command's process group");
+            child.signal_group(sig);
+            Ok(())
+        }
+    }
+}
+
+/// After anylock was stopped: the command's group continues only if the lease is still
+/// valid; otherwise it stays stopped until it is killed.
+fn resume(child: &Child, guard: &LockGuard) -> Result<(), LostReason> {
+    if guard.is_held() {
+        child.signal_group(Signal::SIGCONT);
+        Ok(())
+    } else {
+        Err(LostReason::ValidityExpired)
+    }
+}
+
+/// The grace the command gets after a loss: none when the lease is already gone (the
+/// backend says someone else owns it, or its validity ran out), and never longer than the
+/// lease has `left`, after which the server may grant the lock to someone else.
+pub(crate) fn effective_grace(grace: Duration, reason: &LostReason, left: Duration) -> Duration {
+    match reason {
+        LostReason::NotOwner(_) | LostReason::ValidityExpired => Duration::ZERO,
+        _ => grace.min(left),
+    }
+}
+
+async fn stop_on_loss(
+    mut child: Child,
+    guard: LockGuard,
+    name: &str,
+    reason: &LostReason,
+    grace: Duration,
+) -> u8 {
+    let how = if grace.is_zero() {
+        "SIGKILL at once: the lease is gone".to_owned()
+    } else {
+        format!(
+            "SIGTERM, SIGKILL after {}",
+            humantime::format_duration(round_ms(grace))
+        )
+    };
+    eprintln!("anylock: lock {name} lost ({reason}); stopping the command ({how})");
+    child.stop(grace).await;
+    drop(guard);
+    exit::LOST
+}
+
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+async fn finish(
+    mut child: Child,
+    guard: LockGuard,
+    name: &str,
+    status: std::io::Result<std::process::ExitStatus>,
+) -> u8 {
+    // The supervisor clears the group before it exits; if it was killed, do it here.
+    child.kill_group().await;
+    let code = match status {
+        Ok(status) => child::exit_code(status),
+        Err(err) => {
+            eprintln!("anylock: lost track of the command: {err}");
+            exit::FAILED
+        }
+    };
+    if release(guard, name).await {
+        code
+    } else {
+        exit::LOST
+    }
+}
+
+/// Releases; `false` when the lease had been lost before the release (the command's work
+/// may have overlapped another holder's).
+async fn release(guard: LockGuard, name: &str) -> bool {
+    match guard.release().await {
+        Ok(()) => true,
+        Err(err) if err.kind() == ErrorKind::Lost => {
+            eprintln!(
+                "anylock: the command finished, but lock {name} was lost before release; \
+                 its work may have overlapped another holder's"
+            );
+            false
+        }
+        Err(err) => {
+            eprintln!("anylock: warning: release failed ({err}); the lease expires by its TTL");
+            true
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_grace_never_outlasts_the_lease() {
+        let s = Duration::from_secs;
+        let failures = LostReason::TooManyFailures {
+            failures: 3,
+            last: "timeout".into(),
+        };
+        assert_eq!(effective_grace(s(10), &failures, s(4)), s(4));
+        assert_eq!(effective_grace(s(1), &failures, s(4)), s(1));
+        let failed = LostReason::RefreshFailed("denied".into());
+        assert_eq!(
+            effective_grace(s(10), &failed, Duration::ZERO),
+            Duration::ZERO
+        );
+        let taken = LostReason::NotOwner("deleted".into());
+        assert_eq!(effective_grace(s(10), &taken, s(4)), Duration::ZERO);
+        assert_eq!(
+            effective_grace(s(10), &LostReason::ValidityExpired, s(4)),
+            Duration::ZERO
+        );
+    }
+}
