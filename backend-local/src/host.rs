@@ -1,5 +1,5 @@
-//! Facts about this machine that every process on it agrees on: the boot, a clock that
-//! never jumps, and whether a process is still alive.
+//! Facts about this machine that every process on it agrees on: the boot and a clock that
+//! never jumps.
 
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -48,97 +48,9 @@ fn boottime_ms() -> Option<i64> {
     None
 }
 
-/// A process as recorded in a lease: its pid and its start time (in clock ticks since
-/// boot), so a reused pid is not mistaken for the holder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ProcessId {
-    pub(crate) pid: u32,
-    pub(crate) start: u64,
-}
-
-/// Whether a recorded process still runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Liveness {
-    Alive,
-    /// Gone, a zombie, or its pid now belongs to a different process.
-    Dead,
-    /// This platform cannot tell.
-    Unknown,
-}
-
-/// This process, read from `/proc` once (pid and start time never change).
-pub(crate) fn this_process() -> Option<ProcessId> {
-    static ME: OnceLock<Option<ProcessId>> = OnceLock::new();
-    *ME.get_or_init(|| {
-        let pid = std::process::id();
-        process_start(pid).map(|start| ProcessId { pid, start })
-    })
-}
-
-/// Whether `process` is still running (on this boot).
-pub(crate) fn liveness(process: ProcessId) -> Liveness {
-    if !std::path::Path::new("/proc/self/stat").exists() {
-        return Liveness::Unknown;
-    }
-    match read_stat(process.pid) {
-        Some((state, start)) if start == process.start && !matches!(state, 'Z' | 'X') => {
-            Liveness::Alive
-        }
-        _ => Liveness::Dead,
-    }
-}
-
-fn process_start(pid: u32) -> Option<u64> {
-    read_stat(pid).map(|(_, start)| start)
-}
-
-/// `(state, starttime)` from `/proc/<pid>/stat`. The command name (field 2) may contain
-/// spaces and parentheses, so fields are counted from the last `)`.
-fn read_stat(pid: u32) -> Option<(char, u64)> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&stat)
-}
-
-pub(crate) fn parse_stat(stat: &str) -> Option<(char, u64)> {
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    // After the state (field 3), starttime is field 22: the 19th of the remaining fields.
-    let start = fields.nth(18)?.parse().ok()?;
-    Some((state, start))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_stat_with_awkward_command_names() {
-        let stat = "4242 (my ) (app) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 987654 20 21";
-        assert_eq!(parse_stat(stat), Some(('S', 987_654)));
-        assert_eq!(parse_stat("garbage"), None);
-        assert_eq!(parse_stat("1 (x) R 1"), None);
-    }
-
-    #[test]
-    fn this_process_is_alive_and_a_made_up_one_is_dead() {
-        let me = this_process().expect("Linux /proc");
-        assert_eq!(liveness(me), Liveness::Alive);
-        let reused = ProcessId {
-            start: me.start + 1,
-            ..me
-        };
-        assert_eq!(
-            liveness(reused),
-            Liveness::Dead,
-            "a reused pid is not the holder"
-        );
-        let gone = ProcessId {
-            pid: u32::MAX - 7,
-            start: 1,
-        };
-        assert_eq!(liveness(gone), Liveness::Dead);
-    }
 
     #[test]
     fn the_boot_clock_moves_forward() {

@@ -24,6 +24,7 @@ mod backend;
 mod client;
 mod config;
 mod host;
+mod liveness;
 #[cfg(test)]
 mod prop_tests;
 
