@@ -13,13 +13,14 @@ use lockcore::{
 
 use crate::client::{Claim, Client, Row};
 use crate::config::LocalConfig;
-use crate::host;
+use crate::host::{self, Clocks, SystemClocks};
 use crate::liveness::{Held, HolderDir, Probe};
 
 /// Cross-process locks on one machine, with no server: a lease table in a SQLite file.
 ///
-/// - Expiry is judged on the machine's boot clock (`CLOCK_BOOTTIME`), which every process
-///   shares and which NTP cannot step; leases from an earlier boot are expired.
+/// - Expiry is judged on the machine's monotonic clock (`CLOCK_MONOTONIC`), which every
+///   process shares, which NTP cannot step, and which stops during suspend exactly as the
+///   guard's clock does; leases from an earlier boot are expired. Off Linux, the wall clock.
 /// - Each holder holds a kernel lock (`flock`) on a file of its own while it holds the
 ///   lease. A contender that can take that kernel lock knows every process that held it
 ///   is gone (in any PID namespace) and takes the lock over at once instead of waiting
@@ -33,6 +34,7 @@ pub struct LocalBackend {
     client: Client,
     config: LocalConfig,
     holders: HolderDir,
+    clocks: Arc<dyn Clocks>,
     /// Our locked liveness files, one per lease we hold, by (name, token).
     held: Arc<Mutex<HashMap<(String, i64), Held>>>,
 }
@@ -60,6 +62,7 @@ impl LocalBackend {
             client,
             config,
             holders,
+            clocks: Arc::new(SystemClocks),
             held: Arc::default(),
         })
     }
@@ -81,7 +84,7 @@ impl LocalBackend {
         owner: &Identity,
         ttl: Duration,
     ) -> Result<()> {
-        let claim = claim(name, owner, ttl, None);
+        let claim = self.claim(name, owner, ttl, None);
         self.client
             .force(&claim)
             .await
@@ -91,6 +94,36 @@ impl LocalBackend {
     /// Closes the connection pool.
     pub async fn close(&self) {
         self.client.close().await;
+    }
+
+    /// Reads the kernel clocks through `clocks` (tests replay a suspend with it).
+    #[cfg(test)]
+    pub(crate) fn with_clocks(mut self, clocks: Arc<dyn Clocks>) -> Self {
+        self.clocks = clocks;
+        self
+    }
+
+    /// Now, on the clock that decides expiry.
+    fn now_ms(&self) -> i64 {
+        host::expiry_now_ms(self.clocks.as_ref())
+    }
+
+    fn claim<'a>(
+        &self,
+        name: &'a LockName,
+        owner: &'a Identity,
+        ttl: Duration,
+        liveness: Option<&'a Held>,
+    ) -> Claim<'a> {
+        Claim {
+            name: name.as_str(),
+            owner: owner.as_str(),
+            boot_id: host::boot_id(),
+            liveness: liveness.map(Held::key),
+            now_ms: self.now_ms(),
+            ttl,
+            wall_ms: self.clocks.wall_ms(),
+        }
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<(String, i64), Held>> {
@@ -144,23 +177,6 @@ impl LocalBackend {
     }
 }
 
-fn claim<'a>(
-    name: &'a LockName,
-    owner: &'a Identity,
-    ttl: Duration,
-    liveness: Option<&'a Held>,
-) -> Claim<'a> {
-    Claim {
-        name: name.as_str(),
-        owner: owner.as_str(),
-        boot_id: host::boot_id(),
-        liveness: liveness.map(Held::key),
-        now_ms: host::now_ms(),
-        ttl,
-        wall_ms: host::wall_ms(),
-    }
-}
-
 /// The holder described by `row`, or `None` when the row is free at `now`.
 fn holder_info(row: &Row, now: i64) -> Option<HolderInfo> {
     let owner = row.owner.as_ref()?;
@@ -209,7 +225,7 @@ impl LockBackend for LocalBackend {
         let ctx = |e: Error| e.with_lock(&request.name);
         // Locked before the claim is written: a row never names an unlocked file.
         let liveness = self.hold_liveness(&request.name);
-        let claim = claim(
+        let claim = self.claim(
             &request.name,
             &request.owner,
             request.ttl,
@@ -239,7 +255,7 @@ impl LockBackend for LocalBackend {
 
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
         let token = token_of(lease)?;
-        let claim = claim(lease.name(), lease.owner(), lease.ttl(), None);
+        let claim = self.claim(lease.name(), lease.owner(), lease.ttl(), None);
         let extended = self.client.extend(&claim, token).await;
         if extended.map_err(|e| e.with_lock(lease.name()))? {
             return Ok(lease.clone());
@@ -271,13 +287,13 @@ impl LockBackend for LocalBackend {
             .read(name.as_str())
             .await
             .map_err(|e| e.with_lock(name))?;
-        Ok(row.and_then(|row| holder_info(&row, host::now_ms())))
+        Ok(row.and_then(|row| holder_info(&row, self.now_ms())))
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let ctx = |e: Error| e.with_lock(name);
         let row = self.client.read(name.as_str()).await.map_err(ctx)?;
-        let Some((row, holder)) = row.and_then(|r| holder_info(&r, host::now_ms()).map(|h| (r, h)))
+        let Some((row, holder)) = row.and_then(|r| holder_info(&r, self.now_ms()).map(|h| (r, h)))
         else {
             return Ok(None);
         };
@@ -315,7 +331,9 @@ pub fn guarantees() -> Guarantees {
     .with_durability(Durability::SurvivesRestart)
     .with_notes(
         "One machine only (a SQLite file on a local filesystem). Expiry uses the \
-             machine's boot clock, shared by every process. A holder whose kernel lock \
+             machine's monotonic clock, shared by every process and stopped during \
+             suspend like the guard's (off Linux: the wall clock, which NTP can step). \
+             A holder whose kernel lock \
              (flock) is gone, with every process that inherited it, is taken over at once, \
              in any PID namespace; nothing else ends a lease early. Leases end with a \
              reboot; fence counters survive it.",

@@ -28,6 +28,8 @@ mod host;
 mod liveness;
 #[cfg(test)]
 mod prop_tests;
+#[cfg(test)]
+mod suspend_tests;
 
 pub use backend::{LocalBackend, guarantees};
 pub use config::{LocalConfig, SCHEME};
