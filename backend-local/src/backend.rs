@@ -167,11 +167,19 @@ impl LocalBackend {
         let Probe::Dead(dead) = self.holders.probe(row.liveness.as_deref()) else {
             return Ok(None);
         };
-        let token = self.client.take_over(claim, row).await?;
+        let token = match self.client.take_over(claim, row).await {
+            Ok(token) => token,
+            Err(err) => {
+                // The row may still name the dead file: keep it for the next contender.
+                dead.unlock_only();
+                return Err(err);
+            }
+        };
         if token.is_some() {
             tracing::info!(lock = %name, "took over from a dead holder");
         }
-        // Only now may others see the dead file gone (it is removed and unlocked here).
+        // The row names it no more (taken over, or changed since we read it): remove the
+        // dead file, and only then unlock it.
         drop(dead);
         Ok(token)
     }

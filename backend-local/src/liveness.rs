@@ -38,6 +38,8 @@ pub(crate) struct Held {
     file: File,
     path: PathBuf,
     key: String,
+    /// Whether dropping removes the file (else it only unlocks it).
+    remove: bool,
 }
 
 /// What a contender learned about a holder's liveness file.
@@ -78,7 +80,12 @@ impl HolderDir {
             .write(true)
             .create_new(true)
             .open(&path)?;
-        let held = Held { file, path, key };
+        let held = Held {
+            file,
+            path,
+            key,
+            remove: true,
+        };
         // Readable by everyone, whatever the umask: a contender of another user that
         // shares the database must be able to open the file to probe it.
         held.file.set_permissions(Permissions::from_mode(0o644))?;
@@ -101,6 +108,7 @@ impl HolderDir {
                 file,
                 path,
                 key: key.to_owned(),
+                remove: true,
             }),
             Err(std::fs::TryLockError::WouldBlock) => Probe::Alive,
             Err(std::fs::TryLockError::Error(_)) => Probe::Unknown,
@@ -113,6 +121,13 @@ impl Held {
     pub(crate) fn key(&self) -> &str {
         &self.key
     }
+
+    /// Unlocks without removing the file: for a dead holder's file when it is unknown
+    /// whether the row still names it (a failed takeover), so the next contender can
+    /// still prove the death.
+    pub(crate) fn unlock_only(mut self) {
+        self.remove = false;
+    }
 }
 
 impl Drop for Held {
@@ -120,7 +135,9 @@ impl Drop for Held {
         // Remove first: a contender that opens the path from now on finds nothing, which
         // is no proof of death. Then unlock explicitly, which also unlocks the copies a
         // started command inherited (closing our descriptor alone would not).
-        let _ = std::fs::remove_file(&self.path);
+        if self.remove {
+            let _ = std::fs::remove_file(&self.path);
+        }
         let _ = self.file.unlock();
     }
 }
@@ -164,6 +181,26 @@ mod tests {
         assert!(matches!(dir.probe(Some(key)), Probe::Alive));
         drop(dead);
         assert!(!dir.path().join(key).exists(), "the dead file is removed");
+        let _ = std::fs::remove_dir_all(dir.path());
+    }
+
+    #[test]
+    fn a_failed_takeover_leaves_the_dead_file_for_the_next_contender() {
+        let dir = temp_dir();
+        // The holder dies without cleaning up: its file stays, unlocked.
+        let key = dir.hold().map(|mut held| {
+            held.remove = false;
+            held.key().to_owned()
+        });
+        let key = key.expect("hold");
+        let Probe::Dead(dead) = dir.probe(Some(&key)) else {
+            panic!("dead");
+        };
+        dead.unlock_only();
+        assert!(
+            matches!(dir.probe(Some(&key)), Probe::Dead(_)),
+            "the next contender can still prove the death"
+        );
         let _ = std::fs::remove_dir_all(dir.path());
     }
 
