@@ -1,5 +1,7 @@
 //! [`LocalBackend`]: the [`LockBackend`] implementation over the SQLite lease table.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -11,21 +13,30 @@ use lockcore::{
 
 use crate::client::{Claim, Client, Row};
 use crate::config::LocalConfig;
-use crate::host::{self, Liveness};
+use crate::host::{self, Clocks, SystemClocks};
+use crate::liveness::{Held, HolderDir, Probe};
 
 /// Cross-process locks on one machine, with no server: a lease table in a SQLite file.
 ///
-/// - Expiry is judged on the machine's boot clock (`CLOCK_BOOTTIME`), which every process
-///   shares and which NTP cannot step; leases from an earlier boot are expired.
-/// - Each lease records its holder's pid and process start time. A contender that finds
-///   the holder dead (exited, killed, a zombie, or its pid reused) takes the lock over at
-///   once instead of waiting for the TTL.
+/// - Expiry is judged on the machine's monotonic clock (`CLOCK_MONOTONIC`), which every
+///   process shares, which NTP cannot step, and which stops during suspend exactly as the
+///   guard's clock does; leases from an earlier boot are expired. Off Linux, the wall clock.
+/// - Each holder holds a kernel lock (`flock`) on a file of its own while it holds the
+///   lease. A contender that can take that kernel lock knows every process that held it
+///   is gone (in any PID namespace) and takes the lock over at once instead of waiting
+///   for the TTL. Nothing else (an unreadable `/proc`, a pid it cannot see) counts as
+///   death. The descriptor is inherited by commands started while the lease is held, so
+///   the lease is not taken over while such a command still runs.
 /// - Rows are kept on release, so fence tokens only grow, across restarts and reboots.
 /// - Waiters poll (there is no cross-process notification).
 #[derive(Debug, Clone)]
 pub struct LocalBackend {
     client: Client,
     config: LocalConfig,
+    holders: HolderDir,
+    clocks: Arc<dyn Clocks>,
+    /// Our locked liveness files, one per lease we hold, by (name, token).
+    held: Arc<Mutex<HashMap<(String, i64), Held>>>,
 }
 
 impl LocalBackend {
@@ -38,7 +49,22 @@ impl LocalBackend {
         let client = Client::open(&config)
             .await
             .map_err(|e| e.with_backend("local"))?;
-        Ok(Self { client, config })
+        let holders = HolderDir::for_database(config.path());
+        holders.create().map_err(|e| {
+            Error::new(
+                ErrorKind::Config,
+                format!("cannot create {}", holders.path().display()),
+            )
+            .with_backend("local")
+            .with_source(e)
+        })?;
+        Ok(Self {
+            client,
+            config,
+            holders,
+            clocks: Arc::new(SystemClocks),
+            held: Arc::default(),
+        })
     }
 
     /// The configuration.
@@ -58,7 +84,7 @@ impl LocalBackend {
         owner: &Identity,
         ttl: Duration,
     ) -> Result<()> {
-        let claim = claim(name, owner, ttl);
+        let claim = self.claim(name, owner, ttl, None);
         self.client
             .force(&claim)
             .await
@@ -69,17 +95,93 @@ impl LocalBackend {
     pub async fn close(&self) {
         self.client.close().await;
     }
-}
 
-fn claim<'a>(name: &'a LockName, owner: &'a Identity, ttl: Duration) -> Claim<'a> {
-    Claim {
-        name: name.as_str(),
-        owner: owner.as_str(),
-        boot_id: host::boot_id(),
-        process: host::this_process(),
-        now_ms: host::now_ms(),
-        ttl,
-        wall_ms: host::wall_ms(),
+    /// Reads the kernel clocks through `clocks` (tests replay a suspend with it).
+    #[cfg(test)]
+    pub(crate) fn with_clocks(mut self, clocks: Arc<dyn Clocks>) -> Self {
+        self.clocks = clocks;
+        self
+    }
+
+    /// Now, on the clock that decides expiry.
+    fn now_ms(&self) -> i64 {
+        host::expiry_now_ms(self.clocks.as_ref())
+    }
+
+    fn claim<'a>(
+        &self,
+        name: &'a LockName,
+        owner: &'a Identity,
+        ttl: Duration,
+        liveness: Option<&'a Held>,
+    ) -> Claim<'a> {
+        Claim {
+            name: name.as_str(),
+            owner: owner.as_str(),
+            boot_id: host::boot_id(),
+            liveness: liveness.map(Held::key),
+            now_ms: self.now_ms(),
+            ttl,
+            wall_ms: self.clocks.wall_ms(),
+        }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<(String, i64), Held>> {
+        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Our liveness file for the next claim. Without one the grant still happens, but
+    /// contenders cannot prove our death and wait for the TTL instead.
+    fn hold_liveness(&self, name: &LockName) -> Option<Held> {
+        self.holders
+            .hold()
+            .map_err(|err| {
+                tracing::warn!(lock = %name, %err, dir = %self.holders.path().display(),
+                    "no liveness file: if this process dies, the lock waits for its TTL");
+            })
+            .ok()
+    }
+
+    /// Keeps `liveness` locked for as long as the grant `token` of `name` is ours.
+    fn granted(&self, request: &AcquireRequest, token: i64, liveness: Option<Held>) -> Acquire {
+        if let Some(held) = liveness {
+            self.held()
+                .insert((request.name.as_str().to_owned(), token), held);
+        }
+        Acquire::Acquired(lease(request, token))
+    }
+
+    /// Unlocks and removes our liveness file for the grant `token` of `name`.
+    fn forget(&self, name: &LockName, token: i64) {
+        let held = self.held().remove(&(name.as_str().to_owned(), token));
+        drop(held);
+    }
+
+    /// The lock is held by `row`'s holder: takes it over if that holder is provably dead.
+    async fn take_over_if_dead(
+        &self,
+        claim: &Claim<'_>,
+        row: &Row,
+        name: &LockName,
+    ) -> Result<Option<i64>> {
+        let Probe::Dead(dead) = self.holders.probe(row.liveness.as_deref()) else {
+            return Ok(None);
+        };
+        let token = match self.client.take_over(claim, row).await {
+            Ok(token) => token,
+            Err(err) => {
+                // The row may still name the dead file: keep it for the next contender.
+                dead.unlock_only();
+                return Err(err);
+            }
+        };
+        if token.is_some() {
+            tracing::info!(lock = %name, "took over from a dead holder");
+        }
+        // The row names it no more (taken over, or changed since we read it): remove the
+        // dead file, and only then unlock it.
+        drop(dead);
+        Ok(token)
     }
 }
 
@@ -129,9 +231,16 @@ impl LockBackend for LocalBackend {
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         let ctx = |e: Error| e.with_lock(&request.name);
-        let claim = claim(&request.name, &request.owner, request.ttl);
+        // Locked before the claim is written: a row never names an unlocked file.
+        let liveness = self.hold_liveness(&request.name);
+        let claim = self.claim(
+            &request.name,
+            &request.owner,
+            request.ttl,
+            liveness.as_ref(),
+        );
         if let Some(token) = self.client.grant(&claim).await.map_err(ctx)? {
-            return Ok(Acquire::Acquired(lease(request, token)));
+            return Ok(self.granted(request, token, liveness));
         }
         let row = self.client.read(claim.name).await.map_err(ctx)?;
         let Some(row) = row else {
@@ -145,22 +254,21 @@ impl LockBackend for LocalBackend {
                 "the lock was released during the attempt",
             )));
         };
-        if row.process.map(host::liveness) == Some(Liveness::Dead)
-            && let Some(token) = self.client.take_over(&claim, &row).await.map_err(ctx)?
-        {
-            tracing::info!(lock = %request.name, dead = %holder.owner(), "took over from a dead holder");
-            return Ok(Acquire::Acquired(lease(request, token)));
+        let taken = self.take_over_if_dead(&claim, &row, &request.name).await;
+        if let Some(token) = taken.map_err(ctx)? {
+            return Ok(self.granted(request, token, liveness));
         }
         Ok(Acquire::Held(holder))
     }
 
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
         let token = token_of(lease)?;
-        let claim = claim(lease.name(), lease.owner(), lease.ttl());
+        let claim = self.claim(lease.name(), lease.owner(), lease.ttl(), None);
         let extended = self.client.extend(&claim, token).await;
         if extended.map_err(|e| e.with_lock(lease.name()))? {
             return Ok(lease.clone());
         }
+        self.forget(lease.name(), token);
         Err(
             Error::lost("the lease expired, was broken, or was taken over")
                 .with_backend("local")
@@ -175,6 +283,9 @@ impl LockBackend for LocalBackend {
             .client
             .clear(name.as_str(), lease.owner().as_str(), token)
             .await;
+        // Even when the clear failed: a missing liveness file only makes contenders wait
+        // for the TTL, which is safe.
+        self.forget(name, token);
         cleared.map(drop).map_err(|e| e.with_lock(name))
     }
 
@@ -184,13 +295,13 @@ impl LockBackend for LocalBackend {
             .read(name.as_str())
             .await
             .map_err(|e| e.with_lock(name))?;
-        Ok(row.and_then(|row| holder_info(&row, host::now_ms())))
+        Ok(row.and_then(|row| holder_info(&row, self.now_ms())))
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let ctx = |e: Error| e.with_lock(name);
         let row = self.client.read(name.as_str()).await.map_err(ctx)?;
-        let Some((row, holder)) = row.and_then(|r| holder_info(&r, host::now_ms()).map(|h| (r, h)))
+        let Some((row, holder)) = row.and_then(|r| holder_info(&r, self.now_ms()).map(|h| (r, h)))
         else {
             return Ok(None);
         };
@@ -228,8 +339,11 @@ pub fn guarantees() -> Guarantees {
     .with_durability(Durability::SurvivesRestart)
     .with_notes(
         "One machine only (a SQLite file on a local filesystem). Expiry uses the \
-             machine's boot clock, shared by every process; a dead holder process is \
-             detected and its lock taken over at once. Leases end with a reboot; fence \
-             counters survive it.",
+             machine's monotonic clock, shared by every process and stopped during \
+             suspend like the guard's (off Linux: the wall clock, which NTP can step). \
+             A holder whose kernel lock \
+             (flock) is gone, with every process that inherited it, is taken over at once, \
+             in any PID namespace; nothing else ends a lease early. Leases end with a \
+             reboot; fence counters survive it.",
     )
 }

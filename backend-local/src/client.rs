@@ -14,7 +14,6 @@ use sqlx::sqlite::{
 };
 
 use crate::config::LocalConfig;
-use crate::host::ProcessId;
 
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS anylock_leases (
     name        TEXT PRIMARY KEY NOT NULL,
@@ -24,31 +23,42 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS anylock_leases (
     pid         INTEGER,
     pid_start   INTEGER,
     acquired_ms INTEGER,
-    expires_ms  INTEGER
+    expires_ms  INTEGER,
+    liveness    TEXT
 ) STRICT";
 
+/// Databases created before the kernel-lock liveness signal lack its column.
+const HAS_LIVENESS: &str =
+    "SELECT COUNT(*) FROM pragma_table_info('anylock_leases') WHERE name = 'liveness'";
+const ADD_LIVENESS: &str = "ALTER TABLE anylock_leases ADD COLUMN liveness TEXT";
+
 /// Takes the name when it is free, expired, from another boot, or already ours.
+///
+/// `pid` and `pid_start` are written as NULL: older versions took over from any holder
+/// whose pid they could not see alive, which is wrong across PID namespaces, and a NULL
+/// pid keeps them from doing so.
 const GRANT: &str = "INSERT INTO anylock_leases
-        (name, owner, token, boot_id, pid, pid_start, acquired_ms, expires_ms)
-    VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6, ?7)
+        (name, owner, token, boot_id, liveness, acquired_ms, expires_ms)
+    VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6)
     ON CONFLICT (name) DO UPDATE SET
         owner = excluded.owner, token = anylock_leases.token + 1,
-        boot_id = excluded.boot_id, pid = excluded.pid, pid_start = excluded.pid_start,
+        boot_id = excluded.boot_id, pid = NULL, pid_start = NULL,
+        liveness = excluded.liveness,
         acquired_ms = excluded.acquired_ms, expires_ms = excluded.expires_ms
     WHERE anylock_leases.owner IS NULL
        OR anylock_leases.owner = excluded.owner
        OR anylock_leases.boot_id IS NOT excluded.boot_id
-       OR anylock_leases.expires_ms <= ?8
+       OR anylock_leases.expires_ms <= ?7
     RETURNING token";
 
 /// Takes the name from a holder seen dead, only if nothing changed since it was seen.
 const TAKE_OVER: &str = "UPDATE anylock_leases SET
-        owner = ?2, token = token + 1, boot_id = ?3, pid = ?4, pid_start = ?5,
-        acquired_ms = ?6, expires_ms = ?7
-    WHERE name = ?1 AND token = ?8 AND owner = ?9
+        owner = ?2, token = token + 1, boot_id = ?3, pid = NULL, pid_start = NULL,
+        liveness = ?4, acquired_ms = ?5, expires_ms = ?6
+    WHERE name = ?1 AND token = ?7 AND owner = ?8
     RETURNING token";
 
-const READ: &str = "SELECT owner, token, boot_id, pid, pid_start, acquired_ms, expires_ms
+const READ: &str = "SELECT owner, token, boot_id, liveness, acquired_ms, expires_ms
     FROM anylock_leases WHERE name = ?1";
 
 const EXTEND: &str = "UPDATE anylock_leases SET expires_ms = ?5
@@ -56,15 +66,15 @@ const EXTEND: &str = "UPDATE anylock_leases SET expires_ms = ?5
     RETURNING token";
 
 const CLEAR: &str = "UPDATE anylock_leases
-    SET owner = NULL, pid = NULL, pid_start = NULL, expires_ms = NULL
+    SET owner = NULL, pid = NULL, pid_start = NULL, liveness = NULL, expires_ms = NULL
     WHERE name = ?1 AND owner = ?2 AND token = ?3";
 
 const FORCE: &str = "INSERT INTO anylock_leases
-        (name, owner, token, boot_id, pid, pid_start, acquired_ms, expires_ms)
-    VALUES (?1, ?2, 1, ?3, NULL, NULL, ?4, ?5)
+        (name, owner, token, boot_id, acquired_ms, expires_ms)
+    VALUES (?1, ?2, 1, ?3, ?4, ?5)
     ON CONFLICT (name) DO UPDATE SET
         owner = excluded.owner, token = anylock_leases.token + 1, boot_id = excluded.boot_id,
-        pid = NULL, pid_start = NULL, acquired_ms = excluded.acquired_ms,
+        pid = NULL, pid_start = NULL, liveness = NULL, acquired_ms = excluded.acquired_ms,
         expires_ms = excluded.expires_ms";
 
 /// A lease row as stored.
@@ -73,7 +83,8 @@ pub(crate) struct Row {
     pub(crate) owner: Option<String>,
     pub(crate) token: i64,
     pub(crate) boot_id: Option<String>,
-    pub(crate) process: Option<ProcessId>,
+    /// The key of the holder's liveness file, if it has one.
+    pub(crate) liveness: Option<String>,
     pub(crate) acquired_ms: Option<i64>,
     pub(crate) expires_ms: Option<i64>,
 }
@@ -84,7 +95,8 @@ pub(crate) struct Claim<'a> {
     pub(crate) name: &'a str,
     pub(crate) owner: &'a str,
     pub(crate) boot_id: &'a str,
-    pub(crate) process: Option<ProcessId>,
+    /// The key of the claimant's liveness file (locked before the claim is sent).
+    pub(crate) liveness: Option<&'a str>,
     pub(crate) now_ms: i64,
     pub(crate) ttl: Duration,
     pub(crate) wall_ms: i64,
@@ -153,6 +165,7 @@ impl Client {
             .execute(&pool)
             .await
             .map_err(map_error)?;
+        add_liveness_column(&pool).await?;
         Ok(Self { pool })
     }
 
@@ -196,8 +209,7 @@ impl Client {
             .bind(claim.name)
             .bind(claim.owner)
             .bind(claim.boot_id)
-            .bind(claim.process.map(|p| i64::from(p.pid)))
-            .bind(claim.process.and_then(|p| i64::try_from(p.start).ok()))
+            .bind(claim.liveness)
             .bind(claim.wall_ms)
             .bind(claim.expires_ms())
     }
@@ -259,20 +271,31 @@ impl Client {
     }
 }
 
-fn decode(row: &SqliteRow) -> Result<Row, Error> {
-    let pid: Option<i64> = row.try_get("pid").map_err(map_error)?;
-    let start: Option<i64> = row.try_get("pid_start").map_err(map_error)?;
-    let process = match (pid.and_then(|p| u32::try_from(p).ok()), start) {
-        (Some(pid), Some(start)) => u64::try_from(start)
-            .ok()
-            .map(|start| ProcessId { pid, start }),
-        _ => None,
+/// Adds the `liveness` column to a database made by an older version. Another process
+/// may add it at the same moment; only a column still missing afterwards is an error.
+async fn add_liveness_column(pool: &SqlitePool) -> Result<(), Error> {
+    let has = |pool| async move {
+        sqlx::query_scalar::<_, i64>(HAS_LIVENESS)
+            .fetch_one(pool)
+            .await
+            .map_err(map_error)
     };
+    if has(pool).await? > 0 {
+        return Ok(());
+    }
+    let added = sqlx::query(ADD_LIVENESS).execute(pool).await;
+    match added {
+        Err(err) if has(pool).await? == 0 => Err(map_error(err)),
+        _ => Ok(()),
+    }
+}
+
+fn decode(row: &SqliteRow) -> Result<Row, Error> {
     Ok(Row {
         owner: row.try_get("owner").map_err(map_error)?,
         token: row.try_get("token").map_err(map_error)?,
         boot_id: row.try_get("boot_id").map_err(map_error)?,
-        process,
+        liveness: row.try_get("liveness").map_err(map_error)?,
         acquired_ms: row.try_get("acquired_ms").map_err(map_error)?,
         expires_ms: row.try_get("expires_ms").map_err(map_error)?,
     })

@@ -1,5 +1,6 @@
 //! Configuration: where the lock database lives and how long to wait for it.
 
+use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -29,28 +30,43 @@ impl LocalConfig {
     }
 
     /// The default database: `$ANYLOCK_LOCAL_DB`, else
-    /// `$XDG_STATE_HOME/anylock/locks.sqlite3`, else `~/.local/state/anylock/locks.sqlite3`,
-    /// else `<temp dir>/anylock/locks.sqlite3`.
-    pub fn default_location() -> Self {
-        let env = |var| {
-            std::env::var_os(var)
-                .filter(|v| !v.is_empty())
-                .map(PathBuf::from)
-        };
-        let path = env("ANYLOCK_LOCAL_DB").unwrap_or_else(|| {
-            env("XDG_STATE_HOME")
-                .or_else(|| env("HOME").map(|home| home.join(".local/state")))
-                .unwrap_or_else(std::env::temp_dir)
-                .join("anylock/locks.sqlite3")
-        });
-        Self::new(path)
+    /// `$XDG_STATE_HOME/anylock/locks.sqlite3`, else `~/.local/state/anylock/locks.sqlite3`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](lockcore::ErrorKind::Config) when none of `ANYLOCK_LOCAL_DB`,
+    /// `XDG_STATE_HOME` and `HOME` is set. There is no fallback to the temp directory: it
+    /// is cleaned (fence tokens would start again at 1) and often private to one service
+    /// (`PrivateTmp`), so locks there would neither fence nor exclude.
+    pub fn default_location() -> Result<Self, Error> {
+        Self::default_location_in(|var| std::env::var_os(var))
+    }
+
+    /// [`default_location`](Self::default_location) with the environment read by `var`.
+    fn default_location_in(var: impl Fn(&str) -> Option<OsString>) -> Result<Self, Error> {
+        let env = |name| var(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+        if let Some(path) = env("ANYLOCK_LOCAL_DB") {
+            return Ok(Self::new(path));
+        }
+        let state = env("XDG_STATE_HOME")
+            .or_else(|| env("HOME").map(|home| home.join(".local/state")))
+            .ok_or_else(|| {
+                Error::new(
+                    lockcore::ErrorKind::Config,
+                    "no place for the default lock database: HOME, XDG_STATE_HOME and \
+                     ANYLOCK_LOCAL_DB are all unset; set ANYLOCK_LOCAL_DB or name the file \
+                     (local:/var/lib/anylock/locks.sqlite3)",
+                )
+            })?;
+        Ok(Self::new(state.join("anylock/locks.sqlite3")))
     }
 
     /// Parses `local:` (the default location) or `local:PATH` / `local://PATH`.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for another scheme or
-    /// a path with a NUL byte.
+    /// a path with a NUL byte; [`ErrorKind::Config`](lockcore::ErrorKind::Config) for
+    /// `local:` when there is no default location (see
+    /// [`default_location`](Self::default_location)).
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let rest = url
             .strip_prefix("local:")
@@ -62,11 +78,11 @@ impl LocalConfig {
                 "the local database path contains a NUL byte",
             ));
         }
-        Ok(if path.is_empty() {
+        if path.is_empty() {
             Self::default_location()
         } else {
-            Self::new(path)
-        })
+            Ok(Self::new(path))
+        }
     }
 
     /// Sets how long a call waits for another process's write to finish (default 5 s).
@@ -132,6 +148,47 @@ mod tests {
         );
         assert!(LocalConfig::from_url("redis://x").is_err());
         assert!(LocalConfig::from_url("local:/a\0b").is_err());
+    }
+
+    fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
+        let vars: Vec<(String, String)> = vars
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        move |name| {
+            vars.iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| OsString::from(v))
+        }
+    }
+
+    #[test]
+    fn the_default_location_follows_the_environment() {
+        let at = |vars: &[(&str, &str)]| {
+            LocalConfig::default_location_in(env(vars)).map(|c| c.path().to_owned())
+        };
+        assert_eq!(
+            at(&[("ANYLOCK_LOCAL_DB", "/db"), ("HOME", "/h")]).expect("set"),
+            Path::new("/db")
+        );
+        assert_eq!(
+            at(&[("XDG_STATE_HOME", "/s"), ("HOME", "/h")]).expect("set"),
+            Path::new("/s/anylock/locks.sqlite3")
+        );
+        assert_eq!(
+            at(&[("HOME", "/h"), ("XDG_STATE_HOME", "")]).expect("set"),
+            Path::new("/h/.local/state/anylock/locks.sqlite3")
+        );
+    }
+
+    #[test]
+    fn the_default_location_never_falls_back_to_the_temp_dir() {
+        // A temp dir is cleaned (tokens restart at 1) and differs between users and
+        // services (PrivateTmp): locks there would neither exclude nor fence.
+        let err = LocalConfig::default_location_in(env(&[("HOME", "")]))
+            .expect_err("no HOME, no XDG_STATE_HOME, no ANYLOCK_LOCAL_DB");
+        assert_eq!(err.kind(), lockcore::ErrorKind::Config, "{err}");
+        assert!(err.message().contains("ANYLOCK_LOCAL_DB"), "{err}");
     }
 
     #[test]

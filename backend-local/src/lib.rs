@@ -6,8 +6,9 @@
 //! backends (TTL, refresh, compare-and-delete release, durable fence tokens kept in the
 //! row), and it survives the holder's process; `flock` locks vanish with the process but
 //! have no TTL (a hung holder blocks forever) and no place for a durable counter. Dead
-//! holders are still recovered at once: each lease records its holder's pid and process
-//! start time, and a contender that finds that process gone takes the lock over.
+//! holders are still recovered at once: each holder also holds a `flock` on a file of its
+//! own, and a contender that can take that kernel lock knows the holder (and every command
+//! it started while holding the lease) is gone, in whatever PID namespace it ran.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -24,8 +25,11 @@ mod backend;
 mod client;
 mod config;
 mod host;
+mod liveness;
 #[cfg(test)]
 mod prop_tests;
+#[cfg(test)]
+mod suspend_tests;
 
 pub use backend::{LocalBackend, guarantees};
 pub use config::{LocalConfig, SCHEME};

@@ -1,4 +1,4 @@
-//! Property tests of this crate's parsers: `local:` URLs and `/proc/<pid>/stat` lines.
+//! Property tests of this crate's parsers: `local:` URLs and liveness keys.
 //! See `docs/fuzzing.md`; `PROPTEST_CASES` sets the case count.
 
 use std::path::Path;
@@ -7,7 +7,7 @@ use lockcore::ErrorKind;
 use proptest::prelude::*;
 
 use crate::LocalConfig;
-use crate::host::parse_stat;
+use crate::liveness::is_key;
 
 /// Backend URLs of other schemes, some carrying a password (marked by `SECRETxx`).
 fn other_urls() -> impl Strategy<Value = (String, String)> {
@@ -24,30 +24,6 @@ fn other_urls() -> impl Strategy<Value = (String, String)> {
                 format!("SECRET{marker}"),
             )
         })
-}
-
-/// `/proc/<pid>/stat` lines: well-formed with awkward command names, cut short, or
-/// arbitrary text.
-fn stat_lines() -> impl Strategy<Value = String> {
-    let well_formed = (
-        any::<u32>(),
-        "[^\n]{0,20}",
-        any::<char>(),
-        proptest::collection::vec(any::<i64>(), 0..25),
-        prop_oneof![
-            any::<u64>().prop_map(|n| n.to_string()),
-            Just("18446744073709551616".to_owned()),
-            Just("-1".to_owned())
-        ],
-    )
-        .prop_map(|(pid, comm, state, fields, start)| {
-            let mut fields: Vec<String> = fields.iter().map(i64::to_string).collect();
-            if fields.len() >= 19 {
-                fields[18] = start;
-            }
-            format!("{pid} ({comm}) {state} {}", fields.join(" "))
-        });
-    prop_oneof![3 => well_formed, 1 => any::<String>()]
 }
 
 proptest! {
@@ -80,14 +56,13 @@ proptest! {
         prop_assert!(config.path() != Path::new(""));
     }
 
-    /// Guards against the stat parser panicking (slicing after the last `)`, short lines,
-    /// overflowing start times) on any text `/proc` could hold.
+    /// Guards against a liveness key from the database (which anyone who can write the
+    /// file controls) being used as a path: only our own 32-hex-digit keys are opened.
     #[test]
-    fn prop_stat_lines_parse_without_panicking(line in stat_lines()) {
-        if let Some((_, start)) = parse_stat(&line) {
-            let rest = &line[line.rfind(')').expect("a ')'") + 1..];
-            let field = rest.split_whitespace().nth(19).expect("field 22");
-            prop_assert_eq!(field.parse::<u64>().ok(), Some(start));
+    fn prop_only_our_own_liveness_keys_are_accepted(key in any::<String>()) {
+        if is_key(&key) {
+            prop_assert_eq!(key.len(), 32);
+            prop_assert!(!key.contains('/') && !key.contains('.'));
         }
     }
 }

@@ -49,7 +49,55 @@ async fn child_holder() {
 /// Starts this test binary as a child running `child_holder`, and waits until it holds
 /// the lock; returns the child and its token.
 fn spawn_holder(db: &TempDb, hold_ms: Option<u64>) -> (Child, u64) {
-    let mut command = Command::new(std::env::current_exe().expect("test binary"));
+    spawn_holder_with(
+        Command::new(std::env::current_exe().expect("test binary")),
+        db,
+        hold_ms,
+    )
+}
+
+/// As [`spawn_holder`], in a PID namespace of its own with its own `/proc` (as in a
+/// container sharing the lock directory). Killing the returned `unshare` kills the holder.
+fn spawn_holder_in_own_pid_namespace(db: &TempDb) -> (Child, u64) {
+    let mut command = unshare();
+    command.arg(std::env::current_exe().expect("test binary"));
+    spawn_holder_with(command, db, None)
+}
+
+/// `unshare` into a new PID namespace with its own `/proc`, as an unprivileged user
+/// through a user namespace.
+fn unshare() -> Command {
+    let mut command = Command::new("unshare");
+    command.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
+    if !nix::unistd::geteuid().is_root() {
+        command.args(["--user", "--map-root-user"]);
+    }
+    command
+}
+
+/// Whether this machine lets us create PID namespaces; when it does not, the test is
+/// skipped, or fails where servers are required (CI).
+fn pid_namespaces_available() -> bool {
+    let tried = unshare().arg("true").stderr(Stdio::piped()).output();
+    match tried {
+        Ok(out) if out.status.success() => true,
+        other => {
+            let why = match other {
+                Ok(out) => String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+                Err(err) => err.to_string(),
+            };
+            assert!(
+                !conformance::env::servers_required(),
+                "cannot create a PID namespace ({why}): run as root, or enable unprivileged \
+                 user namespaces; `unshare` is in util-linux"
+            );
+            eprintln!("SKIPPED: cannot create a PID namespace: {why}");
+            false
+        }
+    }
+}
+
+fn spawn_holder_with(mut command: Command, db: &TempDb, hold_ms: Option<u64>) -> (Child, u64) {
     command
         .args([
             "--exact",
@@ -109,6 +157,46 @@ async fn a_killed_holder_is_taken_over_at_once_even_as_a_zombie() {
     );
     assert!(guard.fence_token().map(|t| t.get()) > Some(child_token));
     child.wait().expect("reap");
+    guard.release().await.expect("release");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_holder_in_another_pid_namespace_is_not_taken_over() {
+    if !pid_namespaces_available() {
+        return;
+    }
+    let db = TempDb::new();
+    let (mut unshare, holder_token) = spawn_holder_in_own_pid_namespace(&db);
+    let ours = locker(db.open().await, WaitMode::TryOnce);
+    for attempt in 0..10 {
+        let got = ours.try_acquire("job").await.expect("call");
+        if let Some(guard) = got {
+            let _ = unshare.kill();
+            panic!(
+                "attempt {attempt}: took the lock (token {:?}) from a live holder (token \
+                 {holder_token}) we cannot see in our PID namespace",
+                guard.fence_token()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // `--kill-child`: the holder dies with `unshare`, so the kernel closes its files.
+    unshare
+        .kill()
+        .expect("SIGKILL unshare and with it the holder");
+    unshare.wait().expect("reap unshare");
+    let start = Instant::now();
+    let guard = loop {
+        if let Some(guard) = ours.try_acquire("job").await.expect("call") {
+            break guard;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "a dead holder in another PID namespace was not taken over (TTL 60 s)"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(guard.fence_token().map(|t| t.get()) > Some(holder_token));
     guard.release().await.expect("release");
 }
 
@@ -181,6 +269,35 @@ async fn a_lease_from_an_earlier_boot_is_expired() {
         .expect("call")
         .expect("free after a reboot");
     assert!(guard.fence_token() > token);
+}
+
+#[tokio::test]
+async fn a_lease_from_an_older_version_is_not_taken_over_early() {
+    let db = TempDb::new();
+    let url = format!("sqlite://{}?mode=rwc", db.path().display());
+    let mut conn = sqlx::SqliteConnection::connect(&url)
+        .await
+        .expect("connect");
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").expect("boot id");
+    // The old schema, and a lease naming a pid nobody can see (another PID namespace).
+    for statement in [
+        "CREATE TABLE anylock_leases (name TEXT PRIMARY KEY NOT NULL, owner TEXT, \
+         token INTEGER NOT NULL, boot_id TEXT, pid INTEGER, pid_start INTEGER, \
+         acquired_ms INTEGER, expires_ms INTEGER) STRICT",
+        "INSERT INTO anylock_leases VALUES ('job', 'old-holder', 7, ?1, 4194300, 1, 0, \
+         9223372036854775807)",
+    ] {
+        sqlx::query(statement)
+            .bind(boot.trim())
+            .execute(&mut conn)
+            .await
+            .expect("old database");
+    }
+    let ours = locker(db.open().await, WaitMode::TryOnce);
+    assert!(
+        ours.try_acquire("job").await.expect("call").is_none(),
+        "an unseen pid is no proof of death"
+    );
 }
 
 #[tokio::test]

@@ -39,11 +39,14 @@ pub enum Fault {
     EtcdLeaderKill,
     /// The GCS server answers 503 to every request, in two bursts (0.5 s, then 2 s).
     GcsErrors,
+    /// `local:` only: every client runs in a PID namespace of its own with its own `/proc`
+    /// (`unshare --pid --fork --mount-proc`), sharing the lock directory, as containers do.
+    PidNamespaces,
 }
 
 impl Fault {
     /// Every fault, in report order.
-    pub const ALL: [Fault; 12] = [
+    pub const ALL: [Fault; 13] = [
         Fault::None,
         Fault::Pause,
         Fault::Blackhole,
@@ -56,6 +59,7 @@ impl Fault {
         Fault::PostgresRestart,
         Fault::EtcdLeaderKill,
         Fault::GcsErrors,
+        Fault::PidNamespaces,
     ];
 
     /// The fault's name on the command line and in the report.
@@ -73,6 +77,7 @@ impl Fault {
             Fault::PostgresRestart => "postgres-restart",
             Fault::EtcdLeaderKill => "leader-kill",
             Fault::GcsErrors => "5xx-bursts",
+            Fault::PidNamespaces => "pid-namespaces",
         }
     }
 
@@ -104,6 +109,10 @@ impl Fault {
             }
             Fault::EtcdLeaderKill => "the etcd leader is SIGKILLed; it rejoins after 3 TTL",
             Fault::GcsErrors => "every GCS request answers 503 for 0.5 s, then for 2 s",
+            Fault::PidNamespaces => {
+                "each client runs in its own PID namespace (unshare --pid --fork --mount-proc), \
+                 sharing the lock directory"
+            }
         }
     }
 
@@ -128,6 +137,7 @@ impl Fault {
             Fault::PostgresRestart => kind == Kind::Postgres,
             Fault::EtcdLeaderKill => kind == Kind::Etcd,
             Fault::GcsErrors => kind == Kind::Gcs,
+            Fault::PidNamespaces => kind == Kind::Local,
         }
     }
 
@@ -182,6 +192,8 @@ mod tests {
             "local has no network"
         );
         assert!(Fault::Pause.applies_to(Kind::Local));
+        assert!(Fault::PidNamespaces.applies_to(Kind::Local));
+        assert!(!Fault::PidNamespaces.applies_to(Kind::Postgres));
         let gcs: Vec<_> = Fault::ALL
             .into_iter()
             .filter(|f| f.applies_to(Kind::Gcs))

@@ -132,6 +132,8 @@ pub struct GroupSpec {
     pub workload: Workload,
     /// Seed 003's Redlock partition: client 1 reaches nodes A, B, C; client 2 C, D, E.
     pub partition: bool,
+    /// Each client in a PID namespace of its own (`Fault::PidNamespaces`).
+    pub pid_namespaces: bool,
 }
 
 /// A register, its clients and their links.
@@ -237,7 +239,8 @@ async fn spawn(
 ) -> Result<ClientProc, String> {
     let w = spec.workload;
     let log = log_file(&spec.log_dir, mode, id)?;
-    let mut child = Command::new(&spec.exe)
+    let (mut command, comm) = client_command(spec);
+    let mut child = command
         .arg("client")
         .args(["--url", url, "--register", &register.to_string()])
         .args(["--client", &id.to_string(), "--lock", &spec.lock])
@@ -252,7 +255,7 @@ async fn spawn(
         .spawn()
         .map_err(|e| format!("{}: {e}", spec.exe.display()))?;
     let pid = child.id().ok_or("client exited at once")?;
-    reaper.track(&format!("client-{pid}"), pid, "anylock-reliability");
+    reaper.track(&format!("client-{pid}"), pid, comm);
     let stdin = child.stdin.take().ok_or("client stdin")?;
     let stdout = child.stdout.take().ok_or("client stdout")?;
     let mut lines = BufReader::new(stdout).lines();
@@ -271,6 +274,24 @@ async fn spawn(
         child,
         stdin: Mutex::new(stdin),
     })
+}
+
+/// The command that starts a client, and the name its pid shows in `/proc/PID/comm`.
+///
+/// In its own PID namespace, the client is `unshare`'s child, and the pid the harness
+/// sees is `unshare`'s: `--kill-child` makes signals that kill `unshare` kill the client
+/// too. (SIGSTOP would stop only `unshare`; this fault pauses nobody.)
+fn client_command(spec: &GroupSpec) -> (Command, &'static str) {
+    if !spec.pid_namespaces {
+        return (Command::new(&spec.exe), "anylock-reliability");
+    }
+    let mut command = Command::new("unshare");
+    command.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
+    if !crate::servers::process::is_root() {
+        command.args(["--user", "--map-root-user"]);
+    }
+    command.arg(&spec.exe);
+    (command, "unshare")
 }
 
 fn log_file(dir: &Path, mode: Mode, id: u32) -> Result<std::fs::File, String> {

@@ -84,6 +84,7 @@ pub async fn run_cell(
         lock: format!("rel-{fault}-{:08x}", rand::random::<u32>()),
         workload: w,
         partition: matches!(fault, Fault::RedlockRestart | Fault::RedlockDelayedRestart),
+        pid_namespaces: fault == Fault::PidNamespaces,
     };
     let modes: &[Mode] = match guarantees.fencing {
         Fencing::Monotonic => &[Mode::Unfenced, Mode::Fenced],

@@ -34,6 +34,13 @@ pub async fn apply(
             sleep(ttl * 2).await;
             Ok(vec!["no fault for 2 TTL".into()])
         }
+        // The clients started in their namespaces (see `GroupSpec::pid_namespaces`).
+        Fault::PidNamespaces => {
+            sleep(ttl * 2).await;
+            Ok(vec![
+                "clients in separate PID namespaces; contention for 2 TTL".into(),
+            ])
+        }
         Fault::Pause => each_group(groups, |g| pause(g, w)).await,
         Fault::Blackhole => {
             each_group(groups, |g| links(g, w, LinkFault::Blackhole, ttl * 3 / 2)).await

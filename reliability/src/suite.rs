@@ -17,10 +17,12 @@ use crate::servers::Lane;
 use crate::servers::process::Reaper;
 
 /// The cells CI runs: every fenced backend under a paused holder (fencing must refuse
-/// its stale write), each backend under its own server fault, etcd under a blackholed
-/// link and PostgreSQL under a clock jumping back.
+/// its stale write), each backend under its own server fault (for `local:`, clients in
+/// separate PID namespaces), etcd under a blackholed link and PostgreSQL under a clock
+/// jumping back.
 const SHORT: &[(Kind, Fault)] = &[
     (Kind::Local, Fault::Pause),
+    (Kind::Local, Fault::PidNamespaces),
     (Kind::Redis, Fault::Pause),
     (Kind::Redis, Fault::RedisRestart),
     (Kind::Redlock, Fault::RedlockDelayedRestart),
@@ -239,7 +241,7 @@ mod tests {
     #[test]
     fn the_full_plan_covers_every_applicable_fault_once() {
         let plan = Plan::full();
-        assert_eq!(plan.cells.len(), 40, "{:?}", plan.cells);
+        assert_eq!(plan.cells.len(), 41, "{:?}", plan.cells);
         for (kind, fault) in &plan.cells {
             assert!(fault.applies_to(*kind));
         }

@@ -1,0 +1,121 @@
+//! End-to-end: on `local:`, the lock outlives a killed `anylock` for as long as anything
+//! its command started still runs, and is handed over at once when the last of them exits.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+
+const BIN: &str = env!("CARGO_BIN_EXE_anylock");
+/// `anylock`'s exit code when the lock is held and `--no-wait` was given.
+const HELD: i32 = 123;
+
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn anylock(dir: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(BIN);
+    command
+        .args(args)
+        .env(
+            "ANYLOCK_BACKEND",
+            format!("local:{}/locks.sqlite3", dir.display()),
+        )
+        .env_remove("ANYLOCK_CONFIG")
+        .env("XDG_CONFIG_HOME", dir)
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    command
+}
+
+/// `anylock run job --no-wait -- true`: its exit code.
+fn try_once(dir: &Path) -> i32 {
+    let status = anylock(dir, &["run", "job", "--no-wait", "--", "true"])
+        .status()
+        .expect("run anylock");
+    status.code().unwrap_or(-1)
+}
+
+fn wait_for_file(path: &Path, limit: Duration) -> String {
+    let start = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && text.ends_with('\n')
+        {
+            return text;
+        }
+        assert!(start.elapsed() < limit, "{} never appeared", path.display());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn alive(pid: Pid) -> bool {
+    kill(pid, None).is_ok()
+}
+
+#[test]
+fn a_killed_anylock_keeps_the_lock_while_its_command_runs() {
+    let dir = Scratch(std::env::temp_dir().join(format!(
+        "anylock-local-liveness-{:016x}",
+        rand::random::<u64>()
+    )));
+    std::fs::create_dir_all(&dir.0).expect("scratch dir");
+    // The sleep is a grandchild in the command's process group: it outlives both
+    // `anylock` and the shell, whatever either does when its parent dies.
+    let mut holder = anylock(
+        &dir.0,
+        &[
+            "run",
+            "job",
+            "--ttl",
+            "60s",
+            "--",
+            "sh",
+            "-c",
+            "sleep 30 & echo $! > sleep.pid; wait",
+        ],
+    )
+    .spawn()
+    .expect("spawn anylock");
+    let pid = wait_for_file(&dir.0.join("sleep.pid"), Duration::from_secs(30));
+    let sleep = Pid::from_raw(pid.trim().parse().expect("pid"));
+    holder.kill().expect("SIGKILL anylock");
+    holder.wait().expect("reap anylock");
+
+    for attempt in 0..5 {
+        assert!(alive(sleep), "the command's sleep died with anylock");
+        let code = try_once(&dir.0);
+        if code != HELD {
+            let _ = kill(sleep, Signal::SIGKILL);
+            panic!(
+                "attempt {attempt}: a second run got exit code {code}, not {HELD} (held), \
+                 while the first run's command still runs"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    kill(sleep, Signal::SIGKILL).expect("SIGKILL the sleep");
+    let start = Instant::now();
+    loop {
+        let code = try_once(&dir.0);
+        if code == 0 {
+            break;
+        }
+        assert_eq!(code, HELD, "unexpected exit code");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the lock was not handed over after the command exited (TTL 60 s)"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
