@@ -149,6 +149,23 @@ impl JitterRng {
 mod tests {
     use super::*;
 
+    #[test]
+    fn the_jitter_generator_is_splitmix64() {
+        // The reference implementation's first outputs for seed 0.
+        let mut rng = JitterRng::seeded(0);
+        assert_eq!(rng.next_u64(), 0xE220_A839_7B1D_CDAF);
+        assert_eq!(rng.next_u64(), 0x6E78_9E6A_A1B9_65F4);
+        assert_eq!(rng.next_u64(), 0x06C4_5D18_8009_454F);
+    }
+
+    #[test]
+    fn a_base_equal_to_its_cap_is_valid_and_both_read_back() {
+        let backoff = Backoff::new(ms(50), ms(50));
+        assert!(backoff.validate().is_ok());
+        assert_eq!((backoff.base(), backoff.cap()), (ms(50), ms(50)));
+        assert!(Backoff::new(ms(51), ms(50)).validate().is_err());
+    }
+
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
     }
