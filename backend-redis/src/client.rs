@@ -19,12 +19,13 @@ use crate::notify::Notifier;
 
 /// Takes the lock if it is free or already ours (same owner: a retake with a new grant).
 ///
-/// The fence counter is incremented only when a grant is made and never deleted, so tokens
-/// keep rising across releases and expiries. A counter that does not exist (a new name, or
-/// one a restart without persistence forgot) starts at the server's clock in microseconds,
-/// so tokens keep rising across such a restart too: a forgotten counter would otherwise
-/// restart at 1 and hand out tokens a live holder still uses. Redlock passes no counter
-/// key: token `0`.
+/// Every grant's token is `max(counter + 1, server TIME in µs)`, written back to the fence
+/// counter, which is never deleted. Tokens therefore rise across releases and expiries, and
+/// also across anything that takes the counter back while the server clock keeps going: a
+/// restart without persistence (counter missing), a restart from an older RDB snapshot or
+/// an append-only file that lost its last second, a failover to a replica that missed the
+/// latest grants. Counting from the stored counter alone repeated the tokens handed out
+/// after the snapshot. Redlock passes no counter key: token `0`.
 pub(crate) const ACQUIRE_LUA: &str = r"
 -- KEYS[1] lock key; KEYS[2] fence counter (single instance only)
 -- ARGV[1] TTL in ms; ARGV[2] owner; ARGV[3] value suffix ':<unix ms>:<nonce>:<owner>'
@@ -34,13 +35,13 @@ if current and string.match(current, '^%d+:%d+:%x+:(.*)$') ~= ARGV[2] then
 end
 local token = 0
 if KEYS[2] then
-  token = redis.call('INCR', KEYS[2])
-  if token == 1 then
-    local now = redis.call('TIME')
-    local seed = now[1] .. string.rep('0', 6 - #now[2]) .. now[2]
-    redis.call('SET', KEYS[2], seed)
-    token = tonumber(seed)
+  local now = redis.call('TIME')
+  token = tonumber(now[1]) * 1000000 + tonumber(now[2])
+  local last = tonumber(redis.call('GET', KEYS[2]))
+  if last and last >= token then
+    token = last + 1
   end
+  redis.call('SET', KEYS[2], string.format('%d', token))
 end
 local value = string.format('%d', token) .. ARGV[3]
 if current then
