@@ -26,6 +26,9 @@ pub enum Fault {
     ClockForward,
     /// The Redis server is killed and restarted at once, without persistence.
     RedisRestart,
+    /// Redis takes an RDB snapshot during a grant; after more grants it is killed while
+    /// the lock is in use and restarts from that older snapshot (issue #14).
+    RedisSnapshotRollback,
     /// Redlock, with client 1 partitioned to nodes A, B, C and client 2 to C, D, E: node C
     /// is killed and restarted at once while client 1 holds the lock.
     RedlockRestart,
@@ -43,7 +46,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in report order.
-    pub const ALL: [Fault; 12] = [
+    pub const ALL: [Fault; 13] = [
         Fault::None,
         Fault::Pause,
         Fault::Blackhole,
@@ -51,6 +54,7 @@ impl Fault {
         Fault::ClockBack,
         Fault::ClockForward,
         Fault::RedisRestart,
+        Fault::RedisSnapshotRollback,
         Fault::RedlockRestart,
         Fault::RedlockDelayedRestart,
         Fault::PostgresRestart,
@@ -68,6 +72,7 @@ impl Fault {
             Fault::ClockBack => "clock-back",
             Fault::ClockForward => "clock-forward",
             Fault::RedisRestart => "redis-restart",
+            Fault::RedisSnapshotRollback => "redis-snapshot-rollback",
             Fault::RedlockRestart => "node-restart",
             Fault::RedlockDelayedRestart => "node-restart-delayed",
             Fault::PostgresRestart => "postgres-restart",
@@ -92,6 +97,10 @@ impl Fault {
                 "a holder's clock jumps forward by 3 TTL right after its lease check"
             }
             Fault::RedisRestart => "Redis is SIGKILLed and restarted at once (no persistence)",
+            Fault::RedisSnapshotRollback => {
+                "Redis SAVEs at a grant; 2 grants later it is SIGKILLed after a lease check and \
+                 restarts from that snapshot (3 rounds)"
+            }
             Fault::RedlockRestart => {
                 "partition {1: A,B,C} {2: C,D,E} {3: all}; C is SIGKILLed and restarted at once"
             }
@@ -123,7 +132,7 @@ impl Fault {
         match self {
             Fault::None | Fault::Pause | Fault::ClockBack | Fault::ClockForward => true,
             Fault::Blackhole | Fault::Delay => kind != Kind::Local,
-            Fault::RedisRestart => kind == Kind::Redis,
+            Fault::RedisRestart | Fault::RedisSnapshotRollback => kind == Kind::Redis,
             Fault::RedlockRestart | Fault::RedlockDelayedRestart => kind == Kind::Redlock,
             Fault::PostgresRestart => kind == Kind::Postgres,
             Fault::EtcdLeaderKill => kind == Kind::Etcd,
