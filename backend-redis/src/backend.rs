@@ -12,6 +12,7 @@ use lockcore::{
 
 use crate::client::{AcquireReply, Node, RefreshReply};
 use crate::config::RedisConfig;
+use crate::eviction;
 use crate::keys::{self, LockKeys, StoredValue};
 
 const NOTES: &str = "One Redis node keeps the lock in memory: a crash or restart without \
@@ -23,7 +24,9 @@ const NOTES: &str = "One Redis node keeps the lock in memory: a crash or restart
     that missed the latest grants), and a resource that checks them rejects the forgotten \
     holder. Caveats: a rollback together with a server clock stepped back (or a promoted \
     replica whose clock is behind) can repeat tokens; tokens are microsecond timestamps, \
-    so they leave large gaps. Expiry is decided by the server's clock. Good for efficiency \
+    so they leave large gaps. A server whose maxmemory-policy may evict keys (allkeys-* or \
+    volatile-* with a maxmemory limit) is refused at connect, because eviction deletes held \
+    locks. Expiry is decided by the server's clock. Good for efficiency \
     locks; for correctness locks, have the protected resource check the fence token.";
 
 /// The lock on one Redis server (seed 001's single-instance algorithm, plus fencing).
@@ -56,18 +59,22 @@ impl fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    /// Connects and checks the server with one `PING`.
+    /// Connects and checks the server with one `PING`, then reads its memory settings with
+    /// one `CONFIG GET maxmemory*` and refuses a server that may evict a held lock's key
+    /// (an `allkeys-*` or `volatile-*` policy with a `maxmemory` limit). A server that does
+    /// not allow `CONFIG GET` is accepted with a warning.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidInput`] for a bad configuration; [`ErrorKind::Unavailable`] when
     /// the server cannot be reached in time; [`ErrorKind::PermissionDenied`] for rejected
-    /// credentials.
+    /// credentials; [`ErrorKind::Config`] for a server that may evict lock keys.
     ///
     /// # Cancel safety
     /// Cancel safe: it holds no lock state; a connection attempt may finish in the background.
     pub async fn connect(config: RedisConfig) -> Result<Self> {
         let backend = Self::connect_lazy(config).await?;
         backend.inner.node.ping().await?;
+        eviction::check(&backend.inner.node, "redis").await?;
         Ok(backend)
     }
 

@@ -113,6 +113,7 @@ pub(crate) enum Call {
     Connect,
     Ping,
     Time,
+    Config,
     Acquire,
     Refresh,
     Release,
@@ -138,6 +139,7 @@ impl fmt::Display for Call {
             Self::Connect => "connect",
             Self::Ping => "ping",
             Self::Time => "server time",
+            Self::Config => "memory settings check",
             Self::Acquire => "acquire",
             Self::Refresh => "refresh",
             Self::Release => "release",
@@ -301,6 +303,24 @@ impl Node {
         }
     }
 
+    /// `CONFIG GET pattern`. The outer error is a broken connection or a timeout; the inner
+    /// one is the server refusing the command (an ACL without `CONFIG`, a renamed command).
+    pub(crate) async fn config_get(
+        &self,
+        pattern: &str,
+    ) -> Result<std::result::Result<Value, RedisError>> {
+        let mut conn = self.manager.clone();
+        let mut get = redis::cmd("CONFIG");
+        get.arg("GET").arg(pattern);
+        let reply = tokio::time::timeout(self.timeout, get.query_async::<Value>(&mut conn));
+        match reply.await {
+            Ok(Ok(value)) => Ok(Ok(value)),
+            Ok(Err(err)) if is_refusal(&err) => Ok(Err(err)),
+            Ok(Err(err)) => Err(map_error(&err, Call::Config, &self.label)),
+            Err(_) => Err(timed_out(Call::Config, &self.label, self.timeout)),
+        }
+    }
+
     /// Runs the acquire script. `fenced` adds the fence counter (single instance).
     pub(crate) async fn acquire(
         &self,
@@ -380,6 +400,15 @@ impl Node {
             Err(_) => Err(timed_out(call, &self.label, self.timeout)),
         }
     }
+}
+
+/// Whether the server answered the command with an error reply (rather than the
+/// connection failing).
+fn is_refusal(err: &RedisError) -> bool {
+    matches!(
+        err.kind(),
+        redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+    )
 }
 
 /// The server clock from a `TIME` reply (seconds and microseconds since the Unix epoch);

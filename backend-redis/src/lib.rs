@@ -65,6 +65,7 @@
 mod backend;
 mod client;
 mod config;
+mod eviction;
 mod keys;
 mod node_url;
 mod notify;

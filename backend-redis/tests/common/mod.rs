@@ -239,8 +239,8 @@ fn spawn(port: u16, dir: &std::path::Path, tls: bool, extra: &[String]) -> Child
         .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
         .args(["--daemonize", "no"])
         .arg("--dir")
-        .arg(&dir)
-        .current_dir(&dir);
+        .arg(dir)
+        .current_dir(dir);
     if tls {
         command
             .args(["--port", "0", "--tls-port", &port.to_string()])
