@@ -72,6 +72,7 @@ mod notify;
 #[cfg(test)]
 mod prop_tests;
 mod redlock;
+mod scripts;
 
 use std::sync::Arc;
 
