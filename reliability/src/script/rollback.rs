@@ -30,10 +30,11 @@ pub(super) async fn snapshot_rollback(
     for round in 1..=ROUNDS {
         begun(group, w).await?;
         lane.snapshot_redis().await?;
-        for _ in 0..GRANTS_AFTER_SNAPSHOT {
-            begun(group, w).await?;
+        if let Err(e) = after_snapshot(group, w).await {
+            // Later cells on this lane must restart empty, not from this snapshot.
+            lane.discard_redis_snapshot()?;
+            return Err(e);
         }
-        trigger(group, w, &[]).await?;
         let restart = lane.restart_redis_from_snapshot().await?;
         notes.push(format!(
             "round {round}: snapshot, {GRANTS_AFTER_SNAPSHOT} grants, {restart}"
@@ -41,4 +42,12 @@ pub(super) async fn snapshot_rollback(
         sleep(w.ttl * 2).await;
     }
     Ok(notes)
+}
+
+/// More grants, then a holder that just checked its lease: the moment to roll back.
+async fn after_snapshot(group: &Group, w: Workload) -> Result<(), String> {
+    for _ in 0..GRANTS_AFTER_SNAPSHOT {
+        begun(group, w).await?;
+    }
+    trigger(group, w, &[]).await.map(drop)
 }

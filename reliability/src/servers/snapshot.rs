@@ -34,10 +34,27 @@ impl Lane {
         node.kill(&self.reaper).await;
         node.spawn(&self.reaper).await?;
         let down = started.elapsed();
-        std::fs::remove_file(&snapshot).map_err(|e| format!("{}: {e}", snapshot.display()))?;
+        self.discard_redis_snapshot()?;
         Ok(format!(
             "Redis down for {} ms, restarted from the snapshot",
             down.as_millis()
         ))
+    }
+
+    /// Redis: removes the snapshot file, if any, so that later restarts start empty.
+    ///
+    /// # Errors
+    /// When this is not the Redis lane or the file cannot be removed.
+    pub fn discard_redis_snapshot(&self) -> Result<(), String> {
+        let Servers::Redis(node) = &self.servers else {
+            return Err("not a Redis lane".into());
+        };
+        let snapshot = node.snapshot_path();
+        match std::fs::remove_file(&snapshot) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(format!("{}: {e}", snapshot.display()))
+            }
+            _ => Ok(()),
+        }
     }
 }
