@@ -26,8 +26,8 @@ const NOTES: &str = "One Redis node keeps the lock in memory: a crash or restart
     replica whose clock is behind) can repeat tokens; tokens are microsecond timestamps, \
     so they leave large gaps. A server whose maxmemory-policy may evict keys (allkeys-* or \
     volatile-* with a maxmemory limit) is refused at connect, because eviction deletes held \
-    locks. Expiry is decided by the server's clock. Good for efficiency \
-    locks; for correctness locks, have the protected resource check the fence token.";
+    locks. Expiry is decided by the server's clock. Good for efficiency locks; for \
+    correctness locks, have the protected resource check the fence token.";
 
 /// The lock on one Redis server (seed 001's single-instance algorithm, plus fencing).
 ///
