@@ -291,3 +291,44 @@ fn an_unreachable_redis_is_one_line_and_exit_code_125() {
     assert!(lines[0].starts_with("anylock: redis"), "{lines:?}");
     assert!(!lines[0].contains("hunter2"), "password leaked: {lines:?}");
 }
+
+/// A Redis that may evict a held lock's key (issue #14): `check` fails with one line that
+/// names the policy and the fix. A private `redis-server` (killed by PID on drop).
+#[test]
+fn check_refuses_a_redis_that_may_evict_lock_keys() {
+    let Some(scene) = Scene::redis() else {
+        return;
+    };
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+        .to_string();
+    let mut server = Command::new("redis-server")
+        .args(["--bind", "127.0.0.1", "--port", &port, "--save", ""])
+        .args(["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"])
+        .arg("--dir")
+        .arg(&scene.dir)
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("redis-server");
+    let url = format!("redis://127.0.0.1:{port}/0");
+    wait_until(Duration::from_secs(10), "redis-server listening", || {
+        std::net::TcpStream::connect(("127.0.0.1", port.parse().expect("port"))).is_ok()
+    });
+    let out = scene
+        .command(&["check"])
+        .env("ANYLOCK_BACKEND", &url)
+        .output();
+    let _ = server.kill();
+    let _ = server.wait();
+    let out = out.expect("run anylock check");
+    let lines = stderr_lines(&out);
+    assert_ne!(code(&out), 0, "{lines:?}");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].contains("allkeys-lru"), "{lines:?}");
+    assert!(
+        lines[0].contains("maxmemory-policy noeviction"),
+        "{lines:?}"
+    );
+}

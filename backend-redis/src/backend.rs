@@ -12,20 +12,28 @@ use lockcore::{
 
 use crate::client::{AcquireReply, Node, RefreshReply};
 use crate::config::RedisConfig;
+use crate::eviction;
 use crate::keys::{self, LockKeys, StoredValue};
 
 const NOTES: &str = "One Redis node keeps the lock in memory: a crash or restart without \
     appendfsync=always, or a failover to an asynchronously replicated replica, can forget a \
-    held lock and grant it twice. Fence tokens come from a counter key that is never \
-    deleted; a missing counter starts at the server clock in microseconds, so tokens keep \
-    rising even across a restart that forgot the counter, and a resource that checks them \
-    rejects the forgotten holder. Expiry is decided by the server's clock. Good for efficiency \
-    locks; for correctness locks, have the protected resource check the fence token.";
+    held lock and grant it twice. Every fence token is max(counter + 1, server clock in \
+    microseconds), written back to a counter key that is never deleted, so tokens keep \
+    rising across anything that takes the counter back while the server clock keeps going \
+    (a restart that forgot the counter or loaded an older snapshot, a failover to a replica \
+    that missed the latest grants), and a resource that checks them rejects the forgotten \
+    holder. Caveats: a rollback together with a server clock stepped back (or a promoted \
+    replica whose clock is behind) can repeat tokens; tokens are microsecond timestamps, \
+    so they leave large gaps. A server whose maxmemory-policy may evict keys (allkeys-* or \
+    volatile-* with a maxmemory limit) is refused at connect, because eviction deletes held \
+    locks. Expiry is decided by the server's clock. Good for efficiency locks; for \
+    correctness locks, have the protected resource check the fence token.";
 
 /// The lock on one Redis server (seed 001's single-instance algorithm, plus fencing).
 ///
-/// - `acquire`: one script (`EVALSHA`): `SET key value NX PX ttl` and `INCR` of the fence
-///   counter, or a retake when the stored owner is the requester.
+/// - `acquire`: one script (`EVALSHA`): `SET key value NX PX ttl`, and the fence counter
+///   set to max(counter + 1, server `TIME` in µs), or a retake when the stored owner is the
+///   requester.
 /// - `refresh`: one script: compare the value, then `PEXPIRE`.
 /// - `release`: one script: compare the value, then `DEL` and `PUBLISH` to wake waiters.
 /// - `break_lock`: one script: `DEL` whatever grant is there and `PUBLISH`; the fence
@@ -51,18 +59,22 @@ impl fmt::Debug for RedisBackend {
 }
 
 impl RedisBackend {
-    /// Connects and checks the server with one `PING`.
+    /// Connects and checks the server with one `PING`, then reads its memory settings with
+    /// one `CONFIG GET maxmemory*` and refuses a server that may evict a held lock's key
+    /// (an `allkeys-*` or `volatile-*` policy with a `maxmemory` limit). A server that does
+    /// not allow `CONFIG GET` is accepted with a warning.
     ///
     /// # Errors
     /// [`ErrorKind::InvalidInput`] for a bad configuration; [`ErrorKind::Unavailable`] when
     /// the server cannot be reached in time; [`ErrorKind::PermissionDenied`] for rejected
-    /// credentials.
+    /// credentials; [`ErrorKind::Config`] for a server that may evict lock keys.
     ///
     /// # Cancel safety
     /// Cancel safe: it holds no lock state; a connection attempt may finish in the background.
     pub async fn connect(config: RedisConfig) -> Result<Self> {
         let backend = Self::connect_lazy(config).await?;
         backend.inner.node.ping().await?;
+        eviction::check(&backend.inner.node, "redis").await?;
         Ok(backend)
     }
 

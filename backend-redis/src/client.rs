@@ -1,110 +1,24 @@
-//! Wire calls: the Lua scripts, one server's connection, and the one table that maps Redis
-//! client errors to lockcore error kinds.
+//! Wire calls: one server's connection, the script calls (the scripts are in
+//! [`scripts`](crate::scripts)), and the one table that maps Redis client errors to
+//! lockcore error kinds.
 //!
-//! Every lock operation is one `EVALSHA` (one round trip). The `redis` crate's [`Script`]
-//! answers `NOSCRIPT` (after a `SCRIPT FLUSH` or a server restart) by loading the script
-//! and sending the `EVALSHA` again, so only that rare call takes three round trips.
+//! Every lock operation is one `EVALSHA` (one round trip). The `redis` crate's
+//! [`redis::Script`] answers `NOSCRIPT` (after a `SCRIPT FLUSH` or a server restart) by
+//! loading the script and sending the `EVALSHA` again, so only that rare call takes three
+//! round trips.
 
 use std::fmt;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::{Error, ErrorKind, ReleaseEvents, Result};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, Script, ScriptInvocation, Value};
+use redis::{RedisError, ScriptInvocation, Value};
 
 use crate::keys::LockKeys;
 use crate::node_url::NodeUrl;
 use crate::notify::Notifier;
-
-/// Takes the lock if it is free or already ours (same owner: a retake with a new grant).
-///
-/// The fence counter is incremented only when a grant is made and never deleted, so tokens
-/// keep rising across releases and expiries. A counter that does not exist (a new name, or
-/// one a restart without persistence forgot) starts at the server's clock in microseconds,
-/// so tokens keep rising across such a restart too: a forgotten counter would otherwise
-/// restart at 1 and hand out tokens a live holder still uses. Redlock passes no counter
-/// key: token `0`.
-pub(crate) const ACQUIRE_LUA: &str = r"
--- KEYS[1] lock key; KEYS[2] fence counter (single instance only)
--- ARGV[1] TTL in ms; ARGV[2] owner; ARGV[3] value suffix ':<unix ms>:<nonce>:<owner>'
-local current = redis.call('GET', KEYS[1])
-if current and string.match(current, '^%d+:%d+:%x+:(.*)$') ~= ARGV[2] then
-  return {0, current, redis.call('PTTL', KEYS[1])}
-end
-local token = 0
-if KEYS[2] then
-  token = redis.call('INCR', KEYS[2])
-  if token == 1 then
-    local now = redis.call('TIME')
-    local seed = now[1] .. string.rep('0', 6 - #now[2]) .. now[2]
-    redis.call('SET', KEYS[2], seed)
-    token = tonumber(seed)
-  end
-end
-local value = string.format('%d', token) .. ARGV[3]
-if current then
-  redis.call('SET', KEYS[1], value, 'PX', ARGV[1])
-else
-  redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[1])
-end
-return {1, value}
-";
-
-/// Extends the lock only if it still holds exactly our value; never re-creates it.
-pub(crate) const REFRESH_LUA: &str = r"
--- KEYS[1] lock key; ARGV[1] our value; ARGV[2] TTL in ms
-local current = redis.call('GET', KEYS[1])
-if current == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if current then
-  return current
-end
-return 0
-";
-
-/// Deletes the lock only if it still holds exactly our value, and wakes waiters.
-pub(crate) const RELEASE_LUA: &str = r"
--- KEYS[1] lock key; ARGV[1] our value; ARGV[2] release channel
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], 'released')
-  return 1
-end
-return 0
-";
-
-/// An operator's break: deletes whatever grant holds the lock and wakes waiters; returns
-/// the removed value and its `PTTL`. The fence counter is untouched, so tokens keep rising.
-pub(crate) const BREAK_LUA: &str = r"
--- KEYS[1] lock key; ARGV[1] release channel
-local current = redis.call('GET', KEYS[1])
-if not current then
-  return false
-end
-local pttl = redis.call('PTTL', KEYS[1])
-redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[1], 'released')
-return {current, pttl}
-";
-
-/// Reads the value and remaining TTL together (atomically).
-pub(crate) const INSPECT_LUA: &str = r"
--- KEYS[1] lock key
-local current = redis.call('GET', KEYS[1])
-if current then
-  return {current, redis.call('PTTL', KEYS[1])}
-end
-return false
-";
-
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
-static REFRESH: LazyLock<Script> = LazyLock::new(|| Script::new(REFRESH_LUA));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
-static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
-static BREAK: LazyLock<Script> = LazyLock::new(|| Script::new(BREAK_LUA));
+use crate::scripts::{ACQUIRE, BREAK, INSPECT, REFRESH, RELEASE};
 
 /// Which call failed; decides whether a lost reply leaves the outcome unknown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,6 +26,7 @@ pub(crate) enum Call {
     Connect,
     Ping,
     Time,
+    Config,
     Acquire,
     Refresh,
     Release,
@@ -137,6 +52,7 @@ impl fmt::Display for Call {
             Self::Connect => "connect",
             Self::Ping => "ping",
             Self::Time => "server time",
+            Self::Config => "memory settings check",
             Self::Acquire => "acquire",
             Self::Refresh => "refresh",
             Self::Release => "release",
@@ -300,6 +216,24 @@ impl Node {
         }
     }
 
+    /// `CONFIG GET pattern`. The outer error is a broken connection or a timeout; the inner
+    /// one is the server refusing the command (an ACL without `CONFIG`, a renamed command).
+    pub(crate) async fn config_get(
+        &self,
+        pattern: &str,
+    ) -> Result<std::result::Result<Value, RedisError>> {
+        let mut conn = self.manager.clone();
+        let mut get = redis::cmd("CONFIG");
+        get.arg("GET").arg(pattern);
+        let reply = tokio::time::timeout(self.timeout, get.query_async::<Value>(&mut conn));
+        match reply.await {
+            Ok(Ok(value)) => Ok(Ok(value)),
+            Ok(Err(err)) if is_refusal(&err) => Ok(Err(err)),
+            Ok(Err(err)) => Err(map_error(&err, Call::Config, &self.label)),
+            Err(_) => Err(timed_out(Call::Config, &self.label, self.timeout)),
+        }
+    }
+
     /// Runs the acquire script. `fenced` adds the fence counter (single instance).
     pub(crate) async fn acquire(
         &self,
@@ -379,6 +313,15 @@ impl Node {
             Err(_) => Err(timed_out(call, &self.label, self.timeout)),
         }
     }
+}
+
+/// Whether the server answered the command with an error reply (rather than the
+/// connection failing).
+fn is_refusal(err: &RedisError) -> bool {
+    matches!(
+        err.kind(),
+        redis::ErrorKind::Server(_) | redis::ErrorKind::Extension
+    )
 }
 
 /// The server clock from a `TIME` reply (seconds and microseconds since the Unix epoch);

@@ -286,11 +286,12 @@ impl RedlockConfig {
         if self.nodes.is_empty() {
             return Err(invalid("Redlock needs at least one node URL"));
         }
-        let mut seen = std::collections::HashSet::new();
+        let mut seen = std::collections::HashMap::new();
         for node in &self.nodes {
-            if !seen.insert(node.address()) {
+            if let Some(first) = seen.insert(node.server_key(), node.address()) {
                 return Err(invalid(format!(
-                    "Redlock node {} is listed twice; it would count twice towards the quorum",
+                    "Redlock node {} is listed twice (also as {first}); it would count twice \
+                     towards the quorum: list each server once",
                     node.address()
                 )));
             }
@@ -428,6 +429,26 @@ mod tests {
         );
         assert!(RedlockConfig::from_url("redlock://h1:1,,h3:3").is_err());
         assert!(RedlockConfig::from_node_urls(Vec::<String>::new()).is_err());
+    }
+
+    /// One server listed twice under two spellings would count twice towards the quorum
+    /// (issue #14): `localhost`, `127.0.0.1` and `[::1]` on one port are one server.
+    #[test]
+    fn the_same_node_under_another_spelling_is_listed_twice() {
+        for list in [
+            "redlock://localhost:7000,127.0.0.1:7000,b:1",
+            "redlock://127.0.0.1,[::1]:6379,b:1",
+            "redis://LOCALHOST.:1,redis://127.0.0.1:1/3",
+            "redlock://[::ffff:127.0.0.1]:5,localhost:5,b:1",
+            "redlock://Host.Example:1,host.example.:1,b:1",
+            "redlock://[0:0:0:0:0:0:0:1]:2,127.0.0.1:2,b:1",
+        ] {
+            let err = RedlockConfig::from_url(list).expect_err(list);
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{list}");
+            assert!(err.to_string().contains("listed twice"), "{list}: {err}");
+        }
+        let distinct = RedlockConfig::from_url("redlock://localhost:1,127.0.0.1:2,[::1]:3");
+        assert_eq!(distinct.expect("distinct ports").nodes(), 3);
     }
 
     #[test]

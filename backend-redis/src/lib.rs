@@ -65,12 +65,14 @@
 mod backend;
 mod client;
 mod config;
+mod eviction;
 mod keys;
 mod node_url;
 mod notify;
 #[cfg(test)]
 mod prop_tests;
 mod redlock;
+mod scripts;
 
 use std::sync::Arc;
 

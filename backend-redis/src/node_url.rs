@@ -2,6 +2,7 @@
 //! A [`NodeUrl`] holds the password, so it is only ever printed redacted.
 
 use std::fmt;
+use std::net::IpAddr;
 use std::time::Duration;
 
 use lockcore::{Error, ErrorKind, Result};
@@ -34,6 +35,13 @@ impl NodeUrl {
         format!("{host}:{}", self.url.port().unwrap_or(6379))
     }
 
+    /// The server as a comparable key: [`canonical_host`] and the port (6379 when
+    /// omitted). The database is left out: two databases of one server are one server.
+    pub(crate) fn server_key(&self) -> String {
+        let host = canonical_host(self.url.host_str().unwrap_or_default());
+        format!("{host}:{}", self.url.port().unwrap_or(6379))
+    }
+
     /// Whether the connection uses TLS.
     pub(crate) fn is_tls(&self) -> bool {
         self.url.scheme() == "rediss"
@@ -46,6 +54,28 @@ impl NodeUrl {
         })
     }
 }
+
+/// A host spelled one way for every spelling of the same address, without DNS (parsing
+/// does no I/O): case and a trailing dot are dropped; IP addresses are parsed and printed
+/// back (IPv4-mapped IPv6 as IPv4); every loopback spelling (`localhost`, `*.localhost`,
+/// `127.0.0.0/8`, `::1`) becomes `127.0.0.1`. Two names that resolve to one server are not
+/// recognised.
+pub(crate) fn canonical_host(host: &str) -> String {
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    let ip = match bare.parse::<IpAddr>() {
+        Ok(IpAddr::V6(v6)) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
+        Ok(ip) => ip,
+        Err(_) if host == "localhost" || host.ends_with(".localhost") => return LOOPBACK.into(),
+        Err(_) => return host,
+    };
+    match ip.is_loopback() {
+        true => LOOPBACK.into(),
+        false => ip.to_string(),
+    }
+}
+
+const LOOPBACK: &str = "127.0.0.1";
 
 impl fmt::Debug for NodeUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -15,6 +15,9 @@
 //!   own had begun: the writer's grant had been superseded. Counted as accepted or refused.
 //! - **Lost update**: an increment that is missing from the counter: accepted writes minus
 //!   the counter's final value (every write stores what it read plus one).
+//! - **Repeated token**: a section that began with a fencing token an earlier section had
+//!   already begun with. Grants never share a token, so this is the lock going back in time
+//!   (a server that rolled its fence counter back), whatever the register decided.
 //! - **Late Lost signal**: a `LOST` that arrived after another section had been entered,
 //!   or whose client-side margin to the earliest server expiry was negative.
 
@@ -53,6 +56,8 @@ pub struct Counts {
     pub fresh_rejected: u64,
     /// Increments missing from the counter.
     pub lost_updates: u64,
+    /// Sections that began with a token an earlier section had already begun with.
+    pub token_repeats: u64,
     /// The counter's final value.
     pub final_value: u64,
     /// `LOST` signals received.
@@ -99,6 +104,7 @@ pub fn check(history: &[Event]) -> Counts {
         ..Counts::default()
     };
     count_grants(&entered, &mut counts);
+    count_repeats(history, &mut counts);
     for event in history {
         let begun = sections.get(&event.id).and_then(|s| s.begin).unwrap_or(0);
         let superseded = || later_begin(&entered, event.id, begun, event.at_us);
@@ -204,6 +210,34 @@ fn count_grants(entered: &[Entered<'_>], counts: &mut Counts) {
                     secs(section.promise.unwrap_or(0))
                 ),
             );
+        }
+    }
+}
+
+fn count_repeats(history: &[Event], counts: &mut Counts) {
+    let mut first: BTreeMap<u64, SectionId> = BTreeMap::new();
+    for event in history {
+        let Op::Begin {
+            token: Some(token), ..
+        } = event.op
+        else {
+            continue;
+        };
+        match first.get(&token) {
+            None => {
+                first.insert(token, event.id);
+            }
+            Some(earlier) if *earlier != event.id => {
+                counts.token_repeats += 1;
+                let text = format!(
+                    "repeated token: {} began at {} with token {token}, which {} had begun with",
+                    name(event.id),
+                    secs(event.at_us),
+                    name(*earlier)
+                );
+                example(counts, text);
+            }
+            Some(_) => {}
         }
     }
 }

@@ -102,6 +102,7 @@ fn is_restart(fault: Fault) -> bool {
     matches!(
         fault,
         Fault::RedisRestart
+            | Fault::RedisSnapshotRollback
             | Fault::PostgresRestart
             | Fault::RedlockRestart
             | Fault::RedlockDelayedRestart
@@ -146,6 +147,7 @@ pub fn disagreements(
             });
         }
     }
+    found.extend(repeats(expected, unfenced, fenced));
     if let Some(c) = fenced.filter(|_| expected.fenced != Claim::NotClaimed)
         && (c.stale_accepted > 0 || c.lost_updates > 0)
     {
@@ -158,6 +160,31 @@ pub fn disagreements(
         });
     }
     found
+}
+
+/// Repeated fencing tokens in either run break the fencing promise, whatever the register
+/// made of them: a resource that accepts a token equal to the highest it has seen lets the
+/// two holders of that token both write.
+fn repeats(
+    expected: &Expectation,
+    unfenced: &Counts,
+    fenced: Option<&Counts>,
+) -> Vec<Disagreement> {
+    if expected.fenced == Claim::NotClaimed {
+        return Vec::new();
+    }
+    let runs = [("unfenced", Some(unfenced)), ("fenced", fenced)];
+    runs.into_iter()
+        .filter_map(|(label, counts)| Some((label, counts?.token_repeats)))
+        .filter(|(_, n)| *n > 0)
+        .map(|(label, n)| Disagreement {
+            claim: expected.fenced,
+            what: format!(
+                "fencing promised, but {n} section(s) of the {label} run began with a token \
+                 an earlier section had used"
+            ),
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -233,5 +260,25 @@ mod tests {
         assert_eq!(disagreements(&redis_restart, &bad, Some(&clean)), vec![]);
         let redlock = expect(&guarantees("redlock"), Fault::Pause);
         assert_eq!(disagreements(&redlock, &stale, None), vec![]);
+    }
+
+    #[test]
+    fn repeated_tokens_break_the_fencing_promise() {
+        let rollback = expect(&guarantees("redis"), Fault::RedisSnapshotRollback);
+        assert_eq!(rollback.fenced, Claim::Documented);
+        let repeated = Counts {
+            token_repeats: 3,
+            ..Counts::default()
+        };
+        let clean = Counts::default();
+        assert_eq!(disagreements(&rollback, &clean, Some(&clean)), vec![]);
+        let found = disagreements(&rollback, &clean, Some(&repeated));
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(
+            found[0].what.contains("3 section(s) of the fenced run"),
+            "{found:?}"
+        );
+        let redlock = expect(&guarantees("redlock"), Fault::None);
+        assert_eq!(disagreements(&redlock, &repeated, None), vec![]);
     }
 }

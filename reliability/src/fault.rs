@@ -26,6 +26,9 @@ pub enum Fault {
     ClockForward,
     /// The Redis server is killed and restarted at once, without persistence.
     RedisRestart,
+    /// Redis takes an RDB snapshot during a grant; after more grants it is killed while
+    /// the lock is in use and restarts from that older snapshot (issue #14).
+    RedisSnapshotRollback,
     /// Redlock, with client 1 partitioned to nodes A, B, C and client 2 to C, D, E: node C
     /// is killed and restarted at once while client 1 holds the lock.
     RedlockRestart,
@@ -54,6 +57,7 @@ impl Fault {
         Fault::ClockBack,
         Fault::ClockForward,
         Fault::RedisRestart,
+        Fault::RedisSnapshotRollback,
         Fault::RedlockRestart,
         Fault::RedlockDelayedRestart,
         Fault::PostgresRestart,
@@ -72,6 +76,7 @@ impl Fault {
             Fault::ClockBack => "clock-back",
             Fault::ClockForward => "clock-forward",
             Fault::RedisRestart => "redis-restart",
+            Fault::RedisSnapshotRollback => "redis-snapshot-rollback",
             Fault::RedlockRestart => "node-restart",
             Fault::RedlockDelayedRestart => "node-restart-delayed",
             Fault::PostgresRestart => "postgres-restart",
@@ -97,6 +102,10 @@ impl Fault {
                 "a holder's clock jumps forward by 3 TTL right after its lease check"
             }
             Fault::RedisRestart => "Redis is SIGKILLed and restarted at once (no persistence)",
+            Fault::RedisSnapshotRollback => {
+                "Redis SAVEs at a grant; 2 grants later it is SIGKILLed after a lease check and \
+                 restarts from that snapshot (3 rounds)"
+            }
             Fault::RedlockRestart => {
                 "partition {1: A,B,C} {2: C,D,E} {3: all}; C is SIGKILLed and restarted at once"
             }
@@ -132,7 +141,7 @@ impl Fault {
         match self {
             Fault::None | Fault::Pause | Fault::ClockBack | Fault::ClockForward => true,
             Fault::Blackhole | Fault::Delay => kind != Kind::Local,
-            Fault::RedisRestart => kind == Kind::Redis,
+            Fault::RedisRestart | Fault::RedisSnapshotRollback => kind == Kind::Redis,
             Fault::RedlockRestart | Fault::RedlockDelayedRestart => kind == Kind::Redlock,
             Fault::PostgresRestart => kind == Kind::Postgres,
             Fault::EtcdLeaderKill => kind == Kind::Etcd,

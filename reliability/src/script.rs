@@ -15,6 +15,8 @@ use crate::group::Group;
 use crate::history::{Event, Op};
 use crate::servers::{Lane, node_name};
 
+mod rollback;
+
 /// Redlock's node C (index 2): the node both sides of seed 003's partition reach.
 const NODE_C: usize = 2;
 
@@ -65,6 +67,7 @@ async fn server(
             trigger(group, w, &[]).await?;
             Ok(vec![lane.restart_redis().await?])
         }
+        Fault::RedisSnapshotRollback => rollback::snapshot_rollback(lane, group, w).await,
         Fault::RedlockRestart => Ok(vec![redlock_restart(lane, group, w, Duration::ZERO).await?]),
         Fault::RedlockDelayedRestart => {
             Ok(vec![redlock_restart(lane, group, w, ttl * 3 / 2).await?])

@@ -21,6 +21,7 @@ use self::quorum::{Vote, Votes};
 use crate::backend::ttl_millis;
 use crate::client::{AcquireReply, Node, RefreshReply};
 use crate::config::RedlockConfig;
+use crate::eviction;
 use crate::keys::{self, LockKeys};
 
 const BACKEND: &str = "redlock";
@@ -31,8 +32,10 @@ const NOTES: &str = "Mutual exclusion holds only while clock drift, network dela
     so the protected resource cannot reject a stale holder: use Redlock for efficiency \
     locks only, and a fenced backend for correctness. Nodes keep locks in memory: without \
     appendfsync=always, keep a crashed node down for longer than the longest TTL before it \
-    rejoins (seed 001's delayed restart). Each node's clock decides its key's expiry; the \
-    client's validity is the TTL minus the time the quorum took and a drift allowance.";
+    rejoins (seed 001's delayed restart). A node that may evict keys (maxmemory-policy \
+    other than noeviction, with a maxmemory limit) is refused at connect. Each node's clock \
+    decides its key's expiry; the client's validity is the TTL minus the time the quorum \
+    took and a drift allowance.";
 
 /// Redlock over N independent Redis nodes (seed 001).
 ///
@@ -64,6 +67,20 @@ impl fmt::Debug for RedlockBackend {
             .field("config", &self.inner.config)
             .finish()
     }
+}
+
+/// Refuses the first node that may evict lock keys; a node that stopped answering since
+/// its `PING` is logged and left to the quorum, like an unreachable one.
+async fn check_eviction(nodes: &[&Node]) -> Result<()> {
+    let checks = join_all(nodes.iter().map(|node| eviction::check(node, BACKEND))).await;
+    for (node, check) in nodes.iter().zip(checks) {
+        match check {
+            Err(err) if err.kind() == ErrorKind::Config => return Err(err),
+            Err(err) => tracing::warn!(node = node.label(), error = %err, "memory settings unread"),
+            Ok(()) => {}
+        }
+    }
+    Ok(())
 }
 
 /// What [`RedlockBackend`] promises, without connecting (for comparison tables). See
@@ -179,13 +196,17 @@ fn decode_grant(lease: &Lease) -> Result<(u64, &str)> {
 }
 
 impl RedlockBackend {
-    /// Connects to every node and checks them with one `PING` each, concurrently.
+    /// Connects to every node and checks them with one `PING` each, concurrently, then
+    /// reads each answering node's memory settings (`CONFIG GET maxmemory*`) and refuses a
+    /// node that may evict a held lock's key: it could drop its share of a quorum.
     ///
-    /// Succeeds when a quorum answers; unreachable nodes are logged and retried on use.
+    /// Succeeds when a quorum answers; unreachable nodes are logged and retried on use
+    /// (their memory settings are then not checked).
     ///
     /// # Errors
     /// [`ErrorKind::InvalidInput`] for a bad configuration; the nodes' errors (for example
-    /// [`ErrorKind::Unavailable`] or [`ErrorKind::PermissionDenied`]) when no quorum answers.
+    /// [`ErrorKind::Unavailable`] or [`ErrorKind::PermissionDenied`]) when no quorum answers;
+    /// [`ErrorKind::Config`] when a node may evict lock keys.
     ///
     /// # Cancel safety
     /// Cancel safe: it holds no lock state; connection attempts may finish in the background.
@@ -193,15 +214,20 @@ impl RedlockBackend {
         let backend = Self::connect_lazy(config).await?;
         let pings = join_all(backend.inner.nodes.iter().map(Node::ping)).await;
         let mut votes: Votes<()> = Votes::new(pings.len());
+        let mut answered = Vec::new();
         for (node, ping) in backend.inner.nodes.iter().zip(pings) {
-            if let Err(err) = &ping {
-                tracing::warn!(node = node.label(), error = %err, "Redlock node unreachable");
+            match &ping {
+                Ok(()) => answered.push(node),
+                Err(err) => {
+                    tracing::warn!(node = node.label(), error = %err, "Redlock node unreachable")
+                }
             }
             votes.record(ping.map_or_else(Vote::Failed, |()| Vote::Yes));
         }
         if !votes.has_quorum() {
             return Err(votes.failure("connect").with_backend(BACKEND));
         }
+        check_eviction(&answered).await?;
         Ok(backend)
     }
 

@@ -158,6 +158,7 @@ pub(crate) struct PrivateRedis {
     port: u16,
     dir: PathBuf,
     tls: bool,
+    extra: Vec<String>,
 }
 
 fn free_port() -> u16 {
@@ -170,51 +171,93 @@ fn free_port() -> u16 {
 impl PrivateRedis {
     /// Starts the server and waits until it answers `PING`.
     pub(crate) async fn start() -> PrivateRedis {
-        Self::launch(false).await
+        Self::launch(false, &[]).await
+    }
+
+    /// Starts a plain server with extra `--option value` arguments (later ones win).
+    pub(crate) async fn start_with(extra: &[&str]) -> PrivateRedis {
+        Self::launch(false, extra).await
     }
 
     /// Starts a TLS-only server with a fresh self-signed certificate (connect with
     /// `#insecure`) and waits until it answers `PING`.
     pub(crate) async fn start_tls() -> PrivateRedis {
-        Self::launch(true).await
+        Self::launch(true, &[]).await
     }
 
-    async fn launch(tls: bool) -> PrivateRedis {
+    async fn launch(tls: bool, extra: &[&str]) -> PrivateRedis {
         let port = free_port();
         let dir =
             std::env::temp_dir().join(format!("anylock-redis-test-{}-{port}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let mut command = Command::new("redis-server");
-        command
-            .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-            .args(["--daemonize", "no"])
-            .arg("--dir")
-            .arg(&dir)
-            .current_dir(&dir);
         if tls {
             self_signed_certificate(&dir);
-            command
-                .args(["--port", "0", "--tls-port", &port.to_string()])
-                .args(["--tls-cert-file", "cert.pem", "--tls-key-file", "key.pem"])
-                .args(["--tls-ca-cert-file", "cert.pem", "--tls-auth-clients", "no"]);
-        } else {
-            command.args(["--port", &port.to_string()]);
         }
-        let child = command
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("redis-server must be installed (scripts/servers start installs it)");
+        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
+        let child = spawn(port, &dir, tls, &extra);
         let server = PrivateRedis {
             child,
             port,
             dir,
             tls,
+            extra,
         };
         server.wait_ready().await;
         server
     }
 
+    /// Kills the process with `SIGKILL` (by its PID): nothing is saved on the way out.
+    pub(crate) fn crash(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Starts the server again on the same port, directory and arguments, so it loads
+    /// whatever `dump.rdb` (or append-only file) the directory holds.
+    pub(crate) async fn restart(&mut self) {
+        self.crash();
+        self.child = spawn(self.port, &self.dir, self.tls, &self.extra);
+        self.wait_ready().await;
+    }
+
+    /// The process id, for tests that signal the server themselves.
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The port the server listens on.
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+/// Spawns `redis-server` without automatic snapshots or append-only file (an explicit
+/// `SAVE` still writes `dump.rdb` into `dir`), then `extra`.
+fn spawn(port: u16, dir: &std::path::Path, tls: bool, extra: &[String]) -> Child {
+    let mut command = Command::new("redis-server");
+    command
+        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .args(["--daemonize", "no"])
+        .arg("--dir")
+        .arg(dir)
+        .current_dir(dir);
+    if tls {
+        command
+            .args(["--port", "0", "--tls-port", &port.to_string()])
+            .args(["--tls-cert-file", "cert.pem", "--tls-key-file", "key.pem"])
+            .args(["--tls-ca-cert-file", "cert.pem", "--tls-auth-clients", "no"]);
+    } else {
+        command.args(["--port", &port.to_string()]);
+    }
+    command
+        .args(extra)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("redis-server must be installed (scripts/servers start installs it)")
+}
+
+impl PrivateRedis {
     async fn wait_ready(&self) {
         let client = redis::Client::open(self.url()).expect("valid URL");
         for _ in 0..200 {

@@ -142,8 +142,9 @@ fn a_clean_history_has_no_violations() {
         counts.lost_updates,
         counts.lost_late,
         counts.refused,
+        counts.token_repeats,
     ];
-    assert_eq!(violations, [0; 8], "{counts:#?}");
+    assert_eq!(violations, [0; 9], "{counts:#?}");
     assert!(counts.examples.is_empty());
 }
 
@@ -286,4 +287,26 @@ fn refusals_without_a_newer_grant_cost_liveness_not_safety() {
         )
         .counts();
     assert_eq!((counts.fresh_rejected, counts.stale_rejected), (1, 0));
+}
+
+/// A server that rolled its fence counter back hands out a token again: the fenced
+/// register refuses the lower repeat but accepts the one equal to its highest, so only
+/// counting repeats shows the rollback (issue #14, `redis-snapshot-rollback`).
+#[test]
+fn repeated_tokens_after_a_rollback_are_counted() {
+    let counts = Script::new(Mode::Fenced)
+        .cycle(0, 1, 1, 10, 0)
+        .cycle(400, 2, 1, 11, 1)
+        .cycle(800, 3, 1, 12, 2)
+        // rolled back to the counter after token 10
+        .cycle(1200, 1, 2, 11, 3)
+        .cycle(1600, 2, 2, 12, 3)
+        .counts();
+    assert_eq!(counts.token_repeats, 2, "{counts:?}");
+    assert!(counts.examples.iter().any(|e| e.contains("repeated token")));
+    let clean = Script::new(Mode::Fenced)
+        .cycle(0, 1, 1, 10, 0)
+        .cycle(400, 2, 1, 13, 1)
+        .counts();
+    assert_eq!(clean.token_repeats, 0, "{clean:?}");
 }

@@ -6,6 +6,7 @@ pub mod etcd;
 pub mod postgres;
 pub mod process;
 pub mod redis;
+mod snapshot;
 
 use std::net::SocketAddr;
 use std::sync::Arc;

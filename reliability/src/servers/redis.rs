@@ -1,4 +1,5 @@
-//! A private `redis-server` without persistence, killed and restarted by PID.
+//! A private `redis-server` without automatic persistence (an explicit `SAVE` still writes
+//! a snapshot, which the next start loads), killed and restarted by PID.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -98,6 +99,35 @@ impl RedisNode {
             "redis-server on port {} never answered PING",
             self.port
         ))
+    }
+
+    /// `SAVE`: writes an RDB snapshot to [`snapshot_path`](Self::snapshot_path), which the
+    /// next [`spawn`](Self::spawn) loads.
+    ///
+    /// # Errors
+    /// When the server cannot be reached or does not answer `+OK` within 10 s.
+    pub async fn save(&self) -> Result<(), String> {
+        let attempt = async {
+            let mut stream = TcpStream::connect(self.addr()).await.ok()?;
+            stream.write_all(b"SAVE\r\n").await.ok()?;
+            let mut buf = [0u8; 5];
+            stream.read_exact(&mut buf).await.ok()?;
+            Some(buf)
+        };
+        match timeout(Duration::from_secs(10), attempt).await {
+            Ok(Some(buf)) if &buf == b"+OK\r\n" => Ok(()),
+            Ok(Some(buf)) => Err(format!(
+                "SAVE on port {}: {:?}",
+                self.port,
+                String::from_utf8_lossy(&buf)
+            )),
+            _ => Err(format!("SAVE on port {}: no answer", self.port)),
+        }
+    }
+
+    /// Where `SAVE` writes the snapshot.
+    pub fn snapshot_path(&self) -> PathBuf {
+        self.dir.join("dump.rdb")
     }
 
     async fn ping(&self) -> bool {
