@@ -49,7 +49,7 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in report order.
-    pub const ALL: [Fault; 13] = [
+    pub const ALL: [Fault; 14] = [
         Fault::None,
         Fault::Pause,
         Fault::Blackhole,

@@ -241,7 +241,7 @@ mod tests {
     #[test]
     fn the_full_plan_covers_every_applicable_fault_once() {
         let plan = Plan::full();
-        assert_eq!(plan.cells.len(), 41, "{:?}", plan.cells);
+        assert_eq!(plan.cells.len(), 42, "{:?}", plan.cells);
         for (kind, fault) in &plan.cells {
             assert!(fault.applies_to(*kind));
         }
