@@ -4,7 +4,7 @@
 
 mod support;
 
-use std::process::Child;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use support::{Scene, code, process_dead, read, stderr_lines, wait_child, wait_until};
