@@ -136,8 +136,10 @@ pub enum Fairness {
 pub enum Durability {
     /// Held leases and fence counters survive a restart.
     SurvivesRestart,
-    /// A restart forgets held leases (a second holder may be granted the lock) and may
-    /// reset fence counters.
+    /// A restart forgets held leases (a second holder may be granted the lock). Fence
+    /// tokens must still never repeat or go backwards: a backend with
+    /// [`Fencing::Monotonic`] and this durability restores its counter from a source that
+    /// survives the restart (Redis: the server clock), and says so in its notes.
     LostOnRestart,
 }
 
