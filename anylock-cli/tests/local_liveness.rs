@@ -58,8 +58,14 @@ fn wait_for_file(path: &Path, limit: Duration) -> String {
     }
 }
 
+/// Running, not a zombie (an orphan's zombie may wait a while for its reaper).
 fn alive(pid: Pid) -> bool {
-    kill(pid, None).is_ok()
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => false,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])),
+    }
 }
 
 #[test]
@@ -69,8 +75,9 @@ fn a_killed_anylock_keeps_the_lock_while_its_command_runs() {
         rand::random::<u64>()
     )));
     std::fs::create_dir_all(&dir.0).expect("scratch dir");
-    // The sleep is a grandchild in the command's process group: it outlives both
-    // `anylock` and the shell, whatever either does when its parent dies.
+    // The sleep is a grandchild that left the command's process group (`setsid`), so the
+    // CLI's supervisor, which kills the group when `anylock` dies, cannot reach it: only
+    // the inherited kernel lock keeps the lease alive while it runs.
     let mut holder = anylock(
         &dir.0,
         &[
@@ -81,7 +88,7 @@ fn a_killed_anylock_keeps_the_lock_while_its_command_runs() {
             "--",
             "sh",
             "-c",
-            "sleep 30 & echo $! > sleep.pid; wait",
+            "setsid sleep 30 & echo $! > sleep.pid; wait",
         ],
     )
     .spawn()
