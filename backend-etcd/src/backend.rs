@@ -243,7 +243,7 @@ pub fn guarantees() -> Guarantees {
          fence token is the key's create revision (cluster-wide, so tokens jump). FIFO: \
          a waiting acquire keeps a queue key (its create revision is its place) for the \
          whole wait, in one queue shared with etcdctl/Go waiters; a waiter whose queue key \
-         is lost waits without a place. A snapshot restore rewinds revisions, so tokens can \
+         is lost joins the back of the queue again. A snapshot restore rewinds revisions, so tokens can \
          repeat unless the restore bumps them (etcdutl 3.5.10+ --bump-revision).",
     )
 }
