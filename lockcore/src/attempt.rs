@@ -1,15 +1,21 @@
 //! One acquire attempt: a backend call in its own task, with at most one in flight per
-//! backend, lock name and owner in this process.
+//! lock name and owner in this process.
 //!
 //! Why at most one: backends let an owner instantly retake a lock stored under its own
 //! identity (that is how a lost reply is recovered). Two attempts of one owner in flight
 //! would let the later-landing one retake the grant the other was given, and its own
 //! unwanted grant would then be released: the lock free while a guard reports it held
 //! (issue #14, item 1). So an attempt registers a slot before it is sent and frees it only
-//! once its outcome is settled: answered and not a grant, claimed by a guard, or released.
+//! once its outcome is settled: answered and not a grant, or released (by the guard that
+//! claimed it, when that guard is done, or here when nobody claimed it).
+//!
+//! The key is the lock name and the owner, not the backend: two `Arc`s over one store (two
+//! `anylock::connect` calls) are the same store, and a lock name with one owner on two
+//! different stores only loses a little concurrency.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
+use std::time::Duration;
 
 use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, timeout_at};
@@ -21,8 +27,8 @@ use crate::identity::Identity;
 use crate::name::LockName;
 use crate::types::{Acquire, AcquireRequest, HolderInfo, Lease};
 
-/// Backend (by address), lock name and owner.
-type Key = (usize, LockName, Identity);
+/// Lock name and owner.
+type Key = (LockName, Identity);
 
 /// Attempts in flight in this process. A waiter clones the receiver and waits for the
 /// sender (held by the attempt's [`Slot`]) to be dropped.
@@ -33,17 +39,17 @@ fn in_flight() -> std::sync::MutexGuard<'static, HashMap<Key, watch::Receiver<()
     IN_FLIGHT.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// An attempt's registration; dropping it lets the owner's next attempt start.
+/// An attempt's registration; dropping it lets the owner's next attempt start. A claimed
+/// grant's slot moves into its guard's refresher and is dropped when that is done.
 #[derive(Debug)]
-struct Slot {
+pub(crate) struct Slot {
     key: Key,
     done: watch::Sender<()>,
 }
 
 impl Slot {
-    /// Takes the slot for `key` once no other attempt holds it; `None` if `limit` passes
-    /// first. The backend is kept alive by the attempt task while a slot exists, so its
-    /// address cannot be reused for another backend meanwhile.
+    /// Takes the slot for `key` once no other attempt or guard holds it; `None` if
+    /// `limit` passes first.
     async fn take(key: Key, limit: Option<Instant>) -> Option<Slot> {
         loop {
             let mut busy = {
@@ -86,12 +92,18 @@ pub(crate) enum Attempted {
 }
 
 impl Attempted {
-    fn new(outcome: Acquire, backend: &Arc<dyn LockBackend>, slot: Slot) -> Self {
+    fn new(
+        outcome: Acquire,
+        backend: &Arc<dyn LockBackend>,
+        slot: Slot,
+        release_limit: Duration,
+    ) -> Self {
         match outcome {
             Acquire::Acquired(lease) => Attempted::Acquired(Unclaimed {
                 lease: Some(lease),
                 backend: Arc::clone(backend),
                 slot: Some(slot),
+                release_limit,
             }),
             Acquire::Held(holder) => Attempted::Held(holder),
         }
@@ -108,17 +120,17 @@ pub(crate) struct InFlight {
 }
 
 impl InFlight {
-    /// Starts an attempt for `request` on `backend` once no earlier attempt of the same
-    /// owner for the same lock is in flight in this process; `None` if `limit` passes
-    /// while one still is.
+    /// Starts an attempt for `request` on `backend` once no earlier attempt or guard of
+    /// the same owner for the same lock is live in this process; `None` if `limit` passes
+    /// while one still is. An unclaimed grant's release is bounded by `release_limit`.
     pub(crate) async fn start(
         backend: &Arc<dyn LockBackend>,
         request: &AcquireRequest,
         clock: &Clock,
         limit: Option<Instant>,
+        release_limit: Duration,
     ) -> Option<InFlight> {
-        let address = Arc::as_ptr(backend).cast::<()>() as usize;
-        let key = (address, request.name.clone(), request.owner.clone());
+        let key = (request.name.clone(), request.owner.clone());
         let slot = Slot::take(key, limit).await?;
         let (tx, reply) = oneshot::channel();
         let backend = Arc::clone(backend);
@@ -128,7 +140,7 @@ impl InFlight {
             let outcome = backend.acquire(&request).await;
             // A grant nobody receives is released before the slot is freed (by
             // `Unclaimed`'s drop, which keeps the slot until the release is done).
-            let _ = tx.send(outcome.map(|o| Attempted::new(o, &backend, slot)));
+            let _ = tx.send(outcome.map(|o| Attempted::new(o, &backend, slot, release_limit)));
         });
         Some(InFlight { reply, sent })
     }
@@ -157,15 +169,19 @@ pub(crate) struct Unclaimed {
     lease: Option<Lease>,
     backend: Arc<dyn LockBackend>,
     slot: Option<Slot>,
+    release_limit: Duration,
 }
 
 impl Unclaimed {
-    /// Takes responsibility for the lease (a guard now owns it).
-    pub(crate) fn claim(mut self) -> Lease {
-        self.slot = None;
-        self.lease
-            .take()
-            .unwrap_or_else(|| unreachable!("claimed once"))
+    /// Takes responsibility for the lease and its slot (a guard now owns both; its
+    /// refresher drops the slot once the lease is released or given up).
+    pub(crate) fn claim(mut self) -> (Lease, Slot) {
+        let lease = self.lease.take();
+        let slot = self.slot.take();
+        match (lease, slot) {
+            (Some(lease), Some(slot)) => (lease, slot),
+            _ => unreachable!("claimed once"),
+        }
     }
 
     /// The granted lease, before it is claimed.
@@ -187,9 +203,19 @@ impl Drop for Unclaimed {
             return;
         };
         let backend = Arc::clone(&self.backend);
+        let limit = self.release_limit;
         runtime.spawn(async move {
-            if let Err(err) = backend.release(&lease).await {
-                tracing::debug!(error = %err, "releasing an unclaimed grant failed");
+            // Bounded, so a hung release cannot keep the owner out of the lock for ever; a
+            // release that lands later still compares the grant, so it removes this grant
+            // or nothing.
+            match tokio::time::timeout(limit, backend.release(&lease)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => {
+                    tracing::debug!(error = %err, "releasing an unclaimed grant failed")
+                }
+                Err(_) => tracing::debug!(
+                    "releasing an unclaimed grant got no reply; it expires by its TTL"
+                ),
             }
             drop(slot);
         });

@@ -14,6 +14,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
 
+use crate::attempt::Slot;
 use crate::backend::LockBackend;
 use crate::clock::Clock;
 use crate::error::{Error, ErrorKind, Result, RetryStatus};
@@ -75,6 +76,9 @@ pub(crate) struct Driver {
     pub(crate) options: LockOptions,
     pub(crate) health: watch::Sender<Health>,
     pub(crate) commands: mpsc::UnboundedReceiver<Command>,
+    /// The owner's slot for this lock: while it lives, no other attempt by this owner for
+    /// this lock starts in this process. Dropped with the driver, after the release.
+    pub(crate) _slot: Slot,
 }
 
 /// What ended a phase.
@@ -179,6 +183,12 @@ impl Driver {
 
     async fn finish(mut self, cmd: Option<Command>) {
         let lease = self.shared.lease();
+        // A starved refresher may see the command only after the validity ran out: then
+        // the critical section was not protected to the end, and release says so.
+        if self.shared.clock.now() >= self.shared.validity() {
+            self.apply(Event::ValidityExpired);
+            return self.after_lost_with(LostReason::ValidityExpired, cmd).await;
+        }
         self.apply(Event::Released);
         self.shared.cancel.cancel();
         let result = self.release_bounded(&lease).await;
@@ -202,8 +212,15 @@ impl Driver {
     /// until it expires on the server.
     async fn after_lost(mut self, reason: LostReason) {
         self.shared.cancel.cancel();
-        let lease = self.shared.lease();
         let cmd = self.commands.recv().await;
+        self.after_lost_with(reason, cmd).await;
+    }
+
+    /// Answers the guard's command after `Lost`: releases only when the lease may still
+    /// be ours, and tells a `release()` caller that the lease was lost.
+    async fn after_lost_with(self, reason: LostReason, cmd: Option<Command>) {
+        self.shared.cancel.cancel();
+        let lease = self.shared.lease();
         let released = if reason.may_still_be_held() {
             self.release_bounded(&lease).await
         } else {

@@ -90,6 +90,8 @@ impl LockGuard {
             return Health::Lost(LostReason::RefresherStopped);
         }
         if self.shared.clock.now() >= self.shared.validity() {
+            // Tell sub-tasks holding the cancellation token too; the refresher will catch up.
+            self.shared.cancel.cancel();
             return Health::Lost(LostReason::ValidityExpired);
         }
         health

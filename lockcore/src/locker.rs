@@ -196,6 +196,12 @@ impl Locker {
                     if let Some(guard) = self.start_guard(grant, sent, options) {
                         return Ok(guard);
                     }
+                    if options.wait() == WaitMode::TryOnce {
+                        return Err(Error::new(
+                            ErrorKind::OutcomeUnknown,
+                            "the grant arrived with no validity left and was released",
+                        ));
+                    }
                     wait.holder = None;
                 }
                 Ok((_, Attempted::Held(holder))) if options.wait() == WaitMode::TryOnce => {
@@ -239,17 +245,27 @@ impl Locker {
         first: bool,
         deadline: Option<Instant>,
     ) -> Result<(Instant, Attempted)> {
-        let own_limit = Instant::now() + options.acquire_timeout();
+        let slot_limit = Instant::now() + options.acquire_timeout();
         let limit = match deadline {
-            _ if options.wait() == WaitMode::TryOnce => Some(own_limit),
-            Some(deadline) if first => Some(deadline.max(own_limit)),
+            _ if options.wait() == WaitMode::TryOnce => Some(slot_limit),
+            Some(deadline) if first => Some(deadline.max(slot_limit)),
             deadline => deadline,
         };
-        let Some(mut in_flight) = InFlight::start(&self.backend, request, &self.clock, limit).await
+        let release_limit = options.acquire_timeout().min(Duration::from_secs(30));
+        let Some(mut in_flight) =
+            InFlight::start(&self.backend, request, &self.clock, limit, release_limit).await
         else {
             return Err(still_in_flight(options));
         };
         let sent = in_flight.sent;
+        // The attempt's own timeout counts from when it was sent, not from when this call
+        // began waiting for the owner's slot.
+        let own_limit = Instant::now() + options.acquire_timeout();
+        let limit = match limit {
+            _ if options.wait() == WaitMode::TryOnce => Some(own_limit),
+            Some(limit) if first => Some(limit.max(own_limit)),
+            limit => limit,
+        };
         if limit.is_none_or(|limit| limit > own_limit) {
             if let Some(outcome) = in_flight.outcome(Some(own_limit)).await {
                 return outcome.map(|o| (sent, o));
@@ -290,7 +306,7 @@ impl Locker {
             drop(grant); // releases itself
             return None;
         }
-        let lease = grant.claim();
+        let (lease, slot) = grant.claim();
         let shared = Arc::new(Shared::new(lease, validity, self.clock.clone()));
         let (health_tx, health_rx) = watch::channel(Health::Healthy);
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
@@ -300,16 +316,18 @@ impl Locker {
             options: options.clone(),
             health: health_tx,
             commands: cmd_rx,
+            _slot: slot,
         };
         tokio::spawn(driver.run(sent + options.refresh_interval()));
         Some(LockGuard::new(shared, health_rx, cmd_tx))
     }
 }
 
-/// An earlier attempt of this owner for this lock had not answered when we gave up
-/// waiting for it: sending another could race it.
+/// An earlier attempt of this owner for this lock had not settled (or its guard was still
+/// live) when we gave up waiting for it: sending another could race it.
 fn still_in_flight(options: &LockOptions) -> Error {
-    let message = "an earlier acquire attempt by this owner for this lock is still in flight";
+    let message = "an earlier acquire attempt by this owner for this lock is still in flight, \
+                   or its guard still holds the lock in this process";
     match options.wait() {
         WaitMode::TryOnce => Error::new(ErrorKind::OutcomeUnknown, message),
         _ => Error::new(ErrorKind::Timeout, message),

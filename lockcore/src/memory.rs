@@ -84,7 +84,7 @@ impl MemoryBackend {
     }
 
     /// A backend with a deliberate bug (only with the `testing` feature).
-    #[cfg(feature = "testing")]
+    #[cfg(any(test, feature = "testing"))]
     pub fn with_defect(defect: Defect) -> Self {
         Self {
             inner: Arc::new(Inner {

@@ -106,8 +106,14 @@ impl LockOptions {
         self
     }
 
-    /// Bounds each backend call made by the acquire loop and the refresher (default: the
-    /// TTL for acquire, the refresh interval for refresh).
+    /// How long the acquire loop and the refresher wait for one backend call (default: the
+    /// TTL for acquire, the refresh interval for refresh); at most [`MAX_TTL`].
+    ///
+    /// A refresh that has not answered by then counts as a failed refresh. An acquire
+    /// attempt that has not answered is *not* raced by a second one (it could retake the
+    /// second one's grant): `TryOnce` returns [`ErrorKind::OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown)
+    /// at this timeout, and a waiting acquire keeps waiting for that attempt's outcome, up
+    /// to its deadline. Backends bound their own calls (see [`LockBackend`](crate::LockBackend)).
     pub fn with_attempt_timeout(mut self, timeout: Duration) -> Self {
         self.attempt_timeout = Some(timeout);
         self
@@ -178,6 +184,18 @@ impl LockOptions {
             return Err(Error::invalid_input(
                 "attempt timeout must be greater than zero",
             ));
+        }
+        if self.attempt_timeout.is_some_and(|t| t > MAX_TTL) {
+            return Err(Error::invalid_input(format!(
+                "attempt timeout must be at most {MAX_TTL:?}"
+            )));
+        }
+        if let WaitMode::Timeout(wait) = self.wait
+            && wait > MAX_TTL
+        {
+            return Err(Error::invalid_input(format!(
+                "wait timeout must be at most {MAX_TTL:?}; use WaitMode::Forever to wait without a limit"
+            )));
         }
         self.backoff.validate()
     }

@@ -298,3 +298,40 @@ async fn inspect_names_the_holder_and_refuses_a_bad_name_body() {
     let err = locker.inspect("").await.expect_err("empty name");
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
 }
+
+#[test]
+fn timeouts_too_large_for_the_clock_are_refused_not_a_panic() {
+    crate::tests::bounded(timeouts_too_large_for_the_clock_are_refused_not_a_panic_body);
+}
+
+async fn timeouts_too_large_for_the_clock_are_refused_not_a_panic_body() {
+    let locker = Locker::new(Arc::new(MemoryBackend::new()));
+    for options in [
+        options().with_attempt_timeout(Duration::MAX),
+        options().with_wait(WaitMode::Timeout(Duration::MAX)),
+    ] {
+        let err = locker
+            .acquire_with("job", &options)
+            .await
+            .expect_err("refused");
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    }
+}
+
+#[test]
+fn a_try_whose_grant_arrives_with_no_validity_left_gives_up() {
+    crate::tests::bounded(a_try_whose_grant_arrives_with_no_validity_left_gives_up_body);
+}
+
+async fn a_try_whose_grant_arrives_with_no_validity_left_gives_up_body() {
+    let opts = options().with_attempt_timeout(ms(60_000));
+    let rig = Rig::new(opts);
+    rig.faulty.set(Op::Acquire, Fault::Delay(ms(8000)));
+    let err = rig
+        .locker
+        .try_acquire("job")
+        .await
+        .expect_err("no validity");
+    assert_eq!(err.kind(), ErrorKind::OutcomeUnknown, "{err}");
+    assert_eq!(rig.faulty.calls(Op::Acquire), 1, "one try, not a loop");
+}

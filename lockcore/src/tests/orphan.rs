@@ -267,3 +267,110 @@ async fn the_release_of_a_late_grant_finishes_before_its_owner_may_try_again_bod
     tokio::time::sleep(ms(5000)).await;
     assert_exclusive(&rig, &guard).await;
 }
+
+#[test]
+fn two_handles_on_one_store_share_the_rule_for_one_owner() {
+    crate::tests::bounded(two_handles_on_one_store_share_the_rule_for_one_owner_body);
+}
+
+async fn two_handles_on_one_store_share_the_rule_for_one_owner_body() {
+    // Two `Arc`s over one store (as two `anylock::connect` calls give), one identity.
+    let rig = Rig::new(slow_attempts());
+    let owner = Identity::for_task("publisher").expect("ok");
+    let first = Locker::new(Arc::new(rig.faulty.clone()))
+        .with_options(slow_attempts())
+        .with_identity(owner.clone());
+    let second = Locker::new(Arc::new(rig.faulty.clone()))
+        .with_options(slow_attempts())
+        .with_identity(owner);
+    rig.faulty.script(Op::Acquire, [Fault::Delay(ms(3000))]);
+    assert!(first.try_acquire("job").await.is_err(), "gave up at 1 s");
+    let guard = loop {
+        match second.try_acquire("job").await {
+            Ok(Some(guard)) => break guard,
+            Ok(None) | Err(_) => tokio::time::sleep(ms(200)).await,
+        }
+    };
+    tokio::time::sleep(ms(5000)).await;
+    assert_exclusive(&rig, &guard).await;
+}
+
+/// A rig whose backend releases by owner alone, for one fixed identity.
+fn owner_only_rig() -> Rig {
+    let memory = MemoryBackend::with_defect(crate::Defect::ReleaseIgnoresOwner);
+    let faulty = crate::testing::FaultyBackend::new(Arc::new(OwnerOnlyRelease(memory.clone())));
+    let locker = Locker::new(Arc::new(faulty.clone()))
+        .with_options(slow_attempts())
+        .with_identity(Identity::for_task("publisher").expect("ok"));
+    Rig {
+        memory,
+        faulty,
+        locker,
+    }
+}
+
+#[test]
+fn a_dropped_guards_slow_release_never_removes_its_owners_next_grant() {
+    crate::tests::bounded(a_dropped_guards_slow_release_never_removes_its_owners_next_grant_body);
+}
+
+async fn a_dropped_guards_slow_release_never_removes_its_owners_next_grant_body() {
+    let rig = owner_only_rig();
+    let first = rig.locker.acquire("job").await.expect("free");
+    rig.faulty.script(Op::Release, [Fault::Delay(ms(50))]);
+    drop(first); // its release lands 50 ms later
+    let guard = rig.locker.acquire("job").await.expect("acquired again");
+    tokio::time::sleep(ms(200)).await;
+    assert_exclusive(&rig, &guard).await;
+}
+
+#[test]
+fn a_hung_release_of_a_late_grant_does_not_lock_its_owner_out_for_ever() {
+    crate::tests::bounded(a_hung_release_of_a_late_grant_does_not_lock_its_owner_out_for_ever_body);
+}
+
+async fn a_hung_release_of_a_late_grant_does_not_lock_its_owner_out_for_ever_body() {
+    let rig = Rig::new(slow_attempts());
+    let locker = rig
+        .locker
+        .clone()
+        .with_identity(Identity::for_task("publisher").expect("ok"));
+    rig.faulty.script(Op::Acquire, [Fault::Delay(ms(3000))]);
+    rig.faulty.script(Op::Release, [Fault::Hang]);
+    assert!(locker.try_acquire("job").await.is_err(), "gave up at 1 s");
+    let start = tokio::time::Instant::now();
+    let guard = loop {
+        match locker.try_acquire("job").await {
+            Ok(Some(guard)) => break guard,
+            Ok(None) | Err(_) => tokio::time::sleep(ms(200)).await,
+        }
+        assert!(start.elapsed() < ms(60_000), "locked out of its own lock");
+    };
+    assert_exclusive(&rig, &guard).await;
+}
+
+#[test]
+fn an_attempt_that_waited_for_its_owners_slot_still_gets_its_full_timeout() {
+    crate::tests::bounded(
+        an_attempt_that_waited_for_its_owners_slot_still_gets_its_full_timeout_body,
+    );
+}
+
+async fn an_attempt_that_waited_for_its_owners_slot_still_gets_its_full_timeout_body() {
+    let rig = Rig::new(slow_attempts());
+    let _holder = rig.rival().acquire("job").await.expect("free");
+    let locker = rig
+        .locker
+        .clone()
+        .with_identity(Identity::for_task("publisher").expect("ok"));
+    // The first try is answered `Held` at 980 ms; the second, which waited for the slot,
+    // is answered 50 ms after it was sent, past 1 s from when it was called.
+    rig.faulty
+        .script(Op::Acquire, [Fault::Delay(ms(980)), Fault::Delay(ms(50))]);
+    let other = locker.clone();
+    let first = tokio::spawn(async move { other.try_acquire("job").await });
+    tokio::task::yield_now().await;
+    let second = locker.try_acquire("job").await;
+    assert!(matches!(second, Ok(None)), "a real answer: {second:?}");
+    assert!(matches!(first.await.expect("join"), Ok(None)));
+}

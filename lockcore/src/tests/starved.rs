@@ -52,3 +52,18 @@ async fn is_held_is_false_exactly_at_the_deadline_and_true_just_before_body() {
     );
     assert_eq!(guard.state(), Health::Lost(LostReason::ValidityExpired));
 }
+
+#[test]
+fn release_after_the_deadline_passed_unseen_reports_the_loss() {
+    crate::tests::bounded(release_after_the_deadline_passed_unseen_reports_the_loss_body);
+}
+
+async fn release_after_the_deadline_passed_unseen_reports_the_loss_body() {
+    let (guard, control, _rig) = starved_guard(1000).await;
+    let token = guard.cancellation_token();
+    control.jump_forward(ms(2000));
+    assert_eq!(guard.state(), Health::Lost(LostReason::ValidityExpired));
+    assert!(token.is_cancelled(), "sub-tasks were told at once");
+    let err = guard.release().await.expect_err("not protected to the end");
+    assert_eq!(err.kind(), crate::ErrorKind::Lost, "{err}");
+}
