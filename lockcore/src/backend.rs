@@ -84,6 +84,10 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     ///   [`ErrorKind::OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown); a later attempt with
     ///   the same owner must recognise the lock as its own.
     /// - One attempt: never loops or sleeps.
+    /// - Returns within a bounded time (the backend's own request timeout). The
+    ///   [`Locker`](crate::Locker) never races an unanswered attempt with a second one of
+    ///   the same owner, so a call that never returns keeps that owner from the lock in
+    ///   this process until the waiter's deadline.
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire>;
 
     /// Extends `lease` by its TTL from now.

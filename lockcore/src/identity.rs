@@ -4,7 +4,10 @@
 //! people see in `inspect`. Its canonical form is `host/pid/random[/task]`:
 //!
 //! - `random`: 64 random bits drawn once per process (and again in a child after `fork()`,
-//!   detected by its new pid), so two processes never share an
+//!   detected by its new pid, for identities drawn after the fork: an `Identity` value
+//!   made before the fork, such as a `Locker`'s fixed one, is a plain copy in the child,
+//!   and a forked child must not share a lock with its parent through it), so two
+//!   processes never share an
 //!   identity even when pids are reused or hosts share a name;
 //! - `host` and `pid`: for people reading `inspect` output, not for correctness;
 //! - `task`: an optional suffix. Seed 000 (Vault) shows that a process-unique identity is
@@ -19,7 +22,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use crate::error::Error;
 
 /// The prefix of the suffixes [`Identity::unique`] generates; task suffixes may not start
-/// with it, so a chosen identity never equals a generated one.
+/// with it, so an identity built with [`Identity::with_task`] never equals a generated one
+/// ([`Identity::from_stored`] rebuilds any stored string and is not checked).
 pub const AUTO_PREFIX: &str = "~auto-";
 
 /// The longest task suffix accepted, in bytes.

@@ -68,7 +68,10 @@ impl Locker {
     /// still stored under this identity (abandoned by a crash of this same owner) is retaken
     /// at once instead of waiting for its TTL. Share an identity only between code paths
     /// that never run the critical section concurrently: two holders with one identity can
-    /// both "retake" the lock.
+    /// both "retake" the lock. Within one process this is guarded: while a guard or an
+    /// unanswered attempt of this identity for a lock lives, another acquisition of that
+    /// lock with this identity waits for it (`TryOnce`: [`ErrorKind::OutcomeUnknown`]), so
+    /// re-acquiring a lock you already hold with the same identity waits for yourself.
     pub fn with_identity(mut self, identity: Identity) -> Self {
         self.identity = Some(identity);
         self
