@@ -335,3 +335,20 @@ async fn a_try_whose_grant_arrives_with_no_validity_left_gives_up_body() {
     assert_eq!(err.kind(), ErrorKind::OutcomeUnknown, "{err}");
     assert_eq!(rig.faulty.calls(Op::Acquire), 1, "one try, not a loop");
 }
+
+#[test]
+fn a_guard_debugs_its_name_token_health_and_validity_and_the_locker_its_options() {
+    crate::tests::bounded(
+        a_guard_debugs_its_name_token_health_and_validity_and_the_locker_its_options_body,
+    );
+}
+
+async fn a_guard_debugs_its_name_token_health_and_validity_and_the_locker_its_options_body() {
+    let locker = Locker::new(Arc::new(MemoryBackend::new())).with_options(options());
+    assert_eq!(locker.options().ttl(), ms(8000));
+    let guard = locker.acquire("job").await.expect("free");
+    let shown = format!("{guard:?}");
+    for part in ["\"job\"", "FenceToken(1)", "Healthy", "remaining_validity"] {
+        assert!(shown.contains(part), "{part} missing from {shown}");
+    }
+}
