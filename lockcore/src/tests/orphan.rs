@@ -77,10 +77,8 @@ async fn a_late_attempt_of_an_abandoned_try_never_destroys_a_newer_grant_of_its_
         .with_identity(Identity::for_task("publisher").expect("ok"));
     rig.faulty.script(Op::Acquire, [Fault::Delay(ms(3000))]);
     let first = locker.try_acquire("job").await;
-    assert!(
-        first.is_err(),
-        "the first try gave up at its attempt timeout"
-    );
+    let err = first.expect_err("the first try gave up at its attempt timeout");
+    assert_eq!(err.kind(), crate::ErrorKind::OutcomeUnknown, "{err}");
     // The caller retries at once with the same identity, as a CLI or job runner would.
     let guard = loop {
         match locker.try_acquire("job").await {
