@@ -43,6 +43,10 @@ pub struct Plan {
     pub warmup: u64,
     /// Sections each group completes after it.
     pub recovery: u64,
+    /// Sections each group completes in the baseline (short steps).
+    pub baseline: u64,
+    /// Sections each group completes under `slow-attempt`.
+    pub slow: u64,
 }
 
 impl Plan {
@@ -57,6 +61,8 @@ impl Plan {
             cells,
             warmup: 3,
             recovery: 3,
+            baseline: 150,
+            slow: 50,
         }
     }
 
@@ -66,6 +72,8 @@ impl Plan {
             cells: SHORT.to_vec(),
             warmup: 1,
             recovery: 1,
+            baseline: 10,
+            slow: 5,
         }
     }
 
@@ -112,6 +120,8 @@ pub async fn run(suite: &Suite) -> Result<Vec<CellResult>, String> {
             out_dir: suite.out_dir.clone(),
             warmup: suite.plan.warmup,
             recovery: suite.plan.recovery,
+            baseline: suite.plan.baseline,
+            slow: suite.plan.slow,
         };
         let (gate, reaper) = (Arc::clone(&gate), Arc::clone(&reaper));
         lanes.spawn(async move {
@@ -239,7 +249,7 @@ mod tests {
     #[test]
     fn the_full_plan_covers_every_applicable_fault_once() {
         let plan = Plan::full();
-        assert_eq!(plan.cells.len(), 40, "{:?}", plan.cells);
+        assert_eq!(plan.cells.len(), 45, "{:?}", plan.cells);
         for (kind, fault) in &plan.cells {
             assert!(fault.applies_to(*kind));
         }
