@@ -201,8 +201,9 @@ async fn phases(
         _ => settings.recovery,
     };
     let limit = per_section * u32::try_from(recovery * 3 + 4).unwrap_or(u32::MAX);
-    for group in groups {
-        let target = group.completed() + recovery;
+    // Every group's target is set now, so the groups' sections count side by side.
+    let targets: Vec<u64> = groups.iter().map(|g| g.completed() + recovery).collect();
+    for (group, target) in groups.iter().zip(targets) {
         let recovered = progress(group, target, limit).await;
         notes.push(match recovered {
             true => format!("{}: recovered", group.mode.as_str()),
