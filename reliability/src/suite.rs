@@ -18,7 +18,8 @@ use crate::servers::process::Reaper;
 
 /// The cells CI runs: every fenced backend under a paused holder (fencing must refuse
 /// its stale write), each backend under its own server fault, etcd under a blackholed
-/// link and PostgreSQL under a clock jumping back.
+/// link, and PostgreSQL under a clock jumping back and under a slow attempt (its pool lets
+/// a later attempt overtake a held one).
 const SHORT: &[(Kind, Fault)] = &[
     (Kind::Local, Fault::Pause),
     (Kind::Redis, Fault::Pause),
@@ -27,6 +28,7 @@ const SHORT: &[(Kind, Fault)] = &[
     (Kind::Postgres, Fault::Pause),
     (Kind::Postgres, Fault::PostgresRestart),
     (Kind::Postgres, Fault::ClockBack),
+    (Kind::Postgres, Fault::SlowAttempt),
     (Kind::Etcd, Fault::Pause),
     (Kind::Etcd, Fault::Blackhole),
     (Kind::Etcd, Fault::EtcdLeaderKill),
