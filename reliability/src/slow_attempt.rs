@@ -189,4 +189,20 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn exclusion_is_judged_wherever_the_descriptor_claims_it() {
+        use crate::expect::{Claim, expect};
+        use crate::fault::Fault;
+        for (name, g) in anylock::compiled_guarantees() {
+            let expected = match name {
+                "redlock" => Claim::NotClaimed,
+                "memory" | "local" => continue,
+                _ => Claim::Claimed,
+            };
+            assert_eq!(expect(&g, Fault::SlowAttempt).exclusion, expected, "{name}");
+        }
+        assert_eq!(scope(Kind::Redlock), Scope::EveryEndpoint);
+        assert_eq!(scope(Kind::Postgres), Scope::FirstConnection);
+    }
 }
