@@ -288,8 +288,9 @@ a check and its write is where Kleppmann's pause, delayed packet or clock jump l
 baseline (`none`) uses six steps of TTL/40 instead, so that its sections are many.\n\n\
 Sections per group (the table shows the unfenced and the fenced group): 3 before the \
 fault and 3 after it (1 and 1 in the short version); the baseline runs 150 more after its \
-quiet 2 TTL (10 in the short version), and slow-attempt arms every handoff for 50 \
-sections (5) before its 3 recovery sections (1).\n\n\
+quiet 2 TTL (10 in the short version), slow-attempt arms every handoff for 50 sections \
+(5) before its 3 recovery sections (1), and a pause or a clock jump is applied three times \
+per group (once).\n\n\
 - **overlapping sections**: a client entered while another client's section was still \
 open at the register: what a resource without fencing sees.\n\
 - **double grant**: a client entered while another holder's lease was still valid by that \

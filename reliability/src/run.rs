@@ -35,6 +35,8 @@ pub struct CellSettings {
     pub baseline: u64,
     /// Sections every group completes under `slow-attempt`.
     pub slow: u64,
+    /// How often a pause or a clock jump is applied to each group.
+    pub repeats: u64,
 }
 
 /// The outcome of one cell.
@@ -192,6 +194,14 @@ async fn phases(
         Fault::SlowAttempt => {
             let limit = per_section * u32::try_from(settings.slow * 3 + 4).unwrap_or(u32::MAX);
             slow_attempt::apply(groups, w, settings.slow, limit).await?
+        }
+        // A pause or a clock jump costs a few TTL: repeat it a few times.
+        Fault::Pause | Fault::ClockBack | Fault::ClockForward => {
+            let mut notes = Vec::new();
+            for _ in 0..settings.repeats.max(1) {
+                notes.extend(script::apply(fault, lane, groups, w).await?);
+            }
+            notes
         }
         _ => script::apply(fault, lane, groups, w).await?,
     };

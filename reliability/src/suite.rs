@@ -49,6 +49,8 @@ pub struct Plan {
     pub baseline: u64,
     /// Sections each group completes under `slow-attempt`.
     pub slow: u64,
+    /// How often a pause or a clock jump is applied to each group.
+    pub repeats: u64,
 }
 
 impl Plan {
@@ -65,6 +67,7 @@ impl Plan {
             recovery: 3,
             baseline: 150,
             slow: 50,
+            repeats: 3,
         }
     }
 
@@ -76,6 +79,7 @@ impl Plan {
             recovery: 1,
             baseline: 10,
             slow: 5,
+            repeats: 1,
         }
     }
 
@@ -124,6 +128,7 @@ pub async fn run(suite: &Suite) -> Result<Vec<CellResult>, String> {
             recovery: suite.plan.recovery,
             baseline: suite.plan.baseline,
             slow: suite.plan.slow,
+            repeats: suite.plan.repeats,
         };
         let (gate, reaper) = (Arc::clone(&gate), Arc::clone(&reaper));
         lanes.spawn(async move {
