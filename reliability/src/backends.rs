@@ -104,6 +104,16 @@ impl Workload {
         }
     }
 
+    /// Six steps of TTL/40 (a section of 0.15 TTL, with one refresh): many handoffs in
+    /// little time, for the baseline.
+    pub fn quick(kind: Kind) -> Self {
+        Self {
+            steps: 6,
+            step: kind.ttl() / 40,
+            ..Self::for_backend(kind, false)
+        }
+    }
+
     /// About how long one section takes.
     pub fn section(&self) -> Duration {
         self.step * self.steps

@@ -42,6 +42,8 @@ pub struct ClientConfig {
     pub lock: String,
     /// TTL, steps and timing.
     pub workload: Workload,
+    /// The attempt timeout (`LockOptions::with_attempt_timeout`); `None`: the default.
+    pub attempt_timeout: Option<Duration>,
 }
 
 /// Upper bound of the acquire loop's backoff.
@@ -100,8 +102,11 @@ pub async fn run(config: ClientConfig) -> Result<(), String> {
     let backend = connect(&config.url).await?;
     let (clock, control) = Clock::adjustable();
     let w = config.workload;
-    let options =
+    let mut options =
         LockOptions::new(w.ttl).with_backoff(Backoff::new(Duration::from_millis(20), BACKOFF_CAP));
+    if let Some(limit) = config.attempt_timeout {
+        options = options.with_attempt_timeout(limit);
+    }
     let locker = Locker::new(backend).with_options(options).with_clock(clock);
     let stop = commands(control);
     let mut ctx = Ctx {

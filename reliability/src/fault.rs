@@ -20,6 +20,9 @@ pub enum Fault {
     Blackhole,
     /// Every link of a holder to the lock servers delays packets by one TTL, for 3 TTL.
     Delay,
+    /// A waiting client's next acquire attempt is held back on its connection past the
+    /// attempt timeout, while its other connections pass (`crate::slow_attempt`).
+    SlowAttempt,
     /// A holder's clock jumps back by 3 TTL (lockcore's injectable clock).
     ClockBack,
     /// A holder's clock jumps forward by 3 TTL.
@@ -49,11 +52,12 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in report order.
-    pub const ALL: [Fault; 14] = [
+    pub const ALL: [Fault; 15] = [
         Fault::None,
         Fault::Pause,
         Fault::Blackhole,
         Fault::Delay,
+        Fault::SlowAttempt,
         Fault::ClockBack,
         Fault::ClockForward,
         Fault::RedisRestart,
@@ -73,6 +77,7 @@ impl Fault {
             Fault::Pause => "pause",
             Fault::Blackhole => "blackhole",
             Fault::Delay => "delay",
+            Fault::SlowAttempt => "slow-attempt",
             Fault::ClockBack => "clock-back",
             Fault::ClockForward => "clock-forward",
             Fault::RedisRestart => "redis-restart",
@@ -94,6 +99,10 @@ impl Fault {
             Fault::Blackhole => "a holder's links to the servers drop every packet for 1.5 TTL",
             Fault::Delay => {
                 "a holder's links to the servers delay every packet by 1 TTL, for 3 TTL"
+            }
+            Fault::SlowAttempt => {
+                "at each holder's last check, each waiter's next request is held back on its \
+                 connection for 0.4 TTL (attempt timeout 150 ms); its other connections pass"
             }
             Fault::ClockBack => {
                 "a holder's clock (lockcore::ClockControl) jumps back by 3 TTL right after its lease check"
@@ -133,14 +142,14 @@ impl Fault {
 
     /// Whether the fault acts on the network between clients and servers.
     pub fn is_network(self) -> bool {
-        matches!(self, Fault::Blackhole | Fault::Delay)
+        matches!(self, Fault::Blackhole | Fault::Delay | Fault::SlowAttempt)
     }
 
     /// Whether the fault applies to `kind`.
     pub fn applies_to(self, kind: Kind) -> bool {
         match self {
             Fault::None | Fault::Pause | Fault::ClockBack | Fault::ClockForward => true,
-            Fault::Blackhole | Fault::Delay => kind != Kind::Local,
+            Fault::Blackhole | Fault::Delay | Fault::SlowAttempt => kind != Kind::Local,
             Fault::RedisRestart | Fault::RedisSnapshotRollback => kind == Kind::Redis,
             Fault::RedlockRestart | Fault::RedlockDelayedRestart => kind == Kind::Redlock,
             Fault::PostgresRestart => kind == Kind::Postgres,
@@ -207,6 +216,6 @@ mod tests {
             .into_iter()
             .filter(|f| f.applies_to(Kind::Gcs))
             .collect();
-        assert_eq!(gcs.len(), 7, "{gcs:?}");
+        assert_eq!(gcs.len(), 8, "{gcs:?}");
     }
 }

@@ -19,6 +19,7 @@ use crate::protocol::Outcome;
 use crate::register::{Mode, RegisterServer};
 use crate::servers::Lane;
 use crate::servers::process::{Reaper, signal};
+use crate::stall::{Scope, StallLinks};
 
 /// Clients per group.
 pub const CLIENTS: u32 = 3;
@@ -27,10 +28,12 @@ pub const CLIENTS: u32 = 3;
 #[derive(Debug)]
 pub struct Links {
     proxies: Vec<FaultProxy>,
+    /// Relays in front of the proxies that can hold back one request (`slow-attempt`).
+    pub stall: Option<StallLinks>,
 }
 
 impl Links {
-    async fn new(upstreams: &[SocketAddr]) -> Result<Links, String> {
+    async fn new(upstreams: &[SocketAddr], stall: Option<Scope>) -> Result<Links, String> {
         let mut proxies = Vec::new();
         for upstream in upstreams {
             let proxy = FaultProxy::start(*upstream)
@@ -38,11 +41,27 @@ impl Links {
                 .map_err(|e| format!("fault proxy to {upstream}: {e}"))?;
             proxies.push(proxy);
         }
-        Ok(Links { proxies })
+        let mut links = Links {
+            proxies,
+            stall: None,
+        };
+        if let Some(scope) = stall {
+            let relays = StallLinks::start(&links.proxy_addrs(), scope)
+                .await
+                .map_err(|e| format!("stall relay: {e}"))?;
+            links.stall = Some(relays);
+        }
+        Ok(links)
+    }
+
+    fn proxy_addrs(&self) -> Vec<SocketAddr> {
+        self.proxies.iter().map(FaultProxy::local_addr).collect()
     }
 
     fn addrs(&self) -> Vec<SocketAddr> {
-        self.proxies.iter().map(FaultProxy::local_addr).collect()
+        self.stall
+            .as_ref()
+            .map_or_else(|| self.proxy_addrs(), StallLinks::addrs)
     }
 
     /// Applies `fault` to every link.
@@ -58,6 +77,9 @@ impl Links {
     }
 
     async fn shutdown(self) {
+        if let Some(stall) = self.stall {
+            stall.shutdown();
+        }
         for proxy in self.proxies {
             proxy.shutdown().await;
         }
@@ -134,6 +156,10 @@ pub struct GroupSpec {
     pub partition: bool,
     /// Each client in a PID namespace of its own (`Fault::PidNamespaces`).
     pub pid_namespaces: bool,
+    /// Relays that can hold back a request, in front of every link (`slow-attempt`).
+    pub stall: Option<Scope>,
+    /// The clients' attempt timeout (`LockOptions::with_attempt_timeout`), if not the TTL.
+    pub attempt_timeout: Option<Duration>,
 }
 
 /// A register, its clients and their links.
@@ -171,7 +197,7 @@ impl Group {
             links: Vec::new(),
         };
         for id in 1..=CLIENTS {
-            let links = Links::new(&lane.upstreams()).await?;
+            let links = Links::new(&lane.upstreams(), spec.stall).await?;
             if spec.partition {
                 partition(id, &links);
             }
@@ -240,8 +266,11 @@ async fn spawn(
     let w = spec.workload;
     let log = log_file(&spec.log_dir, mode, id)?;
     let (mut command, comm) = client_command(spec);
+    command.arg("client");
+    if let Some(limit) = spec.attempt_timeout {
+        command.args(["--attempt-timeout-ms", &limit.as_millis().to_string()]);
+    }
     let mut child = command
-        .arg("client")
         .args(["--url", url, "--register", &register.to_string()])
         .args(["--client", &id.to_string(), "--lock", &spec.lock])
         .args(["--ttl-ms", &w.ttl.as_millis().to_string()])

@@ -18,6 +18,7 @@
 //! | [`client`] | one client process |
 //! | [`group`], [`script`], [`run`], [`suite`] | clients and proxies, fault scripts, one cell, the plan |
 //! | [`servers`] | private Redis, PostgreSQL, etcd and GCS servers, stopped by PID |
+//! | [`slow_attempt`], [`stall`] | the `slow-attempt` fault and its request-holding relay |
 //! | [`report`] | `RELIABILITY.md` |
 
 pub mod backends;
@@ -33,4 +34,6 @@ pub mod report;
 pub mod run;
 pub mod script;
 pub mod servers;
+pub mod slow_attempt;
+pub mod stall;
 pub mod suite;

@@ -77,6 +77,9 @@ struct ClientArgs {
     step_ms: u64,
     #[arg(long, default_value_t = 50)]
     margin_ms: u64,
+    /// The attempt timeout (default: lockcore's, the TTL).
+    #[arg(long)]
+    attempt_timeout_ms: Option<u64>,
 }
 
 fn main() -> ExitCode {
@@ -119,6 +122,7 @@ fn client_config(a: ClientArgs) -> ClientConfig {
             step: Duration::from_millis(a.step_ms),
             margin: Duration::from_millis(a.margin_ms),
         },
+        attempt_timeout: a.attempt_timeout_ms.map(Duration::from_millis),
     }
 }
 

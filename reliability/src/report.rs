@@ -281,10 +281,16 @@ const METHOD: &str = "## Method, in short\n\n\
 Each run starts private servers (loopback ports 27600-27689), a fenced register, and three \
 client processes per group, each behind its own TCP fault proxy. Every client loops: \
 acquire the lock; `BEGIN` with its fencing token; then four read-modify-write steps (ten \
-for the clock faults), each: read the counter, check the lease (`is_held()`, \
-`remaining_validity()`), go on only if at least one step plus 50 ms is left, and write the \
-counter plus one one step (TTL/5) later; `END`; release. The window between a check and \
-its write is where Kleppmann's pause, delayed packet or clock jump lands.\n\n\
+for the clock faults, two for slow-attempt), each: read the counter, check the lease \
+(`is_held()`, `remaining_validity()`), go on only if at least one step plus 50 ms is left, \
+and write the counter plus one one step (TTL/5) later; `END`; release. The window between \
+a check and its write is where Kleppmann's pause, delayed packet or clock jump lands. The \
+baseline (`none`) uses six steps of TTL/40 instead, so that its sections are many.\n\n\
+Sections per group (the table shows the unfenced and the fenced group): 3 before the \
+fault and 3 after it (1 and 1 in the short version); the baseline runs 150 more after its \
+quiet 2 TTL (10 in the short version), slow-attempt arms every handoff for 50 sections \
+(5) before its 3 recovery sections (1), and a pause or a clock jump is applied three times \
+per group (once).\n\n\
 - **overlapping sections**: a client entered while another client's section was still \
 open at the register: what a resource without fencing sees.\n\
 - **double grant**: a client entered while another holder's lease was still valid by that \

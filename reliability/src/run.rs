@@ -18,6 +18,7 @@ use crate::register::Mode;
 use crate::script;
 use crate::servers::Lane;
 use crate::servers::process::Reaper;
+use crate::slow_attempt;
 
 /// How cells run.
 #[derive(Debug, Clone)]
@@ -30,6 +31,12 @@ pub struct CellSettings {
     pub warmup: u64,
     /// Sections every group completes after the fault, to show it recovered.
     pub recovery: u64,
+    /// Sections every group completes in the baseline (`none`), with short steps.
+    pub baseline: u64,
+    /// Sections every group completes under `slow-attempt`.
+    pub slow: u64,
+    /// How often a pause or a clock jump is applied to each group.
+    pub repeats: u64,
 }
 
 /// The outcome of one cell.
@@ -65,7 +72,11 @@ pub async fn run_cell(
 ) -> CellResult {
     let started = Instant::now();
     let kind = lane.kind();
-    let w = Workload::for_backend(kind, fault.needs_long_sections());
+    let w = match fault {
+        Fault::None => Workload::quick(kind),
+        Fault::SlowAttempt => slow_attempt::workload(kind),
+        _ => Workload::for_backend(kind, fault.needs_long_sections()),
+    };
     let dir = settings.out_dir.join(format!("{kind}-{fault}"));
     let mut result = CellResult {
         kind,
@@ -85,6 +96,8 @@ pub async fn run_cell(
         workload: w,
         partition: matches!(fault, Fault::RedlockRestart | Fault::RedlockDelayedRestart),
         pid_namespaces: fault == Fault::PidNamespaces,
+        stall: (fault == Fault::SlowAttempt).then(|| slow_attempt::scope(kind)),
+        attempt_timeout: (fault == Fault::SlowAttempt).then_some(slow_attempt::ATTEMPT_TIMEOUT),
     };
     let modes: &[Mode] = match guarantees.fencing {
         Fencing::Monotonic => &[Mode::Unfenced, Mode::Fenced],
@@ -178,17 +191,36 @@ async fn phases(
             ));
         }
     }
-    let mut notes = script::apply(fault, lane, groups, w).await?;
-    let limit = per_section * u32::try_from(settings.recovery * 3 + 4).unwrap_or(u32::MAX);
-    for group in groups {
-        let target = group.completed() + settings.recovery;
+    let mut notes = match fault {
+        Fault::SlowAttempt => {
+            let limit = per_section * u32::try_from(settings.slow * 3 + 4).unwrap_or(u32::MAX);
+            slow_attempt::apply(groups, w, settings.slow, limit).await?
+        }
+        // A pause or a clock jump costs a few TTL: repeat it a few times.
+        Fault::Pause | Fault::ClockBack | Fault::ClockForward => {
+            let mut notes = Vec::new();
+            for _ in 0..settings.repeats.max(1) {
+                notes.extend(script::apply(fault, lane, groups, w).await?);
+            }
+            notes
+        }
+        _ => script::apply(fault, lane, groups, w).await?,
+    };
+    // The baseline's sections are cheap: many of them, after its quiet 2 TTL.
+    let recovery = match fault {
+        Fault::None => settings.baseline.max(settings.recovery),
+        _ => settings.recovery,
+    };
+    let limit = per_section * u32::try_from(recovery * 3 + 4).unwrap_or(u32::MAX);
+    // Every group's target is set now, so the groups' sections count side by side.
+    let targets: Vec<u64> = groups.iter().map(|g| g.completed() + recovery).collect();
+    for (group, target) in groups.iter().zip(targets) {
         let recovered = progress(group, target, limit).await;
         notes.push(match recovered {
             true => format!("{}: recovered", group.mode.as_str()),
             false => format!(
-                "{}: did not complete {} more sections within {limit:?}",
+                "{}: did not complete {recovery} more sections within {limit:?}",
                 group.mode.as_str(),
-                settings.recovery
             ),
         });
     }

@@ -18,8 +18,9 @@ use crate::servers::process::Reaper;
 
 /// The cells CI runs: every fenced backend under a paused holder (fencing must refuse
 /// its stale write), each backend under its own server fault (for `local:`, clients in
-/// separate PID namespaces), etcd under a blackholed link and PostgreSQL under a clock
-/// jumping back.
+/// separate PID namespaces), etcd under a blackholed link, and PostgreSQL under a clock
+/// jumping back and under a slow attempt (its pool lets a later attempt overtake a held
+/// one).
 const SHORT: &[(Kind, Fault)] = &[
     (Kind::Local, Fault::Pause),
     (Kind::Local, Fault::PidNamespaces),
@@ -29,6 +30,7 @@ const SHORT: &[(Kind, Fault)] = &[
     (Kind::Postgres, Fault::Pause),
     (Kind::Postgres, Fault::PostgresRestart),
     (Kind::Postgres, Fault::ClockBack),
+    (Kind::Postgres, Fault::SlowAttempt),
     (Kind::Etcd, Fault::Pause),
     (Kind::Etcd, Fault::Blackhole),
     (Kind::Etcd, Fault::EtcdLeaderKill),
@@ -45,6 +47,12 @@ pub struct Plan {
     pub warmup: u64,
     /// Sections each group completes after it.
     pub recovery: u64,
+    /// Sections each group completes in the baseline (short steps).
+    pub baseline: u64,
+    /// Sections each group completes under `slow-attempt`.
+    pub slow: u64,
+    /// How often a pause or a clock jump is applied to each group.
+    pub repeats: u64,
 }
 
 impl Plan {
@@ -59,6 +67,9 @@ impl Plan {
             cells,
             warmup: 3,
             recovery: 3,
+            baseline: 150,
+            slow: 50,
+            repeats: 3,
         }
     }
 
@@ -68,6 +79,9 @@ impl Plan {
             cells: SHORT.to_vec(),
             warmup: 1,
             recovery: 1,
+            baseline: 10,
+            slow: 5,
+            repeats: 1,
         }
     }
 
@@ -114,6 +128,9 @@ pub async fn run(suite: &Suite) -> Result<Vec<CellResult>, String> {
             out_dir: suite.out_dir.clone(),
             warmup: suite.plan.warmup,
             recovery: suite.plan.recovery,
+            baseline: suite.plan.baseline,
+            slow: suite.plan.slow,
+            repeats: suite.plan.repeats,
         };
         let (gate, reaper) = (Arc::clone(&gate), Arc::clone(&reaper));
         lanes.spawn(async move {
@@ -241,7 +258,7 @@ mod tests {
     #[test]
     fn the_full_plan_covers_every_applicable_fault_once() {
         let plan = Plan::full();
-        assert_eq!(plan.cells.len(), 42, "{:?}", plan.cells);
+        assert_eq!(plan.cells.len(), 47, "{:?}", plan.cells);
         for (kind, fault) in &plan.cells {
             assert!(fault.applies_to(*kind));
         }
