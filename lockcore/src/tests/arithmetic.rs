@@ -202,6 +202,10 @@ async fn a_stolen_lease_is_never_released_by_its_former_holder_body() {
     );
     let err = guard.release().await.expect_err("lost before release");
     assert_eq!(err.kind(), ErrorKind::Lost);
+    assert!(
+        err.to_string().contains("no longer the owner"),
+        "the reason is named: {err}"
+    );
     tokio::time::sleep(ms(100)).await;
     assert_eq!(rig.faulty.calls(Op::Release), 0, "no release call was made");
 }
