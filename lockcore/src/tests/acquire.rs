@@ -395,10 +395,7 @@ fn a_lost_reply_is_recognised_by_the_same_owner() {
 
 async fn a_lost_reply_is_recognised_by_the_same_owner_body() {
     let rig = Rig::new(options(60_000));
-    let locker = rig
-        .locker
-        .clone()
-        .with_identity(Identity::for_task("publisher").expect("ok"));
+    let locker = rig.locker.clone().with_identity(Identity::unique());
     rig.faulty.script(Op::Acquire, [Fault::LoseReply]);
     let guard = locker
         .acquire("job")

@@ -1,6 +1,10 @@
 //! Issue #14, item 1: an attempt that outlives its attempt timeout must never destroy a
 //! newer grant. One acquisition (or several sharing a fixed identity) never has two
 //! attempts in flight; a late grant is used or released, never raced.
+//!
+//! The rule's registry is process-wide and keyed by lock name and owner, so every test
+//! here uses a fresh identity (`Identity::unique()`): tests that share a name and an owner
+//! would wait for each other, as two stores used by one owner in one process do.
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -48,6 +52,19 @@ async fn assert_exclusive(rig: &Rig, guard: &LockGuard) {
     );
 }
 
+/// Retries `try_acquire("job")` every 200 ms, as a CLI or job runner would, for at most a
+/// minute of (paused) time.
+async fn retry_until_held(locker: &Locker) -> LockGuard {
+    let start = tokio::time::Instant::now();
+    loop {
+        if let Ok(Some(guard)) = locker.try_acquire("job").await {
+            return guard;
+        }
+        assert!(start.elapsed() < ms(60_000), "locked out of the lock");
+        tokio::time::sleep(ms(200)).await;
+    }
+}
+
 #[test]
 fn a_late_first_attempt_never_destroys_the_grant_of_the_next() {
     crate::tests::bounded(a_late_first_attempt_never_destroys_the_grant_of_the_next_body);
@@ -71,21 +88,13 @@ fn a_late_attempt_of_an_abandoned_try_never_destroys_a_newer_grant_of_its_owner(
 
 async fn a_late_attempt_of_an_abandoned_try_never_destroys_a_newer_grant_of_its_owner_body() {
     let rig = Rig::new(slow_attempts());
-    let locker = rig
-        .locker
-        .clone()
-        .with_identity(Identity::for_task("publisher").expect("ok"));
+    let locker = rig.locker.clone().with_identity(Identity::unique());
     rig.faulty.script(Op::Acquire, [Fault::Delay(ms(3000))]);
     let first = locker.try_acquire("job").await;
     let err = first.expect_err("the first try gave up at its attempt timeout");
     assert_eq!(err.kind(), crate::ErrorKind::OutcomeUnknown, "{err}");
     // The caller retries at once with the same identity, as a CLI or job runner would.
-    let guard = loop {
-        match locker.try_acquire("job").await {
-            Ok(Some(guard)) => break guard,
-            Ok(None) | Err(_) => tokio::time::sleep(ms(200)).await,
-        }
-    };
+    let guard = retry_until_held(&locker).await;
     tokio::time::sleep(ms(5000)).await;
     assert_exclusive(&rig, &guard).await;
 }
@@ -121,10 +130,7 @@ fn a_try_that_meets_its_owners_earlier_attempt_in_flight_does_not_send_another()
 
 async fn a_try_that_meets_its_owners_earlier_attempt_in_flight_does_not_send_another_body() {
     let rig = Rig::new(slow_attempts());
-    let locker = rig
-        .locker
-        .clone()
-        .with_identity(Identity::for_task("publisher").expect("ok"));
+    let locker = rig.locker.clone().with_identity(Identity::unique());
     rig.faulty.script(Op::Acquire, [Fault::Delay(ms(3000))]);
     assert!(locker.try_acquire("job").await.is_err(), "gave up at 1 s");
     let err = locker
@@ -246,7 +252,7 @@ async fn the_release_of_a_late_grant_finishes_before_its_owner_may_try_again_bod
     let faulty = crate::testing::FaultyBackend::new(Arc::new(OwnerOnlyRelease(memory.clone())));
     let locker = Locker::new(Arc::new(faulty.clone()))
         .with_options(slow_attempts())
-        .with_identity(Identity::for_task("publisher").expect("ok"));
+        .with_identity(Identity::unique());
     let rig = Rig {
         memory,
         faulty,
@@ -256,12 +262,7 @@ async fn the_release_of_a_late_grant_finishes_before_its_owner_may_try_again_bod
     rig.faulty.script(Op::Acquire, [Fault::Delay(ms(3000))]);
     rig.faulty.script(Op::Release, [Fault::Delay(ms(2000))]);
     assert!(locker.try_acquire("job").await.is_err(), "gave up at 1 s");
-    let guard = loop {
-        match locker.try_acquire("job").await {
-            Ok(Some(guard)) => break guard,
-            Ok(None) | Err(_) => tokio::time::sleep(ms(200)).await,
-        }
-    };
+    let guard = retry_until_held(&locker).await;
     tokio::time::sleep(ms(5000)).await;
     assert_exclusive(&rig, &guard).await;
 }
@@ -274,7 +275,7 @@ fn two_handles_on_one_store_share_the_rule_for_one_owner() {
 async fn two_handles_on_one_store_share_the_rule_for_one_owner_body() {
     // Two `Arc`s over one store (as two `anylock::connect` calls give), one identity.
     let rig = Rig::new(slow_attempts());
-    let owner = Identity::for_task("publisher").expect("ok");
+    let owner = Identity::unique();
     let first = Locker::new(Arc::new(rig.faulty.clone()))
         .with_options(slow_attempts())
         .with_identity(owner.clone());
@@ -283,12 +284,7 @@ async fn two_handles_on_one_store_share_the_rule_for_one_owner_body() {
         .with_identity(owner);
     rig.faulty.script(Op::Acquire, [Fault::Delay(ms(3000))]);
     assert!(first.try_acquire("job").await.is_err(), "gave up at 1 s");
-    let guard = loop {
-        match second.try_acquire("job").await {
-            Ok(Some(guard)) => break guard,
-            Ok(None) | Err(_) => tokio::time::sleep(ms(200)).await,
-        }
-    };
+    let guard = retry_until_held(&second).await;
     tokio::time::sleep(ms(5000)).await;
     assert_exclusive(&rig, &guard).await;
 }
@@ -299,7 +295,7 @@ fn owner_only_rig() -> Rig {
     let faulty = crate::testing::FaultyBackend::new(Arc::new(OwnerOnlyRelease(memory.clone())));
     let locker = Locker::new(Arc::new(faulty.clone()))
         .with_options(slow_attempts())
-        .with_identity(Identity::for_task("publisher").expect("ok"));
+        .with_identity(Identity::unique());
     Rig {
         memory,
         faulty,
@@ -329,21 +325,11 @@ fn a_hung_release_of_a_late_grant_does_not_lock_its_owner_out_for_ever() {
 
 async fn a_hung_release_of_a_late_grant_does_not_lock_its_owner_out_for_ever_body() {
     let rig = Rig::new(slow_attempts());
-    let locker = rig
-        .locker
-        .clone()
-        .with_identity(Identity::for_task("publisher").expect("ok"));
+    let locker = rig.locker.clone().with_identity(Identity::unique());
     rig.faulty.script(Op::Acquire, [Fault::Delay(ms(3000))]);
     rig.faulty.script(Op::Release, [Fault::Hang]);
     assert!(locker.try_acquire("job").await.is_err(), "gave up at 1 s");
-    let start = tokio::time::Instant::now();
-    let guard = loop {
-        match locker.try_acquire("job").await {
-            Ok(Some(guard)) => break guard,
-            Ok(None) | Err(_) => tokio::time::sleep(ms(200)).await,
-        }
-        assert!(start.elapsed() < ms(60_000), "locked out of its own lock");
-    };
+    let guard = retry_until_held(&locker).await;
     assert_exclusive(&rig, &guard).await;
 }
 
@@ -357,10 +343,7 @@ fn an_attempt_that_waited_for_its_owners_slot_still_gets_its_full_timeout() {
 async fn an_attempt_that_waited_for_its_owners_slot_still_gets_its_full_timeout_body() {
     let rig = Rig::new(slow_attempts());
     let _holder = rig.rival().acquire("job").await.expect("free");
-    let locker = rig
-        .locker
-        .clone()
-        .with_identity(Identity::for_task("publisher").expect("ok"));
+    let locker = rig.locker.clone().with_identity(Identity::unique());
     // The first try is answered `Held` at 980 ms; the second, which waited for the slot,
     // is answered 50 ms after it was sent, past 1 s from when it was called.
     rig.faulty
