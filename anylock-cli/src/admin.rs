@@ -35,8 +35,8 @@ pub(crate) async fn status(name: &str, config: &Config) -> Result<(), Error> {
     let name = LockName::new(name)?;
     let backend = crate::select::connect(&config.backend_url()).await?;
     match backend.inspect(&name).await? {
-        Some(holder) => println!("{}", describe(name.as_str(), &holder)),
-        None => println!("{name} is free"),
+        Some(holder) => out!("{}", describe(name.as_str(), &holder)),
+        None => out!("{name} is free"),
     }
     Ok(())
 }
@@ -46,7 +46,7 @@ pub(crate) async fn break_lock(name: &str, yes: bool, config: &Config) -> Result
     let name = LockName::new(name)?;
     let backend = crate::select::connect(&config.backend_url()).await?;
     let Some(holder) = backend.inspect(&name).await? else {
-        println!("{name} is free; nothing to break");
+        out!("{name} is free; nothing to break");
         return Ok(());
     };
     if !yes
@@ -55,12 +55,12 @@ pub(crate) async fn break_lock(name: &str, yes: bool, config: &Config) -> Result
             describe(name.as_str(), &holder)
         ))?
     {
-        println!("left {name} alone");
+        out!("left {name} alone");
         return Ok(());
     }
     match backend.break_lock(&name).await? {
-        Some(removed) => println!("broke {name}: removed the lease of {}", removed.owner()),
-        None => println!("{name} was released meanwhile; nothing to break"),
+        Some(removed) => out!("broke {name}: removed the lease of {}", removed.owner()),
+        None => out!("{name} was released meanwhile; nothing to break"),
     }
     Ok(())
 }
@@ -71,7 +71,10 @@ fn confirm(prompt: &str) -> Result<bool, Error> {
             "refusing to break a lock without confirmation: stdin is not a terminal; pass --yes",
         ));
     }
-    eprint!("{prompt}");
+    {
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), "{prompt}");
+    }
     let _ = std::io::stderr().flush();
     let mut answer = String::new();
     std::io::stdin()
@@ -84,20 +87,23 @@ fn confirm(prompt: &str) -> Result<bool, Error> {
 /// `anylock guarantees`.
 pub(crate) fn guarantees() {
     let rows = anylock::compiled_guarantees();
-    print!("{}", anylock::guarantees_markdown(&rows));
-    println!();
+    {
+        use std::io::Write as _;
+        let _ = write!(std::io::stdout(), "{}", anylock::guarantees_markdown(&rows));
+    }
+    out!();
     for (name, g) in rows {
-        println!("{name}: {}", g.notes);
+        out!("{name}: {}", g.notes);
     }
 }
 
 /// `anylock check [URL]`.
 pub(crate) async fn check(url: Option<String>, config: &Config) -> Result<(), Error> {
     let url = url.map_or_else(|| config.backend_url(), BackendUrl::new);
-    println!("backend:      {url}");
+    out!("backend:      {url}");
     let started = Instant::now();
     let backend = crate::select::connect(&url).await?;
-    println!("connect:      ok in {:?}", started.elapsed());
+    out!("connect:      ok in {:?}", started.elapsed());
     let name = LockName::new(format!("anylock-check-{:016x}", rand::random::<u64>()))?;
     let mut samples = Vec::new();
     for _ in 0..5 {
@@ -106,7 +112,7 @@ pub(crate) async fn check(url: Option<String>, config: &Config) -> Result<(), Er
         samples.push(t.elapsed());
     }
     samples.sort();
-    println!("round trip:   {:?} (median of 5 inspect calls)", samples[2]);
+    out!("round trip:   {:?} (median of 5 inspect calls)", samples[2]);
     let options = LockOptions::new(Duration::from_secs(30)).with_wait(WaitMode::TryOnce);
     let t = Instant::now();
     let guard = Locker::new(backend.clone())
@@ -114,15 +120,17 @@ pub(crate) async fn check(url: Option<String>, config: &Config) -> Result<(), Er
         .acquire(name.as_str())
         .await?;
     guard.release().await?;
-    println!(
+    out!(
         "permissions:  ok (probe lock {name} acquired and released in {:?})",
         t.elapsed()
     );
-    println!("clock skew:   {}", skew(&*backend).await?);
+    out!("clock skew:   {}", skew(&*backend).await?);
     let g = backend.guarantees();
-    println!(
+    out!(
         "guarantees:   {}, fencing {:?}, waiters {:?}",
-        g.exclusion, g.fencing, g.waiting
+        g.exclusion,
+        g.fencing,
+        g.waiting
     );
     Ok(())
 }

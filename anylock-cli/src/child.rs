@@ -96,7 +96,7 @@ impl Child {
         let _ = timeout(KILL_WAIT, self.inner.wait()).await;
         while self.group_alive() {
             if Instant::now() >= deadline {
-                eprintln!("anylock: warning: processes of the command's group survive SIGKILL");
+                note!("anylock: warning: processes of the command's group survive SIGKILL");
                 return;
             }
             self.signal_group(Signal::SIGKILL);

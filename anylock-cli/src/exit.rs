@@ -42,7 +42,7 @@ pub(crate) fn report(err: &Error) {
         }
         source = cause.source();
     }
-    eprintln!("{}", line.replace('\n', " "));
+    note!("{}", line.replace('\n', " "));
 }
 
 #[cfg(test)]

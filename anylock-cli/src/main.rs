@@ -2,6 +2,23 @@
 //!
 //! See `anylock --help` and the workspace README.
 
+/// `eprintln!` that never panics: when stderr's reader has gone (a dead log collector,
+/// `2>&1 | head`), a message is lost but the exit code is still `anylock`'s own.
+macro_rules! note {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `println!` that never panics: `anylock guarantees | head -1` closes stdout early.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 mod admin;
 mod child;
 mod cli;
@@ -38,7 +55,7 @@ fn main() -> ExitCode {
             // One clear line (clap's first), not a page of usage.
             let text = err.render().to_string();
             let first = text.lines().next().unwrap_or("invalid arguments");
-            eprintln!("anylock: {}", first.trim_start_matches("error: "));
+            note!("anylock: {}", first.trim_start_matches("error: "));
             return ExitCode::from(exit::USAGE);
         }
     };
@@ -50,7 +67,7 @@ fn main() -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("anylock: cannot start the async runtime: {err}");
+            note!("anylock: cannot start the async runtime: {err}");
             return ExitCode::from(exit::FAILED);
         }
     };

@@ -115,7 +115,7 @@ async fn acquire_with_status(locker: &Locker, name: &str) -> Result<LockGuard, E
                 if tty {
                     eprint!("\r\x1b[2K{line}");
                 } else if !shown {
-                    eprintln!("anylock: {line} (backend: {})", locker.backend().backend_name());
+                    note!("anylock: {line} (backend: {})", locker.backend().backend_name());
                 }
                 shown = true;
             }

@@ -70,7 +70,7 @@ impl Plan {
 /// Runs the supervisor; `args` follow [`ARG`].
 pub(crate) fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
     let Some(plan) = Plan::from_args(args) else {
-        eprintln!("anylock: {ARG} is internal to `anylock run`");
+        note!("anylock: {ARG} is internal to `anylock run`");
         return ExitCode::from(exit::USAGE);
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -79,7 +79,7 @@ pub(crate) fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
     match runtime {
         Ok(runtime) => ExitCode::from(runtime.block_on(supervise(&plan))),
         Err(err) => {
-            eprintln!("anylock: cannot start the supervisor: {err}");
+            note!("anylock: cannot start the supervisor: {err}");
             ExitCode::from(exit::FAILED)
         }
     }
@@ -127,7 +127,7 @@ fn spawn(command: &[OsString]) -> Result<Pid, u8> {
         // Reaped by `reap` through waitpid, not by std.
         Ok(spawned) => Ok(Pid::from_raw(spawned.id() as i32)),
         Err(err) => {
-            eprintln!("anylock: cannot run {}: {err}", program.to_string_lossy());
+            note!("anylock: cannot run {}: {err}", program.to_string_lossy());
             Err(child::spawn_error_code(&err))
         }
     }

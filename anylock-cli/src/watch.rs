@@ -44,7 +44,7 @@ pub(crate) async fn supervise(
     let mut child = match start(&guard, args, grace) {
         Ok(child) => child,
         Err(err) => {
-            eprintln!("anylock: cannot start the command's supervisor: {err}");
+            note!("anylock: cannot start the command's supervisor: {err}");
             release(guard, &args.name).await;
             return exit::FAILED;
         }
@@ -153,7 +153,7 @@ async fn stop_on_loss(
             humantime::format_duration(round_ms(grace))
         )
     };
-    eprintln!("anylock: lock {name} lost ({reason}); stopping the command ({how})");
+    note!("anylock: lock {name} lost ({reason}); stopping the command ({how})");
     child.stop(grace).await;
     drop(guard);
     exit::LOST
@@ -174,7 +174,7 @@ async fn finish(
     let code = match status {
         Ok(status) => child::exit_code(status),
         Err(err) => {
-            eprintln!("anylock: lost track of the command: {err}");
+            note!("anylock: lost track of the command: {err}");
             exit::FAILED
         }
     };
@@ -191,14 +191,14 @@ async fn release(guard: LockGuard, name: &str) -> bool {
     match guard.release().await {
         Ok(()) => true,
         Err(err) if err.kind() == ErrorKind::Lost => {
-            eprintln!(
+            note!(
                 "anylock: the command finished, but lock {name} was lost before release; \
                  its work may have overlapped another holder's"
             );
             false
         }
         Err(err) => {
-            eprintln!("anylock: warning: release failed ({err}); the lease expires by its TTL");
+            note!("anylock: warning: release failed ({err}); the lease expires by its TTL");
             true
         }
     }
