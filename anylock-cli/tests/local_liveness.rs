@@ -126,3 +126,48 @@ fn a_killed_anylock_keeps_the_lock_while_its_command_runs() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// A process that cannot read `/proc/sys/kernel/random/boot_id` (a chroot without /proc,
+/// a sandbox) used to fall back to a "wall-clock" boot id; every lease of the real boot
+/// then looked like one from another boot, and it took a live lock at once. It must be
+/// refused instead (exit 2), and the holder keeps the lock.
+#[test]
+fn a_process_that_cannot_read_the_boot_id_never_takes_a_held_lock() {
+    let dir = Scratch(std::env::temp_dir().join(format!(
+        "anylock-local-bootid-{:016x}",
+        rand::random::<u64>()
+    )));
+    std::fs::create_dir_all(&dir.0).expect("scratch dir");
+    let mut holder = anylock(&dir.0, &["run", "job", "--ttl", "60s", "--", "sleep", "30"])
+        .spawn()
+        .expect("spawn anylock");
+    let start = Instant::now();
+    while try_once(&dir.0) != HELD {
+        assert!(start.elapsed() < Duration::from_secs(30), "never held");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // `anylock run job --no-wait -- true` with the boot id masked by an empty file.
+    let masked = "mount --bind /dev/null /proc/sys/kernel/random/boot_id && exec \"$0\" \"$@\"";
+    let status = Command::new("unshare")
+        .args(["-m", "-r", "--fork", "sh", "-c", masked, BIN])
+        .args(["run", "job", "--no-wait", "--", "true"])
+        .env(
+            "ANYLOCK_BACKEND",
+            format!("local:{}/locks.sqlite3", dir.0.display()),
+        )
+        .env_remove("ANYLOCK_CONFIG")
+        .env("XDG_CONFIG_HOME", &dir.0)
+        .current_dir(&dir.0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run unshare");
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(
+        status.code(),
+        Some(2),
+        "with no boot id, anylock must refuse (exit 2), not take the held lock (exit 0)"
+    );
+}

@@ -43,9 +43,12 @@ impl LocalBackend {
     /// Opens the database in `config`, creating the file and table if needed.
     ///
     /// # Errors
-    /// [`ErrorKind::Config`] when the directory or file cannot be created or opened;
+    /// [`ErrorKind::Config`] when the directory or file cannot be created or opened, or,
+    /// on Linux, when this process cannot read the boot id (a chroot without `/proc`, a
+    /// sandbox): it could then not tell this boot's leases from an earlier boot's;
     /// [`ErrorKind::PermissionDenied`] when it is read-only.
     pub async fn open(config: LocalConfig) -> Result<Self> {
+        host::require_boot_id().map_err(|e| e.with_backend("local"))?;
         let client = Client::open(&config)
             .await
             .map_err(|e| e.with_backend("local"))?;

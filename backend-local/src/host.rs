@@ -53,6 +53,22 @@ pub(crate) fn boot_id() -> &'static str {
     })
 }
 
+/// On Linux, refuses to run without the boot id. Without it every lease of this boot would
+/// look like one from another boot (free at once), and this process's own leases would be
+/// judged on the wall clock by everyone else: two holders at once (found by review, issue
+/// #14). Elsewhere the wall clock is the documented mode.
+pub(crate) fn require_boot_id() -> Result<(), lockcore::Error> {
+    if cfg!(target_os = "linux") && boot_id() == "wall-clock" {
+        return Err(lockcore::Error::new(
+            lockcore::ErrorKind::Config,
+            "cannot read /proc/sys/kernel/random/boot_id (or CLOCK_MONOTONIC): local: needs \
+             it to tell this boot's leases from an earlier boot's; mount /proc, or use a \
+             server backend",
+        ));
+    }
+    Ok(())
+}
+
 /// Milliseconds on the machine-wide clock that decides expiry: on Linux `CLOCK_MONOTONIC`
 /// (shared by every process, immune to NTP steps, reset by a reboot, which the boot id
 /// catches), else the wall clock.
