@@ -14,6 +14,10 @@ use redis::Script;
 /// an append-only file that lost its last second, a failover to a replica that missed the
 /// latest grants. Counting from the stored counter alone repeated the tokens handed out
 /// after the snapshot. Redlock passes no counter key: token `0`.
+///
+/// Lua numbers are doubles: a counter at or above 2^53 - 1 (corrupted, or written by
+/// something else) would make `counter + 1` round back to itself, and `1e20` formats as a
+/// negative `%d`; such a counter is refused with an error before anything is written.
 pub(crate) const ACQUIRE_LUA: &str = r"
 -- KEYS[1] lock key; KEYS[2] fence counter (single instance only)
 -- ARGV[1] TTL in ms; ARGV[2] owner; ARGV[3] value suffix ':<unix ms>:<nonce>:<owner>'
@@ -25,7 +29,12 @@ local token = 0
 if KEYS[2] then
   local now = redis.call('TIME')
   token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local last = tonumber(redis.call('GET', KEYS[2]))
+  local raw = redis.call('GET', KEYS[2])
+  local last = tonumber(raw)
+  if last and last >= 9007199254740991 then
+    return redis.error_reply('ANYLOCK fence counter ' .. KEYS[2] .. ' holds ' .. raw ..
+      ', not an integer below 2^53-1: tokens could repeat; nothing was written')
+  end
   if last and last >= token then
     token = last + 1
   end

@@ -580,3 +580,42 @@ async fn tls_connections_work() {
         .expect_err("plain text to a TLS port");
     assert!(err.is_temporary(), "{err}");
 }
+
+/// A fence counter that holds no exact integer below 2^53 (corrupted, or written by some
+/// other tool) is refused before anything is written. Lua numbers are doubles: at 2^53
+/// `counter + 1` equals `counter`, so tokens repeated, and `1e20` was written back as a
+/// negative token (found by review, issue #14).
+#[tokio::test]
+async fn a_fence_counter_beyond_exact_integers_is_refused_not_repeated() {
+    let Some(url) = common::redis_url() else {
+        return;
+    };
+    let backend = backend_on(&url, Duration::from_secs(2)).await;
+    let mut admin = common::admin(&url).await;
+    for bad in ["9007199254740993", "1e20"] {
+        let name = common::fresh_name("bad-counter");
+        let keys: LockKeys = backend.keys(&name);
+        redis::cmd("SET")
+            .arg(keys.fence())
+            .arg(bad)
+            .query_async::<()>(&mut admin)
+            .await
+            .expect("set the counter");
+        let req = AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(30));
+        let err = backend.acquire(&req).await.expect_err(bad);
+        assert!(err.to_string().contains("fence counter"), "{bad}: {err}");
+        assert!(
+            !common::exists(&mut admin, keys.lock()).await,
+            "{bad}: no lock was written"
+        );
+        let stored: String = redis::cmd("GET")
+            .arg(keys.fence())
+            .query_async(&mut admin)
+            .await
+            .expect("counter");
+        assert_eq!(
+            stored, bad,
+            "the counter is left for an operator to inspect"
+        );
+    }
+}
