@@ -91,6 +91,12 @@ impl Child {
     /// SIGKILLs whatever is left of the group (normally nothing: the supervisor clears
     /// it before it exits) and waits until it is gone.
     pub(crate) async fn kill_group(&mut self) {
+        // Once the supervisor is reaped and its group empty, the group's number is free for
+        // the kernel to hand out again: signal it only while a member is still there.
+        if !self.group_alive() {
+            let _ = timeout(KILL_WAIT, self.inner.wait()).await;
+            return;
+        }
         let deadline = Instant::now() + KILL_WAIT;
         self.signal_group(Signal::SIGKILL);
         let _ = timeout(KILL_WAIT, self.inner.wait()).await;

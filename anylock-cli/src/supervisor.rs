@@ -73,6 +73,12 @@ pub(crate) fn main(args: impl Iterator<Item = OsString>) -> ExitCode {
         note!("anylock: {ARG} is internal to `anylock run`");
         return ExitCode::from(exit::USAGE);
     };
+    // `anylock run` starts the supervisor as the leader of a new process group, the group
+    // it later clears. Run by hand inside someone else's group, it would kill its caller.
+    if getpgrp() != getpid() {
+        note!("anylock: {ARG} is internal to `anylock run`");
+        return ExitCode::from(exit::USAGE);
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build();

@@ -43,3 +43,18 @@ fn a_closed_stdout_does_not_turn_a_report_into_a_panic() {
     drop(child.stdout.take());
     assert_eq!(child.wait().expect("wait").code(), Some(0));
 }
+
+/// The internal supervisor argument run by hand (not as a process-group leader started by
+/// `anylock run`) must refuse, not run a command and later kill its caller's whole group.
+#[test]
+fn the_internal_supervisor_refuses_to_run_outside_its_own_process_group() {
+    let parent = std::process::id().to_string();
+    let status = Command::new(BIN)
+        .args(["__supervise", &parent, "0", "kill", "--", "true"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run anylock");
+    assert_eq!(status.code(), Some(2), "refused as bad usage");
+}
