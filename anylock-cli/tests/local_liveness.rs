@@ -171,3 +171,45 @@ fn a_process_that_cannot_read_the_boot_id_never_takes_a_held_lock() {
         "with no boot id, anylock must refuse (exit 2), not take the held lock (exit 0)"
     );
 }
+
+/// A process in a time namespace whose `CLOCK_MONOTONIC` runs 100 000 s ahead (a
+/// container restored by CRIU, `unshare --time`) saw every live lease as long expired and
+/// took it. Expiry is judged on the host's monotonic clock, whatever the namespace.
+#[test]
+fn a_process_in_a_time_namespace_never_takes_a_held_lock() {
+    let dir = Scratch(std::env::temp_dir().join(format!(
+        "anylock-local-timens-{:016x}",
+        rand::random::<u64>()
+    )));
+    std::fs::create_dir_all(&dir.0).expect("scratch dir");
+    let mut holder = anylock(&dir.0, &["run", "job", "--ttl", "60s", "--", "sleep", "30"])
+        .spawn()
+        .expect("spawn anylock");
+    let start = Instant::now();
+    while try_once(&dir.0) != HELD {
+        assert!(start.elapsed() < Duration::from_secs(30), "never held");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let status = Command::new("unshare")
+        .args(["--time", "--monotonic", "100000", "--fork", "-r", BIN])
+        .args(["run", "job", "--no-wait", "--", "true"])
+        .env(
+            "ANYLOCK_BACKEND",
+            format!("local:{}/locks.sqlite3", dir.0.display()),
+        )
+        .env_remove("ANYLOCK_CONFIG")
+        .env("XDG_CONFIG_HOME", &dir.0)
+        .current_dir(&dir.0)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .expect("run unshare");
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(
+        status.code(),
+        Some(HELD),
+        "a clock 100 000 s ahead must still see the lease as held"
+    );
+}

@@ -102,7 +102,39 @@ fn clock_ms(clock: Kernel) -> Option<i64> {
         Kernel::Boottime => ClockId::CLOCK_BOOTTIME,
     };
     let t = clock_gettime(id).ok()?;
-    Some(t.tv_sec() * 1000 + t.tv_nsec() / 1_000_000)
+    let ms = t.tv_sec() * 1000 + t.tv_nsec() / 1_000_000;
+    match clock {
+        // The host's clock, whatever this process's time namespace adds: processes in
+        // different time namespaces must agree on when a lease expires.
+        Kernel::Monotonic => Some(ms - monotonic_offset_ms()),
+        #[cfg(test)]
+        Kernel::Boottime => Some(ms),
+    }
+}
+
+/// This process's time-namespace offset of `CLOCK_MONOTONIC`, in ms (0 outside one, or on
+/// kernels without time namespaces).
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn monotonic_offset_ms() -> i64 {
+    static OFFSET: OnceLock<i64> = OnceLock::new();
+    *OFFSET.get_or_init(|| {
+        std::fs::read_to_string("/proc/self/timens_offsets")
+            .ok()
+            .and_then(|text| parse_monotonic_offset_ms(&text))
+            .unwrap_or(0)
+    })
+}
+
+/// The `monotonic <seconds> <nanoseconds>` line of `/proc/self/timens_offsets`, in ms.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn parse_monotonic_offset_ms(text: &str) -> Option<i64> {
+    let line = text
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("monotonic"))?;
+    let mut fields = line.split_whitespace().skip(1);
+    let secs: i64 = fields.next()?.parse().ok()?;
+    let nanos: i64 = fields.next()?.parse().ok()?;
+    secs.checked_mul(1000)?.checked_add(nanos / 1_000_000)
 }
 
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
@@ -113,6 +145,16 @@ fn clock_ms(_clock: Kernel) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(any(target_os = "linux", target_os = "android"))]
+    fn the_time_namespace_offset_is_read_from_its_monotonic_line() {
+        let text = "monotonic      100000         5000000\nboottime  7 0\n";
+        assert_eq!(parse_monotonic_offset_ms(text), Some(100_000_005));
+        assert_eq!(parse_monotonic_offset_ms("monotonic -3 0\n"), Some(-3000));
+        assert_eq!(parse_monotonic_offset_ms("boottime 1 0\n"), None);
+        assert_eq!(parse_monotonic_offset_ms("monotonic x 0\n"), None);
+    }
 
     #[test]
     fn the_expiry_clock_moves_forward() {
