@@ -67,6 +67,9 @@ struct Entry {
 pub enum Defect {
     /// `release` deletes the lock whoever holds it.
     ReleaseIgnoresOwner,
+    /// `release` deletes the lock when the owner matches, whatever the grant (a backend
+    /// that stores only the owner): a stale release of an owner removes its newer grant.
+    ReleaseChecksOwnerOnly,
     /// Leases never expire.
     NeverExpires,
     /// Every grant gets fence token 1.
@@ -228,7 +231,11 @@ impl LockBackend for MemoryBackend {
     async fn release(&self, lease: &Lease) -> Result<()> {
         let mut table = self.table();
         let ours = match table.locks.get(lease.name()) {
-            Some(entry) => entry.is_grant_of(lease) || self.has(Defect::ReleaseIgnoresOwner),
+            Some(entry) => {
+                entry.is_grant_of(lease)
+                    || self.has(Defect::ReleaseIgnoresOwner)
+                    || (self.has(Defect::ReleaseChecksOwnerOnly) && entry.owner == *lease.owner())
+            }
             None => false,
         };
         if ours {

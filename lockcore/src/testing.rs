@@ -54,6 +54,8 @@ struct FaultState {
     standing: HashMap<Op, Fault>,
     script: HashMap<Op, VecDeque<Fault>>,
     calls: HashMap<Op, usize>,
+    /// Calls in flight now, and the most seen at once, per operation.
+    in_flight: HashMap<Op, (usize, usize)>,
     no_notifications: bool,
 }
 
@@ -93,6 +95,11 @@ impl FaultyBackend {
         self.state().calls.get(&op).copied().unwrap_or(0)
     }
 
+    /// The most calls of `op` that were in flight at once.
+    pub fn max_in_flight(&self, op: Op) -> usize {
+        self.state().in_flight.get(&op).map_or(0, |&(_, max)| max)
+    }
+
     fn state(&self) -> MutexGuard<'_, FaultState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -107,6 +114,7 @@ impl FaultyBackend {
     }
 
     async fn run<T>(&self, op: Op, call: impl Future<Output = Result<T>>) -> Result<T> {
+        let _in_flight = InFlight::enter(&self.state, op);
         match self.next_fault(op) {
             Fault::Pass => call.await,
             Fault::Fail(kind) => {
@@ -124,6 +132,31 @@ impl FaultyBackend {
                     format!("injected lost reply on {op:?}"),
                 ))
             }
+        }
+    }
+}
+
+/// Counts one call in flight until dropped (answered or cancelled).
+struct InFlight<'a> {
+    state: &'a Mutex<FaultState>,
+    op: Op,
+}
+
+impl<'a> InFlight<'a> {
+    fn enter(state: &'a Mutex<FaultState>, op: Op) -> Self {
+        let mut guard = state.lock().unwrap_or_else(PoisonError::into_inner);
+        let (now, max) = guard.in_flight.entry(op).or_insert((0, 0));
+        *now += 1;
+        *max = (*max).max(*now);
+        Self { state, op }
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        let mut guard = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((now, _)) = guard.in_flight.get_mut(&self.op) {
+            *now = now.saturating_sub(1);
         }
     }
 }

@@ -6,17 +6,11 @@
 //! here uses a fresh identity (`Identity::unique()`): tests that share a name and an owner
 //! would wait for each other, as two stores used by one owner in one process do.
 
-use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
-
-use async_trait::async_trait;
+use std::sync::Arc;
 
 use super::{Rig, ms};
 use crate::testing::{Fault, Op};
-use crate::{
-    Acquire, AcquireRequest, Guarantees, HolderInfo, Identity, Lease, LockBackend, LockGuard,
-    LockName, LockOptions, Locker, MemoryBackend, Result, WaitMode,
-};
+use crate::{Identity, LockBackend, LockGuard, LockOptions, Locker, MemoryBackend, WaitMode};
 
 fn slow_attempts() -> LockOptions {
     // A long TTL keeps the refresher quiet for the whole test, so only the late attempt
@@ -146,100 +140,25 @@ async fn a_try_that_meets_its_owners_earlier_attempt_in_flight_does_not_send_ano
     );
 }
 
-/// Counts acquire calls in flight per owner, and remembers the most seen at once.
-#[derive(Debug)]
-struct InFlightProbe {
-    inner: MemoryBackend,
-    delay: Duration,
-    now: Mutex<(usize, usize)>,
-}
-
-impl InFlightProbe {
-    fn max(&self) -> usize {
-        self.now.lock().unwrap_or_else(PoisonError::into_inner).1
-    }
-
-    fn enter(&self, step: isize) {
-        let mut now = self.now.lock().unwrap_or_else(PoisonError::into_inner);
-        now.0 = now.0.saturating_add_signed(step);
-        now.1 = now.1.max(now.0);
-    }
-}
-
-#[async_trait]
-impl LockBackend for InFlightProbe {
-    fn backend_name(&self) -> &str {
-        "probe"
-    }
-    fn guarantees(&self) -> Guarantees {
-        self.inner.guarantees()
-    }
-    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        self.enter(1);
-        tokio::time::sleep(self.delay).await;
-        let outcome = self.inner.acquire(request).await;
-        self.enter(-1);
-        outcome
-    }
-    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
-        self.inner.refresh(lease).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<()> {
-        self.inner.release(lease).await
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
-        self.inner.inspect(name).await
-    }
-}
-
 #[test]
 fn one_acquisition_never_has_two_attempts_in_flight() {
     crate::tests::bounded(one_acquisition_never_has_two_attempts_in_flight_body);
 }
 
 async fn one_acquisition_never_has_two_attempts_in_flight_body() {
-    let probe = Arc::new(InFlightProbe {
-        inner: MemoryBackend::new(),
-        delay: ms(700),
-        now: Mutex::new((0, 0)),
-    });
     let options = LockOptions::new(ms(60_000))
         .with_attempt_timeout(ms(100))
         .with_wait(WaitMode::Timeout(ms(5000)));
-    let locker = Locker::new(probe.clone()).with_options(options);
-    let guard = locker.acquire("job").await.expect("acquired");
-    assert_eq!(probe.max(), 1, "attempts overlapped");
+    let rig = Rig::new(options);
+    // Every attempt takes seven attempt timeouts to answer.
+    rig.faulty.set(Op::Acquire, Fault::Delay(ms(700)));
+    let guard = rig.locker.acquire("job").await.expect("acquired");
+    assert_eq!(
+        rig.faulty.max_in_flight(Op::Acquire),
+        1,
+        "attempts overlapped"
+    );
     guard.release().await.expect("release");
-}
-
-/// Releases whatever lease `owner` holds, whatever its token: backends whose stored value
-/// is the owner alone compare-and-delete this way.
-#[derive(Debug)]
-struct OwnerOnlyRelease(MemoryBackend);
-
-#[async_trait]
-impl LockBackend for OwnerOnlyRelease {
-    fn backend_name(&self) -> &str {
-        "owner-only-release"
-    }
-    fn guarantees(&self) -> Guarantees {
-        self.0.guarantees()
-    }
-    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        self.0.acquire(request).await
-    }
-    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
-        self.0.refresh(lease).await
-    }
-    async fn release(&self, lease: &Lease) -> Result<()> {
-        match self.0.inspect(lease.name()).await? {
-            Some(holder) if holder.owner() == lease.owner() => self.0.release(lease).await,
-            _ => Ok(()),
-        }
-    }
-    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
-        self.0.inspect(name).await
-    }
 }
 
 #[test]
@@ -248,8 +167,8 @@ fn the_release_of_a_late_grant_finishes_before_its_owner_may_try_again() {
 }
 
 async fn the_release_of_a_late_grant_finishes_before_its_owner_may_try_again_body() {
-    let memory = MemoryBackend::with_defect(crate::Defect::ReleaseIgnoresOwner);
-    let faulty = crate::testing::FaultyBackend::new(Arc::new(OwnerOnlyRelease(memory.clone())));
+    let memory = MemoryBackend::with_defect(crate::Defect::ReleaseChecksOwnerOnly);
+    let faulty = crate::testing::FaultyBackend::new(Arc::new(memory.clone()));
     let locker = Locker::new(Arc::new(faulty.clone()))
         .with_options(slow_attempts())
         .with_identity(Identity::unique());
@@ -258,9 +177,10 @@ async fn the_release_of_a_late_grant_finishes_before_its_owner_may_try_again_bod
         faulty,
         locker: locker.clone(),
     };
-    // The late grant lands at 3 s; releasing it takes until 5 s.
+    // The late grant lands at 3 s; releasing it takes 0.8 s, within its bound (the attempt
+    // timeout, 1 s), so the release really lands, at 3.8 s.
     rig.faulty.script(Op::Acquire, [Fault::Delay(ms(3000))]);
-    rig.faulty.script(Op::Release, [Fault::Delay(ms(2000))]);
+    rig.faulty.script(Op::Release, [Fault::Delay(ms(800))]);
     assert!(locker.try_acquire("job").await.is_err(), "gave up at 1 s");
     let guard = retry_until_held(&locker).await;
     tokio::time::sleep(ms(5000)).await;
@@ -291,8 +211,8 @@ async fn two_handles_on_one_store_share_the_rule_for_one_owner_body() {
 
 /// A rig whose backend releases by owner alone, for one fixed identity.
 fn owner_only_rig() -> Rig {
-    let memory = MemoryBackend::with_defect(crate::Defect::ReleaseIgnoresOwner);
-    let faulty = crate::testing::FaultyBackend::new(Arc::new(OwnerOnlyRelease(memory.clone())));
+    let memory = MemoryBackend::with_defect(crate::Defect::ReleaseChecksOwnerOnly);
+    let faulty = crate::testing::FaultyBackend::new(Arc::new(memory.clone()));
     let locker = Locker::new(Arc::new(faulty.clone()))
         .with_options(slow_attempts())
         .with_identity(Identity::unique());
