@@ -34,6 +34,17 @@ async fn still_basically_works(defect: Defect) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_comparing_only_the_owner_is_caught() {
+    let message = failure_of(
+        Defect::ReleaseChecksOwnerOnly,
+        cases::same_identity_instant_retake,
+    )
+    .await;
+    assert!(message.contains("removed the retake"), "{message}");
+    still_basically_works(Defect::ReleaseChecksOwnerOnly).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn release_ignoring_the_owner_is_caught() {
     let message = failure_of(
         Defect::ReleaseIgnoresOwner,

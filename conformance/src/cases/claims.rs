@@ -21,8 +21,9 @@ use crate::report::Report;
 /// supersedes the abandoned one.
 ///
 /// Checks: `same_owner_retake`. Guards against a restarted worker waiting out a whole TTL
-/// for its own lock (seed 000, Vault's instant recovery), and against the abandoned grant
-/// staying refreshable after the retake.
+/// for its own lock (seed 000, Vault's instant recovery), against the abandoned grant
+/// staying refreshable after the retake, and against its late release removing the retake
+/// (a release that compares only the owner).
 pub async fn same_identity_instant_retake(h: &dyn Harness) -> Report {
     let backend = h.backend();
     if !backend.guarantees().same_owner_retake {
@@ -54,6 +55,18 @@ pub async fn same_identity_instant_retake(h: &dyn Harness) -> Report {
         .await
         .expect_err("abandoned grant still refreshable");
     assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+    // A late release of the superseded grant (its owner's crashed run, or an abandoned
+    // attempt) must not remove the retake: release compares the grant, not just the owner.
+    backend
+        .release(&abandoned)
+        .await
+        .expect("releasing a superseded grant is not an error");
+    let holder = backend.inspect(&name).await.expect("inspect");
+    assert_eq!(
+        holder.map(|h| h.owner().clone()),
+        Some(guard.lease().owner().clone()),
+        "releasing the superseded grant removed the retake"
+    );
     guard.release().await.expect("release");
     Report::new().metric("retake_ms", millis(took))
 }
