@@ -21,7 +21,11 @@ impl Drop for Scratch {
 }
 
 fn anylock(dir: &Path, args: &[&str]) -> Command {
-    let mut command = Command::new(BIN);
+    in_scratch(dir, Command::new(BIN), args)
+}
+
+/// `command args`, with `anylock`'s settings pointing at the scratch dir's `local:` file.
+fn in_scratch(dir: &Path, mut command: Command, args: &[&str]) -> Command {
     command
         .args(args)
         .env(
@@ -35,6 +39,37 @@ fn anylock(dir: &Path, args: &[&str]) -> Command {
         .stdout(Stdio::null())
         .stderr(Stdio::null());
     command
+}
+
+fn scratch(what: &str) -> Scratch {
+    let dir = Scratch(std::env::temp_dir().join(format!(
+        "anylock-local-{what}-{:016x}",
+        rand::random::<u64>()
+    )));
+    std::fs::create_dir_all(&dir.0).expect("scratch dir");
+    dir
+}
+
+/// While another `anylock run job` holds the lock, the exit code of
+/// `unshare WRAPPER... anylock run job --no-wait -- true`.
+fn contend_from(what: &str, wrapper: &[&str]) -> Option<i32> {
+    let dir = scratch(what);
+    let mut holder = anylock(&dir.0, &["run", "job", "--ttl", "60s", "--", "sleep", "30"])
+        .spawn()
+        .expect("spawn anylock");
+    let start = Instant::now();
+    while try_once(&dir.0) != HELD {
+        assert!(start.elapsed() < Duration::from_secs(30), "never held");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut unshare = Command::new("unshare");
+    unshare.args(wrapper).arg(BIN);
+    let status = in_scratch(&dir.0, unshare, &["run", "job", "--no-wait", "--", "true"])
+        .status()
+        .expect("run unshare");
+    let _ = holder.kill();
+    let _ = holder.wait();
+    status.code()
 }
 
 /// `anylock run job --no-wait -- true`: its exit code.
@@ -70,11 +105,7 @@ fn alive(pid: Pid) -> bool {
 
 #[test]
 fn a_killed_anylock_keeps_the_lock_while_its_command_runs() {
-    let dir = Scratch(std::env::temp_dir().join(format!(
-        "anylock-local-liveness-{:016x}",
-        rand::random::<u64>()
-    )));
-    std::fs::create_dir_all(&dir.0).expect("scratch dir");
+    let dir = scratch("liveness");
     // The sleep is a grandchild that left the command's process group (`setsid`), so the
     // CLI's supervisor, which kills the group when `anylock` dies, cannot reach it: only
     // the inherited kernel lock keeps the lease alive while it runs.
@@ -133,40 +164,10 @@ fn a_killed_anylock_keeps_the_lock_while_its_command_runs() {
 /// refused instead (exit 2), and the holder keeps the lock.
 #[test]
 fn a_process_that_cannot_read_the_boot_id_never_takes_a_held_lock() {
-    let dir = Scratch(std::env::temp_dir().join(format!(
-        "anylock-local-bootid-{:016x}",
-        rand::random::<u64>()
-    )));
-    std::fs::create_dir_all(&dir.0).expect("scratch dir");
-    let mut holder = anylock(&dir.0, &["run", "job", "--ttl", "60s", "--", "sleep", "30"])
-        .spawn()
-        .expect("spawn anylock");
-    let start = Instant::now();
-    while try_once(&dir.0) != HELD {
-        assert!(start.elapsed() < Duration::from_secs(30), "never held");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    // `anylock run job --no-wait -- true` with the boot id masked by an empty file.
+    // The boot id masked by an empty file in a mount namespace of its own.
     let masked = "mount --bind /dev/null /proc/sys/kernel/random/boot_id && exec \"$0\" \"$@\"";
-    let status = Command::new("unshare")
-        .args(["-m", "-r", "--fork", "sh", "-c", masked, BIN])
-        .args(["run", "job", "--no-wait", "--", "true"])
-        .env(
-            "ANYLOCK_BACKEND",
-            format!("local:{}/locks.sqlite3", dir.0.display()),
-        )
-        .env_remove("ANYLOCK_CONFIG")
-        .env("XDG_CONFIG_HOME", &dir.0)
-        .current_dir(&dir.0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("run unshare");
-    let _ = holder.kill();
-    let _ = holder.wait();
     assert_eq!(
-        status.code(),
+        contend_from("bootid", &["-m", "-r", "--fork", "sh", "-c", masked]),
         Some(2),
         "with no boot id, anylock must refuse (exit 2), not take the held lock (exit 0)"
     );
@@ -177,38 +178,11 @@ fn a_process_that_cannot_read_the_boot_id_never_takes_a_held_lock() {
 /// took it. Expiry is judged on the host's monotonic clock, whatever the namespace.
 #[test]
 fn a_process_in_a_time_namespace_never_takes_a_held_lock() {
-    let dir = Scratch(std::env::temp_dir().join(format!(
-        "anylock-local-timens-{:016x}",
-        rand::random::<u64>()
-    )));
-    std::fs::create_dir_all(&dir.0).expect("scratch dir");
-    let mut holder = anylock(&dir.0, &["run", "job", "--ttl", "60s", "--", "sleep", "30"])
-        .spawn()
-        .expect("spawn anylock");
-    let start = Instant::now();
-    while try_once(&dir.0) != HELD {
-        assert!(start.elapsed() < Duration::from_secs(30), "never held");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let status = Command::new("unshare")
-        .args(["--time", "--monotonic", "100000", "--fork", "-r", BIN])
-        .args(["run", "job", "--no-wait", "--", "true"])
-        .env(
-            "ANYLOCK_BACKEND",
-            format!("local:{}/locks.sqlite3", dir.0.display()),
-        )
-        .env_remove("ANYLOCK_CONFIG")
-        .env("XDG_CONFIG_HOME", &dir.0)
-        .current_dir(&dir.0)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("run unshare");
-    let _ = holder.kill();
-    let _ = holder.wait();
     assert_eq!(
-        status.code(),
+        contend_from(
+            "timens",
+            &["--time", "--monotonic", "100000", "--fork", "-r"]
+        ),
         Some(HELD),
         "a clock 100 000 s ahead must still see the lease as held"
     );
