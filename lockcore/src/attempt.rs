@@ -44,7 +44,8 @@ fn in_flight() -> std::sync::MutexGuard<'static, HashMap<Key, watch::Receiver<()
 #[derive(Debug)]
 pub(crate) struct Slot {
     key: Key,
-    done: watch::Sender<()>,
+    /// Never sent on: its drop (after the entry is gone) is the signal.
+    _done: watch::Sender<()>,
 }
 
 impl Slot {
@@ -59,7 +60,7 @@ impl Slot {
                     None => {
                         let (done, rx) = watch::channel(());
                         map.insert(key.clone(), rx);
-                        return Some(Slot { key, done });
+                        return Some(Slot { key, _done: done });
                     }
                 }
             };
@@ -73,14 +74,10 @@ impl Slot {
 }
 
 impl Drop for Slot {
+    /// The map holds an entry for `key` exactly while its one `Slot` lives, so the entry
+    /// is ours. Removing it and then dropping `done` wakes every waiter.
     fn drop(&mut self) {
-        let mut map = in_flight();
-        if map
-            .get(&self.key)
-            .is_some_and(|rx| rx.same_channel(&self.done.subscribe()))
-        {
-            map.remove(&self.key);
-        }
+        in_flight().remove(&self.key);
     }
 }
 
