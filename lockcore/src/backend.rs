@@ -196,6 +196,18 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
         Ok(None)
     }
 
+    /// How this handle reaches its servers: TLS or plaintext, what was verified, and who
+    /// it authenticated as, one entry per server it talks to (`anylock check`).
+    ///
+    /// # Contract
+    /// - `Ok(vec![])` (the default): the backend does not report it.
+    /// - Reports what the live connections use, not what was asked for: a backend that can
+    ///   fall back (PostgreSQL's `sslmode=prefer`) asks the server or probes.
+    /// - No secret in any field: user names and certificate subjects only.
+    async fn connection_security(&self) -> Result<Vec<crate::ConnectionSecurity>> {
+        Ok(Vec::new())
+    }
+
     /// Subscribes to release notifications for `name`.
     ///
     /// # Contract
@@ -246,6 +258,9 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
     }
     async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
         (**self).subscribe(name).await
+    }
+    async fn connection_security(&self) -> Result<Vec<crate::ConnectionSecurity>> {
+        (**self).connection_security().await
     }
 }
 

@@ -39,6 +39,7 @@ mod locker;
 mod memory;
 mod name;
 mod options;
+mod security;
 pub mod state;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
@@ -62,5 +63,6 @@ pub use locker::Locker;
 pub use memory::{Defect, MemoryBackend};
 pub use name::{LockName, MAX_NAME_LEN};
 pub use options::{LockOptions, MAX_REFRESH_FAILURES, MAX_TTL, MIN_TTL, WaitMode};
+pub use security::{ConnectionSecurity, TlsDetails, Transport, Verification};
 pub use state::{Health, LostReason};
 pub use types::{Acquire, AcquireRequest, FenceToken, HolderInfo, Lease};
