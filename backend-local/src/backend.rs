@@ -327,6 +327,13 @@ impl LockBackend for LocalBackend {
     fn guarantees(&self) -> Guarantees {
         guarantees()
     }
+
+    async fn connection_security(&self) -> Result<Vec<lockcore::ConnectionSecurity>> {
+        Ok(vec![lockcore::ConnectionSecurity::new(
+            self.config.path().display().to_string(),
+            lockcore::Transport::Local,
+        )])
+    }
 }
 
 /// What the embedded backend promises (the same for every instance).

@@ -261,6 +261,13 @@ impl LockBackend for MemoryBackend {
         Ok(holder)
     }
 
+    async fn connection_security(&self) -> Result<Vec<crate::ConnectionSecurity>> {
+        Ok(vec![crate::ConnectionSecurity::new(
+            "memory",
+            crate::Transport::Local,
+        )])
+    }
+
     fn guarantees(&self) -> Guarantees {
         Guarantees::new(
             Exclusion::InProcess,

@@ -451,7 +451,7 @@ pub enum Preamble {
 /// The outcome of one handshake: protocol version and cipher suite, as rustls names them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Negotiated {
-    /// `TLSv1_3`.
+    /// `TLSv1.3`.
     pub version: String,
     /// `TLS13_AES_256_GCM_SHA384`.
     pub cipher: String,
@@ -508,7 +508,7 @@ pub async fn probe(
         Ok(Negotiated {
             version: session
                 .protocol_version()
-                .map_or_else(|| "unknown".to_owned(), |v| format!("{v:?}")),
+                .map_or_else(|| "unknown".to_owned(), version_name),
             cipher: session
                 .negotiated_cipher_suite()
                 .map_or_else(|| "unknown".to_owned(), |c| format!("{:?}", c.suite())),
@@ -521,6 +521,11 @@ pub async fn probe(
                 "no TLS handshake with {host}:{port} within {timeout:?}"
             )))
         })
+}
+
+/// `TLSv1.3` for rustls's `TLSv1_3`.
+fn version_name(version: rustls::ProtocolVersion) -> String {
+    format!("{version:?}").replace('_', ".")
 }
 
 /// Finds a TLS failure in `err`'s source chain and words it as a
