@@ -104,6 +104,7 @@ pub(crate) async fn check(url: Option<String>, config: &Config) -> Result<(), Er
     let started = Instant::now();
     let backend = crate::select::connect(&url).await?;
     out!("connect:      ok in {:?}", started.elapsed());
+    security(&*backend).await?;
     let name = LockName::new(format!("anylock-check-{:016x}", rand::random::<u64>()))?;
     let mut samples = Vec::new();
     for _ in 0..5 {
@@ -132,6 +133,29 @@ pub(crate) async fn check(url: Option<String>, config: &Config) -> Result<(), Er
         g.fencing,
         g.waiting
     );
+    Ok(())
+}
+
+/// One `security:` line per connection: TLS version and what was verified, and who we
+/// authenticated as; a warning when credentials travel in plaintext.
+async fn security(backend: &dyn lockcore::LockBackend) -> Result<(), Error> {
+    let reports = backend.connection_security().await?;
+    if reports.is_empty() {
+        out!(
+            "security:     not reported by the {} backend",
+            backend.backend_name()
+        );
+    }
+    for report in &reports {
+        out!("security:     {report}");
+        if report.transport == lockcore::Transport::Plaintext && report.identity.is_some() {
+            out!(
+                "WARNING:      credentials for {} travel unencrypted; use the backend's TLS \
+                 scheme (docs/tls-and-auth.md)",
+                report.endpoint
+            );
+        }
+    }
     Ok(())
 }
 

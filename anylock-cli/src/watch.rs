@@ -87,13 +87,31 @@ async fn next_event(
     }
 }
 
-/// Starts the command with the lock's name and fence token in its environment.
+/// Starts the command with the lock's name and fence token in its environment, and
+/// [`BACKEND_ENV`] with its secrets redacted.
 fn start(guard: &LockGuard, args: &RunArgs, grace: Duration) -> std::io::Result<Child> {
     let mut env = vec![("ANYLOCK_NAME", args.name.clone())];
     if let Some(token) = guard.fence_token() {
         env.push(("ANYLOCK_FENCE_TOKEN", token.to_string()));
     }
+    if let Some(redacted) = redacted_backend_env() {
+        env.push((BACKEND_ENV, redacted));
+    }
     Child::spawn(&args.command, &env, grace, args.leftovers)
+}
+
+/// The variable that names the backend; the command inherits it.
+const BACKEND_ENV: &str = "ANYLOCK_BACKEND";
+
+/// `ANYLOCK_BACKEND` with passwords and secret parameters replaced by `***`, when it holds
+/// any: the locked command (and everything it starts, logs or uploads) must not learn the
+/// lock service's credentials. A nested `anylock` in the command then fails to
+/// authenticate, loudly, rather than silently using another backend; give it its own
+/// credentials through a config file (`ANYLOCK_CONFIG`) instead.
+fn redacted_backend_env() -> Option<String> {
+    let url = std::env::var(BACKEND_ENV).ok()?;
+    let redacted = anylock::redact(&url);
+    (redacted != url).then_some(redacted)
 }
 
 /// Forwards `sig`, or follows anylock's own stop. `Err` when the lease ran out while

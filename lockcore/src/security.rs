@@ -130,6 +130,7 @@ impl fmt::Display for ConnectionSecurity {
         write!(f, "{}: {}", self.endpoint, self.transport)?;
         match &self.identity {
             Some(identity) => write!(f, "; authenticated as {identity}"),
+            None if self.transport == Transport::Local => Ok(()),
             None => f.write_str("; no credentials sent"),
         }
     }
@@ -167,6 +168,9 @@ mod tests {
             TlsDetails::new(Verification::None, false).to_string(),
             "TLS, server NOT verified"
         );
-        assert_eq!(Transport::Local.to_string(), "local (no network)");
+        assert_eq!(
+            ConnectionSecurity::new("/tmp/l.db", Transport::Local).to_string(),
+            "/tmp/l.db: local (no network)"
+        );
     }
 }
