@@ -287,7 +287,7 @@ fn every_backend_across_the_security_matrix() {
             let last_line = stderr
                 .lines()
                 .filter(|l| l.starts_with("anylock:"))
-                .last()
+                .next_back()
                 .unwrap_or("(no error line)")
                 .to_owned();
             let mut problems = Vec::new();
