@@ -286,8 +286,7 @@ fn every_backend_across_the_security_matrix() {
             // The CLI's one-line report; trace lines of background tasks may follow it.
             let last_line = stderr
                 .lines()
-                .filter(|l| l.starts_with("anylock:"))
-                .next_back()
+                .rfind(|l| l.starts_with("anylock:"))
                 .unwrap_or("(no error line)")
                 .to_owned();
             let mut problems = Vec::new();
