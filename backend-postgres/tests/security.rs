@@ -128,7 +128,7 @@ async fn a_wrong_password_is_an_authentication_failure_naming_the_user() {
 #[tokio::test]
 async fn another_ca_as_root_certificate_is_refused_with_verify_full_and_with_require() {
     let Some(s) = secure() else { return };
-    for mode in ["verify-full", "require", "verify-ca"] {
+    for mode in ["require", "verify-full", "verify-ca"] {
         let params = format!(
             "sslmode={mode}&sslrootcert={{dir}}/other-ca.pem\
              &sslcert={{dir}}/client.pem&sslkey={{dir}}/client-key.pem"
@@ -189,4 +189,166 @@ async fn a_missing_or_non_pem_ca_file_is_named_before_connecting() {
     let not_ca = s.url("sslmode=verify-full&sslrootcert={dir}/client-key.pem");
     let err = s.refused(&not_ca).await;
     assert_mentions(&err, ErrorKind::Config, "client-key.pem");
+}
+
+/// Set in the child process that runs [`os_trust_store_child`].
+const CHILD: &str = "ANYLOCK_PG_TRUST_STORE_CHILD";
+
+/// Without `ca` the OS trust store decides (rustls-native-certs, which honours
+/// `SSL_CERT_FILE`): the test CA is not in it, so verify-full fails here, and succeeds in a
+/// child process whose `SSL_CERT_FILE` is the test CA.
+#[tokio::test]
+async fn without_ca_the_os_trust_store_is_used() {
+    if std::env::var_os(CHILD).is_some() {
+        return;
+    }
+    let Some(s) = secure() else { return };
+    let no_ca = "sslmode=verify-full&sslcert={dir}/client.pem&sslkey={dir}/client-key.pem";
+    let err = s.refused(&s.url(no_ca)).await;
+    assert_mentions(
+        &err,
+        ErrorKind::PermissionDenied,
+        "not signed by a CA we trust",
+    );
+
+    let output = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "os_trust_store_child", "--nocapture"])
+        .env(CHILD, "1")
+        .env("SSL_CERT_FILE", format!("{}/ca.pem", s.dir))
+        .env_remove("SSL_CERT_DIR")
+        .output()
+        .expect("run the child test");
+    let shown = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "child failed:\n{shown}");
+    assert!(
+        shown.contains("1 passed"),
+        "the child test did not run:\n{shown}"
+    );
+}
+
+/// Runs only inside [`without_ca_the_os_trust_store_is_used`]'s child.
+#[tokio::test]
+async fn os_trust_store_child() {
+    if std::env::var_os(CHILD).is_none() {
+        return;
+    }
+    let s = secure().expect("the parent checked the settings");
+    let no_ca = "sslmode=verify-full&sslcert={dir}/client.pem&sslkey={dir}/client-key.pem";
+    let config = PostgresConfig::from_url(&s.url(no_ca)).expect("valid");
+    PostgresBackend::connect(config.with_schema(SCHEMA))
+        .await
+        .expect("the OS trust store (SSL_CERT_FILE) holds the server's CA");
+
+    // sqlx 0.9 ADDS the `ca` file to the OS trust store instead of replacing it (libpq
+    // trusts the file only), so a CA that signed nothing still lets this server through
+    // while the OS store trusts its CA. docs/tls-and-auth.md says so; if this starts to
+    // fail, sqlx replaced the store: update the docs.
+    let other = "sslmode=verify-full&sslrootcert={dir}/other-ca.pem\
+        &sslcert={dir}/client.pem&sslkey={dir}/client-key.pem";
+    let config = PostgresConfig::from_url(&s.url(other)).expect("valid");
+    PostgresBackend::connect(config.with_schema(SCHEMA))
+        .await
+        .expect("sqlx adds `ca` to the OS trust store");
+}
+
+/// The least-privilege recipe of docs/tls-and-auth.md: an owner creates the objects, and a
+/// role with only CONNECT on the database plus these grants can acquire, refresh, inspect
+/// and release. Each grant is then revoked in turn, and the error names that grant.
+#[tokio::test]
+async fn a_role_with_the_documented_grants_uses_objects_an_owner_created() {
+    let Some(s) = secure() else { return };
+    let schema = format!("anylock_lp_{:016x}", rand::random::<u64>());
+    let owner = PostgresBackend::connect(
+        PostgresConfig::from_url(&s.url(FULL))
+            .expect("valid")
+            .with_schema(&schema),
+    )
+    .await
+    .expect("the owner creates the objects");
+    let admin = owner.pool().clone();
+    let run = async |sql: String| {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+            .execute(&admin)
+            .await
+            .expect("admin statement");
+    };
+    let q = format!("\"{schema}\"");
+    let grants = [
+        format!("GRANT USAGE ON SCHEMA {q} TO anylock_noperm"),
+        format!("GRANT SELECT, INSERT, UPDATE ON {q}.leases TO anylock_noperm"),
+        format!("GRANT USAGE ON SEQUENCE {q}.leases_fence TO anylock_noperm"),
+    ];
+    for grant in &grants {
+        run(grant.clone()).await;
+    }
+    let limited_url = s.url_as("anylock_noperm", &s.password, FULL);
+    let limited = PostgresConfig::from_url(&limited_url)
+        .expect("valid")
+        .with_schema(&schema);
+    let outcome = async {
+        let backend = PostgresBackend::connect(limited.clone())
+            .await
+            .expect("connect with the documented grants");
+        let name = LockName::new("least-privilege").unwrap();
+        let request = AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(5));
+        let Acquire::Acquired(lease) = backend.acquire(&request).await.expect("acquire") else {
+            panic!("free lock");
+        };
+        backend.refresh(&lease).await.expect("refresh");
+        assert!(backend.inspect(&name).await.expect("inspect").is_some());
+        backend.release(&lease).await.expect("release");
+
+        for (grant, revoke, fix) in [
+            (
+                2,
+                format!("REVOKE USAGE ON SEQUENCE {q}.leases_fence FROM anylock_noperm"),
+                "GRANT USAGE ON SEQUENCE",
+            ),
+            (
+                1,
+                format!("REVOKE SELECT, INSERT, UPDATE ON {q}.leases FROM anylock_noperm"),
+                "GRANT SELECT, INSERT, UPDATE ON",
+            ),
+            (
+                0,
+                format!("REVOKE USAGE ON SCHEMA {q} FROM anylock_noperm"),
+                "GRANT USAGE ON SCHEMA",
+            ),
+        ] {
+            run(revoke).await;
+            let request =
+                AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(5));
+            let err = backend
+                .acquire(&request)
+                .await
+                .expect_err("a grant is missing");
+            s.assert_hidden(&err);
+            assert_mentions(&err, ErrorKind::PermissionDenied, fix);
+            run(grants[grant].clone()).await;
+        }
+    };
+    outcome.await;
+    run(format!("DROP SCHEMA {q} CASCADE")).await;
+}
+
+/// A role without CREATE on the database cannot make the schema: the error names the
+/// grant and the alternative.
+#[tokio::test]
+async fn a_role_without_create_is_told_which_grant_is_missing() {
+    let Some(s) = secure() else { return };
+    let schema = format!("anylock_np_{:016x}", rand::random::<u64>());
+    let url = s.url_as("anylock_noperm", &s.password, FULL);
+    let config = PostgresConfig::from_url(&url)
+        .expect("valid")
+        .with_schema(&schema);
+    let err = PostgresBackend::connect(config)
+        .await
+        .expect_err("no CREATE");
+    s.assert_hidden(&err);
+    assert_mentions(
+        &err,
+        ErrorKind::PermissionDenied,
+        "GRANT CREATE ON DATABASE \"anylock_test\" TO \"anylock_noperm\"",
+    );
 }
