@@ -6,8 +6,9 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use lockcore::{
-    Acquire, AcquireRequest, Durability, Error, ExpiryClock, Fairness, FenceToken, Fencing,
-    Guarantees, HolderInfo, Identity, Lease, LockBackend, LockName, ReleaseEvents, Result, Waiting,
+    Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, ExpiryClock, Fairness,
+    FenceToken, Fencing, Guarantees, HolderInfo, Identity, Lease, LockBackend, LockName,
+    ReleaseEvents, Result, TlsDetails, Transport, Waiting,
 };
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
@@ -15,6 +16,7 @@ use sqlx::postgres::{PgPool, PgRow};
 use crate::client::{BACKEND, Client, Effect};
 use crate::config::PostgresConfig;
 use crate::notify::Notifier;
+use crate::sql;
 
 /// What [`PostgresBackend::guarantees`](LockBackend::guarantees) says besides the enums.
 const NOTES: &str = "Linearizable on one PostgreSQL primary; leases and tokens survive a \
@@ -277,6 +279,61 @@ impl LockBackend for PostgresBackend {
 
     async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
         Ok(Some(self.inner.notifier.subscribe(name)))
+    }
+
+    /// Asks the server about a pooled connection: `pg_stat_ssl` for TLS, its version and
+    /// cipher, `current_user` for the role. What was verified follows from the effective
+    /// `sslmode` (the server cannot know); the `LISTEN` connection is not reported.
+    async fn connection_security(&self) -> Result<Vec<ConnectionSecurity>> {
+        let config = &self.inner.config;
+        let c = self.client();
+        let row = c
+            .run(Effect::Read, async |conn| {
+                sqlx::query(sql::CONNECTION_SECURITY)
+                    .persistent(false)
+                    .fetch_one(conn)
+                    .await
+                    .and_then(|row| SslRow::from_row(&row))
+            })
+            .await?;
+        let setup = config.tls();
+        let transport = if row.ssl {
+            let client_certificate = setup.client_certificate || row.client_dn.is_some();
+            Transport::Tls(
+                TlsDetails::new(setup.verification, client_certificate)
+                    .with_negotiated(row.version, row.cipher),
+            )
+        } else {
+            Transport::Plaintext
+        };
+        let mut identity = format!("user {:?}", row.user);
+        if let Some(dn) = row.client_dn.filter(|dn| !dn.is_empty()) {
+            identity.push_str(&format!(", client certificate {dn}"));
+        }
+        Ok(vec![
+            ConnectionSecurity::new(config.endpoint(), transport).with_identity(identity),
+        ])
+    }
+}
+
+/// One row of [`sql::CONNECTION_SECURITY`].
+struct SslRow {
+    ssl: bool,
+    version: Option<String>,
+    cipher: Option<String>,
+    client_dn: Option<String>,
+    user: String,
+}
+
+impl SslRow {
+    fn from_row(row: &PgRow) -> Result<Self, sqlx::Error> {
+        Ok(Self {
+            ssl: row.try_get::<Option<bool>, _>("ssl")?.unwrap_or(false),
+            version: row.try_get("version")?,
+            cipher: row.try_get("cipher")?,
+            client_dn: row.try_get("client_dn")?,
+            user: row.try_get("user")?,
+        })
     }
 }
 

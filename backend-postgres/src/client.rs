@@ -9,8 +9,10 @@ use sqlx::{Connection, Row, SqlStr};
 use tokio::time::{Instant, timeout_at};
 
 use crate::config::PostgresConfig;
+use crate::denied::{self, Who};
 use crate::limits;
 use crate::sql::{self, Names, Statements};
+use crate::tls::tls_failure;
 
 /// The backend name in every error.
 pub(crate) const BACKEND: &str = "postgres";
@@ -34,6 +36,8 @@ pub(crate) struct Client {
     pub(crate) prepared: bool,
     /// Begins every explicit transaction, with the statement timeout (see [`limits`]).
     pub(crate) begin: SqlStr,
+    /// The role and objects, named in authentication and privilege errors.
+    pub(crate) who: Who,
 }
 
 /// Pooled connections idle at least this long are pinged before a lock statement.
@@ -61,9 +65,14 @@ impl Client {
             })
             .connect_lazy_with(config.connect_options());
         let names = Names::new(config);
+        let who = Who {
+            user: config.user().to_owned(),
+            names: names.clone(),
+        };
         Self {
             pool,
             statements: Statements::new(&names),
+            who,
             names,
             timeout: config.timeout(),
             prepared: config.prepared_statements(),
@@ -91,7 +100,7 @@ impl Client {
         let deadline = Instant::now() + self.timeout;
         let mut conn = match timeout_at(deadline, self.pool.acquire()).await {
             Ok(Ok(conn)) => conn,
-            Ok(Err(err)) => return Err(map_error(err, Effect::Read)),
+            Ok(Err(err)) => return Err(map_error_as(err, Effect::Read, Some(&self.who))),
             Err(_) => {
                 return Err(timed_out(
                     Effect::Read,
@@ -109,7 +118,7 @@ impl Client {
         };
         match timeout_at(deadline, attempt).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(map_error(err, effect)),
+            Ok(Err(err)) => Err(map_error_as(err, effect, Some(&self.who))),
             Err(_) => Err(timed_out(effect, self.timeout, "waiting for the reply")),
         }
     }
@@ -239,11 +248,23 @@ fn timed_out(effect: Effect, limit: Duration, phase: &str) -> Error {
 /// A database error means the statement failed and was rolled back, so even for a write
 /// its outcome is known; a broken connection after a write was sent is not.
 pub(crate) fn map_error(err: sqlx::Error, effect: Effect) -> Error {
+    map_error_as(err, effect, None)
+}
+
+/// [`map_error`], naming `who` in authentication and privilege failures.
+pub(crate) fn map_error_as(err: sqlx::Error, effect: Effect, who: Option<&Who>) -> Error {
+    if let Some(tls) = tls_failure(&err) {
+        return tls.with_backend(BACKEND).with_source(err);
+    }
     let (kind, status, message) = match &err {
         sqlx::Error::Database(db) => {
             let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
             let (kind, status) = classify_sqlstate(&code);
-            (kind, status, format!("SQLSTATE {code}: {}", db.message()))
+            let mut message = format!("SQLSTATE {code}: {}", db.message());
+            if let Some(hint) = denied::hint(&code, db.message(), who) {
+                message = hint;
+            }
+            (kind, status, message)
         }
         other => {
             let (kind, status, message) = classify_client_error(other, effect);
@@ -271,11 +292,6 @@ fn classify_client_error(err: &sqlx::Error, effect: Effect) -> (ErrorKind, Retry
             "no pooled connection became available (server unreachable or pool exhausted)",
         ),
         sqlx::Error::PoolClosed => (Unavailable, Permanent, "the connection pool is closed"),
-        sqlx::Error::Tls(_) => (
-            Config,
-            Permanent,
-            "TLS setup failed (check sslmode and certificates)",
-        ),
         sqlx::Error::Configuration(_) | sqlx::Error::InvalidArgument(_) => {
             (Config, Permanent, "invalid connection settings")
         }

@@ -16,7 +16,8 @@ use lockcore::{Error, Result};
 use sqlx::postgres::PgConnectOptions;
 
 use crate::limits::{self, MAX_STATEMENT_TIMEOUT};
-use crate::url::{connect_options, parse_url, redact, split_params};
+use crate::tls::TlsSetup;
+use crate::url::connection;
 
 /// The schema used unless the URL or [`PostgresConfig::with_schema`] names another.
 pub const DEFAULT_SCHEMA: &str = "anylock";
@@ -53,6 +54,7 @@ pub(crate) const FENCE_SUFFIX: &str = "_fence";
 pub struct PostgresConfig {
     connect: PgConnectOptions,
     redacted: String,
+    tls: TlsSetup,
     listen: Option<(PgConnectOptions, String)>,
     schema: String,
     table: String,
@@ -77,13 +79,11 @@ impl PostgresConfig {
     /// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for an unparseable
     /// URL, another scheme, or a bad parameter value. The message never shows the password.
     pub fn from_url(url: &str) -> Result<Self> {
-        let parsed = parse_url(url)?;
-        let redacted = redact(&parsed);
-        let (own, rest) = split_params(&parsed);
-        let connect = connect_options(&rest, &redacted)?;
+        let parsed = connection(url)?;
         let mut config = Self {
-            connect,
-            redacted,
+            connect: parsed.options,
+            redacted: parsed.redacted,
+            tls: parsed.tls,
             listen: None,
             schema: DEFAULT_SCHEMA.to_owned(),
             table: DEFAULT_TABLE.to_owned(),
@@ -94,7 +94,7 @@ impl PostgresConfig {
             create_schema: true,
             prepared_statements: true,
         };
-        for (key, value) in own {
+        for (key, value) in parsed.own {
             config = config.apply_param(&key, &value)?;
         }
         Ok(config)
@@ -185,11 +185,8 @@ impl PostgresConfig {
     /// # Errors
     /// As [`from_url`](Self::from_url).
     pub fn with_listen_url(mut self, url: &str) -> Result<Self> {
-        let parsed = parse_url(url)?;
-        let redacted = redact(&parsed);
-        let (_, rest) = split_params(&parsed);
-        let options = connect_options(&rest, &redacted)?;
-        self.listen = Some((options, redacted));
+        let parsed = connection(url)?;
+        self.listen = Some((parsed.options, parsed.redacted));
         Ok(self)
     }
 
@@ -239,6 +236,24 @@ impl PostgresConfig {
     /// Whether statements are prepared and cached per connection.
     pub fn prepared_statements(&self) -> bool {
         self.prepared_statements
+    }
+
+    /// What the main connections are set up to check and present (TLS).
+    pub(crate) fn tls(&self) -> TlsSetup {
+        self.tls
+    }
+
+    /// The server's `host:port` (or socket path), for reports.
+    pub(crate) fn endpoint(&self) -> String {
+        match self.connect.get_socket() {
+            Some(path) => path.display().to_string(),
+            None => format!("{}:{}", self.connect.get_host(), self.connect.get_port()),
+        }
+    }
+
+    /// The user name the server is asked to authenticate.
+    pub(crate) fn user(&self) -> &str {
+        self.connect.get_username()
     }
 
     /// The URL with the password replaced by `***`.

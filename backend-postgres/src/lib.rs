@@ -35,12 +35,14 @@
 mod backend;
 mod client;
 mod config;
+mod denied;
 pub mod fenced;
 mod limits;
 mod notify;
 #[cfg(test)]
 mod prop_tests;
 mod sql;
+mod tls;
 mod url;
 
 pub use backend::{PostgresBackend, guarantees};

@@ -199,6 +199,12 @@ pub(crate) const EXISTS: &str = "SELECT to_regclass($1) IS NOT NULL AND to_regcl
             (SELECT seqcache FROM pg_catalog.pg_sequence WHERE seqrelid = to_regclass($2)) \
             AS cache";
 
+/// This session's TLS state (`ssl` is NULL only when the row is missing) and role.
+pub(crate) const CONNECTION_SECURITY: &str = "SELECT s.ssl, s.version, s.cipher, s.client_dn, \
+    current_user::text AS user \
+    FROM (SELECT 1) AS one \
+    LEFT JOIN pg_catalog.pg_stat_ssl AS s ON s.pid = pg_catalog.pg_backend_pid()";
+
 /// `$1` schema (quoted): whether it exists already.
 pub(crate) const SCHEMA_EXISTS: &str = "SELECT to_regnamespace($1) IS NOT NULL AS present";
 

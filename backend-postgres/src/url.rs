@@ -8,8 +8,9 @@ use sqlx::postgres::PgConnectOptions;
 use url::Url;
 
 use crate::config::{DEFAULT_APPLICATION_NAME, invalid};
+use crate::tls::{TlsParams, TlsSetup};
 
-/// URL query parameters that anylock reads itself (the rest go to sqlx).
+/// URL query parameters that anylock reads itself.
 const OWN_PARAMS: &[&str] = &[
     "schema",
     "table",
@@ -36,27 +37,159 @@ pub(crate) fn parse_url(url: &str) -> Result<Url> {
     }
 }
 
-/// Splits the query into anylock's own parameters and everything else.
-pub(crate) fn split_params(url: &Url) -> (Vec<(String, String)>, Url) {
-    let mut own = Vec::new();
-    let mut rest = Vec::new();
-    for (key, value) in url.query_pairs() {
-        let pair = (key.into_owned(), value.into_owned());
-        if OWN_PARAMS.contains(&pair.0.as_str()) {
-            own.push(pair);
-        } else {
-            rest.push(pair);
-        }
-    }
-    let mut stripped = url.clone();
-    stripped.set_query(None);
-    if !rest.is_empty() {
-        stripped.query_pairs_mut().extend_pairs(rest);
-    }
-    (own, stripped)
+/// URL query parameters sqlx 0.9 reads itself (sqlx-postgres `src/options/parse.rs`),
+/// besides the TLS files, which anylock reads ([`crate::tls::ALIASES`]). `options[NAME]` is
+/// accepted too. sqlx logs and ignores anything else, so anything else is refused here.
+const DRIVER_PARAMS: &[&str] = &[
+    "sslmode",
+    "ssl-mode",
+    "host",
+    "hostaddr",
+    "port",
+    "dbname",
+    "user",
+    "password",
+    "application_name",
+    "options",
+    "statement-cache-capacity",
+];
+
+/// libpq parameters the driver does not implement, refused with that reason.
+const LIBPQ_UNSUPPORTED: &[&str] = &[
+    "sslcrl",
+    "sslcrldir",
+    "sslcompression",
+    "sslsni",
+    "sslnegotiation",
+    "sslcertmode",
+    "ssl_min_protocol_version",
+    "ssl_max_protocol_version",
+    "connect_timeout",
+    "target_session_attrs",
+    "load_balance_hosts",
+    "gssencmode",
+    "channel_binding",
+    "require_auth",
+    "passfile",
+    "service",
+    "keepalives",
+    "keepalives_idle",
+    "keepalives_interval",
+    "keepalives_count",
+    "tcp_user_timeout",
+    "krbsrvname",
+    "gsslib",
+    "requirepeer",
+    "client_encoding",
+    "fallback_application_name",
+    "replication",
+];
+
+/// A URL's query, sorted: anylock's own parameters, the TLS files, and a URL holding only
+/// what sqlx reads.
+#[derive(Debug)]
+pub(crate) struct Params {
+    pub(crate) own: Vec<(String, String)>,
+    pub(crate) tls: TlsParams,
+    pub(crate) driver: Url,
 }
 
-pub(crate) fn connect_options(url: &Url, redacted: &str) -> Result<PgConnectOptions> {
+/// Sorts the query's parameters; refuses any that neither anylock nor sqlx reads, naming
+/// it (never its value: a misspelled `password` holds a secret) and listing the known ones.
+///
+/// # Errors
+/// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for an unknown or
+/// unsupported parameter, or a TLS file given twice.
+pub(crate) fn split_params(url: &Url) -> Result<Params> {
+    let mut own = Vec::new();
+    let mut tls = TlsParams::default();
+    let mut rest = Vec::new();
+    for (key, value) in url.query_pairs() {
+        let (key, value) = (key.into_owned(), value.into_owned());
+        if OWN_PARAMS.contains(&key.as_str()) {
+            own.push((key, value));
+        } else if tls.take(&key, &value)? {
+        } else if DRIVER_PARAMS.contains(&key.as_str()) || is_startup_option(&key) {
+            rest.push((key, value));
+        } else {
+            return Err(unknown_param(&key));
+        }
+    }
+    tls.take_env()?;
+    let mut driver = url.clone();
+    driver.set_query(None);
+    if !rest.is_empty() {
+        driver.query_pairs_mut().extend_pairs(rest);
+    }
+    Ok(Params { own, tls, driver })
+}
+
+/// `options[NAME]`: a server setting sent at startup.
+fn is_startup_option(key: &str) -> bool {
+    key.strip_prefix("options[")
+        .and_then(|k| k.strip_suffix(']'))
+        .is_some_and(|k| !k.is_empty())
+}
+
+/// The names this backend reads, for "unknown parameter" messages.
+pub(crate) fn known_params() -> String {
+    let tls = crate::tls::ALIASES.iter().map(|(alias, _)| *alias);
+    let all: Vec<&str> = OWN_PARAMS
+        .iter()
+        .copied()
+        .chain(["ca", "cert", "key"])
+        .chain(tls)
+        .chain(DRIVER_PARAMS.iter().copied())
+        .chain(["options[NAME]"])
+        .collect();
+    all.join(", ")
+}
+
+fn unknown_param(key: &str) -> lockcore::Error {
+    let why = if key == "sslpassword" {
+        "the driver (sqlx) cannot decrypt an encrypted client key; decrypt it once \
+         (`openssl pkey -in key.pem -out key-plain.pem`), protect the file (chmod 600) and \
+         pass it with `key`"
+            .to_owned()
+    } else if LIBPQ_UNSUPPORTED.contains(&key) {
+        "it is a libpq parameter the driver (sqlx) does not implement".to_owned()
+    } else {
+        format!("known parameters: {}", known_params())
+    };
+    invalid(format!(
+        "unknown PostgreSQL URL parameter `{key}` refused: {why}"
+    ))
+}
+
+/// What one URL means: sqlx's options (TLS files applied), the redacted URL, anylock's own
+/// parameters and the TLS setup.
+#[derive(Debug)]
+pub(crate) struct Connection {
+    pub(crate) options: PgConnectOptions,
+    pub(crate) redacted: String,
+    pub(crate) own: Vec<(String, String)>,
+    pub(crate) tls: TlsSetup,
+}
+
+/// Parses `url`, refuses unknown parameters, reads the TLS files and builds sqlx's options.
+///
+/// # Errors
+/// As [`parse_url`], [`split_params`] and [`TlsParams::apply`].
+pub(crate) fn connection(url: &str) -> Result<Connection> {
+    let parsed = parse_url(url)?;
+    let redacted = redact(&parsed);
+    let params = split_params(&parsed)?;
+    let options = connect_options(&params.driver, &redacted)?;
+    let (options, tls) = params.tls.apply(options)?;
+    Ok(Connection {
+        options,
+        redacted,
+        own: params.own,
+        tls,
+    })
+}
+
+fn connect_options(url: &Url, redacted: &str) -> Result<PgConnectOptions> {
     let options = PgConnectOptions::from_str(url.as_str()).map_err(|e| {
         // sqlx's configuration errors describe the bad value, never the password.
         invalid(format!("invalid PostgreSQL URL {redacted}: {e}"))
@@ -70,10 +203,16 @@ pub(crate) fn connect_options(url: &Url, redacted: &str) -> Result<PgConnectOpti
 /// Query parameters whose values are hidden, matched without regard to case (a user may
 /// write `PASSWORD=`, which the driver ignores but the message would still show).
 /// The same names as `anylock::redact` hides.
-const SECRET_PARAMS: &[&str] = &["password", "pass", "token", "secret", "key", "sslpassword"];
+/// Besides these names, any name containing `pass`, `secret` or `token` is hidden (a
+/// misspelled `pasword=` is refused, but its value must not show in the meantime either).
+const SECRET_PARAMS: &[&str] = &["password", "pass", "token", "secret", "sslpassword"];
 
 fn is_secret(key: &str) -> bool {
-    SECRET_PARAMS.iter().any(|s| key.eq_ignore_ascii_case(s))
+    let lower = key.to_ascii_lowercase();
+    SECRET_PARAMS.contains(&lower.as_str())
+        || ["pass", "pasw", "pwd", "secret", "token"]
+            .iter()
+            .any(|part| lower.contains(part))
 }
 
 /// The URL with the password (in the user info or a secret-looking parameter) replaced.
@@ -144,8 +283,8 @@ mod tests {
     #[test]
     fn own_parameters_are_not_passed_to_sqlx() {
         let url = Url::parse("postgres://h/db?schema=s&sslmode=disable&table=t").expect("url");
-        let (own, rest) = super::split_params(&url);
-        assert_eq!(own.len(), 2);
-        assert_eq!(rest.query(), Some("sslmode=disable"));
+        let params = super::split_params(&url).expect("known");
+        assert_eq!(params.own.len(), 2);
+        assert_eq!(params.driver.query(), Some("sslmode=disable"));
     }
 }

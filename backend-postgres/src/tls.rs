@@ -1,0 +1,261 @@
+//! TLS for PostgreSQL: the `ca`, `cert` and `key` URL parameters (and their libpq names
+//! `sslrootcert`, `sslcert`, `sslkey`), read and checked before any connection, the
+//! effective `sslmode` (libpq's rule: `require` with a root certificate is `verify-ca`), and
+//! the failures sqlx reports, worded by [`anylock_tls::diagnose`].
+
+use anylock_tls::{TlsFiles, TlsMaterial};
+use lockcore::{Error, ErrorKind, Result, Verification};
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
+
+use crate::client::BACKEND;
+
+/// The libpq (and sqlx) names of anylock's TLS file parameters, with the name they stand for.
+pub(crate) const ALIASES: &[(&str, &str)] = &[
+    ("sslrootcert", "ca"),
+    ("ssl-root-cert", "ca"),
+    ("ssl-ca", "ca"),
+    ("sslcert", "cert"),
+    ("ssl-cert", "cert"),
+    ("sslkey", "key"),
+    ("ssl-key", "key"),
+];
+
+/// libpq's environment variables for the same files; sqlx reads them too, so anylock takes
+/// them over (checked like the URL parameters) when the URL names no file.
+const ENV: &[(&str, &str)] = &[
+    ("PGSSLROOTCERT", "ca"),
+    ("PGSSLCERT", "cert"),
+    ("PGSSLKEY", "key"),
+];
+
+/// The TLS file parameters of one URL, under whichever name they were given.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct TlsParams {
+    files: TlsFiles,
+    /// The name each canonical parameter was given under (`ca` or `sslrootcert`...).
+    given: Vec<(&'static str, String)>,
+    /// `sslmode` (or `ssl-mode`) appeared in the URL.
+    explicit_mode: bool,
+}
+
+impl TlsParams {
+    /// Takes `name=value` when it is a TLS file parameter or `sslmode`; `Ok(false)` for
+    /// any other parameter.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for an empty path, or a file given twice (under one name
+    /// or under a name and its alias).
+    pub(crate) fn take(&mut self, name: &str, value: &str) -> Result<bool> {
+        if matches!(name, "sslmode" | "ssl-mode") {
+            self.explicit_mode = true;
+            return Ok(false);
+        }
+        let canonical = match ALIASES.iter().find(|(alias, _)| *alias == name) {
+            Some((_, canonical)) => *canonical,
+            None if matches!(name, "ca" | "cert" | "key") => canonical_name(name),
+            None => return Ok(false),
+        };
+        if let Some((_, first)) = self.given.iter().find(|(c, _)| *c == canonical)
+            && first != name
+        {
+            return Err(invalid(format!(
+                "URL parameters `{first}` and `{name}` both name the `{canonical}` file; give one"
+            )));
+        }
+        self.files
+            .take_param(canonical, value)
+            .map_err(|e| e.with_backend(BACKEND))?;
+        self.given.push((canonical, name.to_owned()));
+        Ok(true)
+    }
+
+    /// Adds the files named by `PGSSLROOTCERT`, `PGSSLCERT` and `PGSSLKEY` where the URL
+    /// named none.
+    pub(crate) fn take_env(&mut self) -> Result<()> {
+        for (var, canonical) in ENV {
+            let Some(value) = std::env::var_os(var) else {
+                continue;
+            };
+            if self.given.iter().any(|(c, _)| c == canonical) || value.is_empty() {
+                continue;
+            }
+            let value = value.to_string_lossy().into_owned();
+            self.files
+                .take_param(canonical, &value)
+                .map_err(|e| e.with_backend(BACKEND))?;
+            self.given.push((canonical, (*var).to_owned()));
+        }
+        Ok(())
+    }
+
+    /// Reads the files and applies them and the effective `sslmode` to `options`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] for an unreadable or non-PEM file, a certificate without its
+    /// key, or TLS files with an `sslmode` that would not use or not check them.
+    pub(crate) fn apply(&self, options: PgConnectOptions) -> Result<(PgConnectOptions, TlsSetup)> {
+        let mode = self.effective_mode(options.get_ssl_mode())?;
+        let material = self.files.load().map_err(|e| e.with_backend(BACKEND))?;
+        let mut options = options.ssl_mode(mode);
+        if let Some(ca) = material.ca() {
+            options = options.ssl_root_cert_from_pem(ca.pem().to_vec());
+        }
+        if let Some(client) = material.client() {
+            options = options
+                .ssl_client_cert_from_pem(client.cert_pem())
+                .ssl_client_key_from_pem(client.key_pem());
+        }
+        Ok((options, TlsSetup::new(mode, &material)))
+    }
+
+    /// libpq's rule plus anylock's: `require` with a CA file verifies the chain
+    /// (`verify-ca`); no `sslmode` with TLS files means `verify-full`; TLS files with a mode
+    /// that may fall back to plaintext are refused rather than silently unused.
+    fn effective_mode(&self, mode: PgSslMode) -> Result<PgSslMode> {
+        if self.files.is_empty() {
+            return Ok(mode);
+        }
+        let named: Vec<&str> = self.given.iter().map(|(_, n)| n.as_str()).collect();
+        let explicit = self.explicit_mode || std::env::var_os("PGSSLMODE").is_some();
+        match mode {
+            PgSslMode::Require if self.files.ca().is_some() => Ok(PgSslMode::VerifyCa),
+            PgSslMode::Prefer if !explicit => Ok(PgSslMode::VerifyFull),
+            PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "TLS parameter(s) {} given with sslmode={}, which may connect without TLS \
+                     and does not check the server's certificate; use sslmode=verify-full \
+                     (or verify-ca, require), or leave sslmode out",
+                    named.join(", "),
+                    mode_name(mode)
+                ),
+            )
+            .with_backend(BACKEND)),
+            other => Ok(other),
+        }
+    }
+}
+
+fn canonical_name(name: &str) -> &'static str {
+    match name {
+        "ca" => "ca",
+        "cert" => "cert",
+        _ => "key",
+    }
+}
+
+/// What the pool's connections are set up to use, for
+/// [`connection_security`](lockcore::LockBackend::connection_security).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TlsSetup {
+    /// What is checked about the server's certificate.
+    pub(crate) verification: Verification,
+    /// A client certificate is configured.
+    pub(crate) client_certificate: bool,
+    /// TLS is required (`require` or stricter): no plaintext fallback.
+    pub(crate) required: bool,
+}
+
+impl TlsSetup {
+    fn new(mode: PgSslMode, material: &TlsMaterial) -> Self {
+        let verification = match mode {
+            PgSslMode::VerifyFull => Verification::Full,
+            PgSslMode::VerifyCa => Verification::ChainOnly,
+            _ => Verification::None,
+        };
+        Self {
+            verification,
+            client_certificate: material.client().is_some(),
+            required: matches!(
+                mode,
+                PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull
+            ),
+        }
+    }
+}
+
+/// The URL spelling of `mode`.
+pub(crate) fn mode_name(mode: PgSslMode) -> &'static str {
+    match mode {
+        PgSslMode::Disable => "disable",
+        PgSslMode::Allow => "allow",
+        PgSslMode::Prefer => "prefer",
+        PgSslMode::Require => "require",
+        PgSslMode::VerifyCa => "verify-ca",
+        PgSslMode::VerifyFull => "verify-full",
+    }
+}
+
+/// A TLS failure in a sqlx error, worded by [`anylock_tls::diagnose`] as
+/// [`ErrorKind::PermissionDenied`]; `None` when `err` is not about TLS.
+///
+/// sqlx reports a failed handshake as `Error::Io` wrapping the `rustls::Error` (rustls'
+/// `complete_io` puts it in an `io::Error`). `Error::Io` is `#[error(transparent)]`, whose
+/// `source()` skips the `io::Error` itself, so the chain is entered here by hand. sqlx's own
+/// TLS errors (`Error::Tls`) that hold no rustls error are worded from their text.
+pub(crate) fn tls_failure(err: &sqlx::Error) -> Option<Error> {
+    match err {
+        sqlx::Error::Io(io) => anylock_tls::diagnose(io),
+        sqlx::Error::Tls(inner) => Some(anylock_tls::diagnose(&**inner).unwrap_or_else(|| {
+            Error::new(
+                ErrorKind::PermissionDenied,
+                format!("TLS setup failed: {inner} (check sslmode and the server's ssl setting)"),
+            )
+        })),
+        _ => None,
+    }
+}
+
+fn invalid(message: String) -> Error {
+    Error::invalid_input(message).with_backend(BACKEND)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_and_its_alias_together_are_refused() {
+        let mut params = TlsParams::default();
+        assert!(params.take("sslrootcert", "/a.pem").expect("first"));
+        let err = params.take("ca", "/b.pem").expect_err("alias twice");
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("`sslrootcert` and `ca`"), "{err}");
+        let err = params
+            .take("sslrootcert", "/b.pem")
+            .expect_err("same twice");
+        assert!(err.to_string().contains("twice"), "{err}");
+        assert!(!params.take("schema", "x").expect("not ours"));
+    }
+
+    #[test]
+    fn require_with_a_root_certificate_verifies_the_chain() {
+        let mut params = TlsParams::default();
+        params.take("sslrootcert", "/ca.pem").expect("take");
+        params.explicit_mode = true;
+        assert_eq!(
+            mode_name(params.effective_mode(PgSslMode::Require).expect("ok")),
+            mode_name(PgSslMode::VerifyCa)
+        );
+        assert_eq!(
+            mode_name(params.effective_mode(PgSslMode::VerifyFull).expect("ok")),
+            mode_name(PgSslMode::VerifyFull)
+        );
+        for weak in [PgSslMode::Disable, PgSslMode::Allow, PgSslMode::Prefer] {
+            let err = params.effective_mode(weak).expect_err("plaintext possible");
+            assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+            assert!(err.to_string().contains("sslrootcert"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_client_certificate_alone_does_not_verify_the_server_under_require() {
+        let mut params = TlsParams::default();
+        params.take("cert", "/c.pem").expect("take");
+        params.take("key", "/k.pem").expect("take");
+        assert_eq!(
+            mode_name(params.effective_mode(PgSslMode::Require).expect("ok")),
+            mode_name(PgSslMode::Require)
+        );
+    }
+}
