@@ -19,9 +19,11 @@ use std::time::Duration;
 use lockcore::Result;
 
 use crate::node_url::{
-    NodeUrl, Params, expand_hosts, invalid, parse_node, validate_prefix, validate_timeout,
-    with_params,
+    NodeUrl, Params, REDIS, Schemes, expand_hosts, invalid, parse_node, validate_prefix,
+    validate_timeout, with_params,
 };
+
+const REDLOCK: Schemes = ("redlock", "redlocks");
 
 /// The key prefix used unless a URL or [`RedisConfig::with_prefix`] says otherwise.
 pub const DEFAULT_PREFIX: &str = "anylock";
@@ -70,7 +72,7 @@ impl RedisConfig {
                  use RedlockConfig or a redlock:// URL",
             ));
         }
-        let (node, params) = parse_node(url)?;
+        let (node, params) = parse_node(url, REDIS)?;
         let config = Self {
             node,
             prefix: params.prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_owned()),
@@ -136,7 +138,7 @@ impl RedisConfig {
 
 impl fmt::Display for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let url = self.node.redacted();
+        let url = self.node.redacted_with_files();
         f.write_str(&with_params(
             url,
             &self.prefix,
@@ -189,10 +191,10 @@ impl RedlockConfig {
         let url = url.trim();
         for (scheme, node_scheme) in [("redlock://", "redis"), ("redlocks://", "rediss")] {
             if let Some(rest) = url.strip_prefix(scheme) {
-                return Self::from_node_urls(expand_hosts(rest, node_scheme)?);
+                return Self::parse_nodes(expand_hosts(rest, node_scheme)?, REDLOCK);
             }
         }
-        Self::from_node_urls(url.split(','))
+        Self::parse_nodes(url.split(','), REDIS)
     }
 
     /// Builds the configuration from one full URL per node. Parameters may appear on any
@@ -205,14 +207,23 @@ impl RedlockConfig {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        Self::parse_nodes(urls, REDIS)
+    }
+
+    fn parse_nodes<I, S>(urls: I, schemes: Schemes) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
         let mut nodes = Vec::new();
         let mut params: Option<Params> = None;
         for raw in urls {
-            let (node, these) = parse_node(raw.as_ref())?;
+            let (node, these) = parse_node(raw.as_ref(), schemes)?;
             match &params {
                 Some(seen) if *seen != these => {
                     return Err(invalid(
-                        "Redlock node URLs disagree on prefix, timeout_ms or connect_timeout_ms",
+                        "Redlock node URLs disagree on prefix, timeout_ms, connect_timeout_ms, \
+                         ca, cert or key: give every node the same parameters",
                     ));
                 }
                 _ => params = Some(these),
@@ -313,7 +324,7 @@ impl fmt::Display for RedlockConfig {
             .iter()
             .map(|node| {
                 with_params(
-                    node.redacted(),
+                    node.redacted_with_files(),
                     &self.prefix,
                     self.node_timeout,
                     self.connect_timeout,
