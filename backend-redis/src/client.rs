@@ -328,15 +328,19 @@ impl Node {
         &self.label
     }
 
-    /// One `PING`: proves the server is reachable and accepts our credentials.
+    /// One `PING`: proves the server is reachable and accepts our credentials. It usually
+    /// opens the connection too (TCP, TLS handshake, `AUTH`), so it may take the connect
+    /// timeout plus the per-call timeout: a Redlock node's 50 ms alone is too short for a
+    /// TLS handshake on a busy machine.
     pub(crate) async fn ping(&self) -> Result<()> {
         let mut conn = self.manager.clone();
         let ping = redis::cmd("PING");
-        let reply = tokio::time::timeout(self.timeout, ping.query_async::<Value>(&mut conn)).await;
+        let limit = self.connect_timeout + self.timeout;
+        let reply = tokio::time::timeout(limit, ping.query_async::<Value>(&mut conn)).await;
         match reply {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(err)) => Err(map_error(&err, Call::Ping, &self.label)),
-            Err(_) => Err(timed_out(Call::Ping, &self.label, self.timeout)),
+            Err(_) => Err(timed_out(Call::Ping, &self.label, limit)),
         }
     }
 
