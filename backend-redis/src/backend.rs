@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::{
-    Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
-    Fencing, Guarantees, HolderInfo, Lease, LockBackend, LockName, ReleaseEvents, Result, Waiting,
+    Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion,
+    ExpiryClock, Fairness, Fencing, Guarantees, HolderInfo, Lease, LockBackend, LockName,
+    ReleaseEvents, Result, Waiting,
 };
 
 use crate::client::{AcquireReply, Node, RefreshReply};

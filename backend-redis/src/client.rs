@@ -11,7 +11,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{ConnectionSecurity, Error, ErrorKind, ReleaseEvents, Result, TlsDetails, Transport};
+use lockcore::{
+    ConnectionSecurity, Error, ErrorKind, ReleaseEvents, Result, TlsDetails, Transport,
+};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, ScriptInvocation, Value};
 
@@ -576,6 +578,29 @@ mod tests {
         );
         assert_eq!(err.backend(), Some("redis"));
         assert!(!err.is_temporary());
+    }
+
+    /// Rejected credentials and ACL refusals name the user (percent-decoded) and the fix,
+    /// never the password (the label is redacted).
+    #[test]
+    fn refusals_name_the_user_and_the_fix() {
+        let label = "rediss://app%40team:***@h:1/0";
+        let auth = RedisError::from((redis::ErrorKind::AuthenticationFailed, "nope"));
+        let err = map_error(&auth, Call::Ping, label);
+        assert_eq!(err.kind(), ErrorKind::PermissionDenied);
+        assert!(
+            err.message()
+                .contains("authentication failed for user \"app@team\""),
+            "{err}"
+        );
+        let noperm = RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
+            "no permissions to run the 'evalsha' command",
+        ));
+        let err = map_error(&noperm, Call::Acquire, "redis://h:1");
+        assert_eq!(err.kind(), ErrorKind::PermissionDenied);
+        assert!(err.message().contains("user \"default\""), "{err}");
+        assert!(err.message().contains("ACL SETUSER"), "{err}");
     }
 
     #[test]

@@ -80,7 +80,9 @@ impl NodeUrl {
     /// The host as written in the URL (brackets stripped from IPv6), for TLS server names.
     pub(crate) fn host(&self) -> String {
         let host = self.url.host_str().unwrap_or_default();
-        host.trim_start_matches('[').trim_end_matches(']').to_owned()
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned()
     }
 
     /// The port (6379 when omitted).

@@ -85,13 +85,21 @@ async fn the_least_privilege_recipe_runs_every_operation() {
     };
     let user = RecipeUser::create(&secure).await;
     let url = secure.url_as(&user.name, &secure.password);
-    let backend = Arc::new(RedisBackend::from_url(&url).await.expect("connect as recipe user"));
+    let backend = Arc::new(
+        RedisBackend::from_url(&url)
+            .await
+            .expect("connect as recipe user"),
+    );
     let name = common::fresh_name("recipe");
     let ttl = Duration::from_secs(10);
     let holder = Locker::new(backend.clone()).with_options(LockOptions::new(ttl));
     let guard = holder.acquire(name.as_str()).await.expect("acquire");
     assert!(guard.fence_token().is_some());
-    let found = backend.inspect(&name).await.expect("inspect").expect("held");
+    let found = backend
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .expect("held");
     assert_eq!(found.owner(), guard.lease().owner());
     backend.refresh(&guard.lease()).await.expect("refresh");
     let waiting = LockOptions::new(ttl).with_wait(WaitMode::Timeout(Duration::from_secs(20)));
@@ -103,8 +111,15 @@ async fn the_least_privilege_recipe_runs_every_operation() {
     guard.release().await.expect("release");
     let second = task.await.expect("task").expect("waiting acquire");
     // Woken by the notification, not by polling at the backoff cap.
-    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
-    let broken = backend.break_lock(second.lease().name()).await.expect("break");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    let broken = backend
+        .break_lock(second.lease().name())
+        .await
+        .expect("break");
     assert!(broken.is_some(), "break found nothing");
     let again = AcquireRequest::new(second.lease().name().clone(), Identity::unique(), ttl);
     let outcome = backend.acquire(&again).await;
@@ -150,7 +165,9 @@ async fn connection_security_reports_tls_and_the_user() {
     let Some(secure) = Secure::from_env() else {
         return;
     };
-    let backend = RedisBackend::from_url(&secure.url()).await.expect("connect");
+    let backend = RedisBackend::from_url(&secure.url())
+        .await
+        .expect("connect");
     let security = backend.connection_security().await.expect("security");
     assert_eq!(security.len(), 1, "{security:?}");
     let report = &security[0];
@@ -160,7 +177,10 @@ async fn connection_security_reports_tls_and_the_user() {
     };
     assert_eq!(tls.verification, Verification::Full);
     assert!(tls.client_certificate);
-    assert!(tls.version.as_deref().is_some_and(|v| v.starts_with("TLS")), "{tls:?}");
+    assert!(
+        tls.version.as_deref().is_some_and(|v| v.starts_with("TLS")),
+        "{tls:?}"
+    );
     assert!(tls.cipher.is_some(), "{tls:?}");
     let expected = format!("user \"{}\" (password)", secure.user);
     assert_eq!(report.identity.as_deref(), Some(expected.as_str()));
@@ -178,7 +198,10 @@ async fn a_wrong_password_names_authentication_and_the_user() {
     let text = refused(&url, ErrorKind::PermissionDenied, &wrong).await;
     assert!(!text.contains(&secure.password), "{text}");
     assert!(text.contains("authentication failed"), "{text}");
-    assert!(text.contains(&format!("user \"{}\"", secure.user)), "{text}");
+    assert!(
+        text.contains(&format!("user \"{}\"", secure.user)),
+        "{text}"
+    );
 }
 
 /// A user without the permissions the backend needs: PermissionDenied naming the ACL and

@@ -11,9 +11,9 @@ use async_trait::async_trait;
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lockcore::{
-    Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
-    FenceToken, Fencing, Guarantees, HolderInfo, Lease, LockBackend, LockName, ReleaseEvents,
-    Result, Waiting,
+    Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion,
+    ExpiryClock, Fairness, FenceToken, Fencing, Guarantees, HolderInfo, Lease, LockBackend,
+    LockName, ReleaseEvents, Result, Waiting,
 };
 use tokio::time::Instant;
 
