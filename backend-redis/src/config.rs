@@ -8,8 +8,8 @@
 //!   (`redis://a:6379,redis://b:6379,…`) when the nodes differ in credentials or database.
 //!
 //! Parameters: `prefix` (key prefix, default `anylock`), `timeout_ms` (per call; per node
-//! under Redlock), `connect_timeout_ms`, and `protocol` (`resp2`/`resp3`, passed to the
-//! client). Unknown parameters are rejected, so a typo cannot silently change behaviour.
+//! under Redlock), `connect_timeout_ms`, `protocol` (`resp2`/`resp3`, passed to the
+//! client), and on TLS URLs `ca`, `cert` and `key` (refused on plaintext schemes). Unknown parameters are rejected, so a typo cannot silently change behaviour.
 //!
 //! `Debug` and `Display` replace the password with `***`; no error message contains it.
 

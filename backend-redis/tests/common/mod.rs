@@ -382,6 +382,7 @@ impl Secure {
     }
 
     /// A raw connection as the admin user (for `ACL SETUSER`), not through the backend.
+    #[cfg(feature = "tls")]
     pub(crate) async fn admin(&self) -> MultiplexedConnection {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let read = |name: &str| std::fs::read(self.dir.join(name)).expect("secure file");
