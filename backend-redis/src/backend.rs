@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::{
-    Acquire, AcquireRequest, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
-    Fencing, Guarantees, HolderInfo, Lease, LockBackend, LockName, ReleaseEvents, Result, Waiting,
+    Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion,
+    ExpiryClock, Fairness, Fencing, Guarantees, HolderInfo, Lease, LockBackend, LockName,
+    ReleaseEvents, Result, Waiting,
 };
 
 use crate::client::{AcquireReply, Node, RefreshReply};
@@ -238,6 +239,10 @@ impl LockBackend for RedisBackend {
 
     fn guarantees(&self) -> Guarantees {
         guarantees()
+    }
+
+    async fn connection_security(&self) -> Result<Vec<ConnectionSecurity>> {
+        Ok(vec![self.node().security().await])
     }
 
     async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {

@@ -11,7 +11,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{Error, ErrorKind, ReleaseEvents, Result};
+use lockcore::{
+    ConnectionSecurity, Error, ErrorKind, ReleaseEvents, Result, TlsDetails, Transport,
+};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, ScriptInvocation, Value};
 
@@ -95,10 +97,84 @@ fn classify(err: &RedisError, call: Call) -> ErrorKind {
 }
 
 /// Maps a Redis client error to a lockcore error naming the call and the (redacted) node.
+///
+/// A TLS failure anywhere in the error's source chain (the `redis` crate keeps rustls's
+/// error inside its I/O error) is worded by [`anylock_tls::diagnose`]; rejected credentials
+/// and ACL refusals name the user and the fix. None of these contain the password: the
+/// node label is redacted and Redis never echoes it.
 pub(crate) fn map_error(err: &RedisError, call: Call, node: &str) -> Error {
-    Error::new(classify(err, call), format!("{call} on {node}: {err}"))
+    let (kind, message) = match tls_failure(err) {
+        Some(tls) => (tls.kind(), format!("{call} on {node}: {}", tls.message())),
+        None => (classify(err, call), explain(err, call, node)),
+    };
+    Error::new(kind, message)
         .with_backend("redis")
         .with_source(err.clone())
+}
+
+/// A TLS failure in `err`, worded by [`anylock_tls::diagnose`]. The `redis` crate keeps
+/// the I/O error that carries rustls's error behind an `Arc<dyn Error>`, whose `source()`
+/// skips the I/O error itself, so the chain is looked through that `Arc` too.
+fn tls_failure(err: &RedisError) -> Option<Error> {
+    if let Some(found) = anylock_tls::diagnose(err) {
+        return Some(found);
+    }
+    let shared = std::error::Error::source(err)?
+        .downcast_ref::<Arc<dyn std::error::Error + Send + Sync>>()?;
+    let inner: &(dyn std::error::Error + 'static) = &**shared;
+    anylock_tls::diagnose(inner)
+}
+
+/// The message for a client error: what the server refused and what to do about it.
+fn explain(err: &RedisError, call: Call, node: &str) -> String {
+    let user = || user_of(node);
+    match refusal_of(err) {
+        Some(Refusal::Credentials) => format!(
+            "{call} on {node}: authentication failed for user \"{}\": the server refused the \
+             user name and password ({err}); check both in the URL (a wrong password, an \
+             unknown or disabled ACL user, or `requirepass` set with no password given)",
+            user()
+        ),
+        Some(Refusal::Acl) => format!(
+            "{call} on {node}: the ACL permission is missing: user \"{}\" may not run this \
+             ({err}); grant the commands, keys and channels anylock uses (the least-privilege \
+             `ACL SETUSER` recipe in docs/tls-and-auth.md, section \"Redis and Redlock\")",
+            user()
+        ),
+        None => format!("{call} on {node}: {err}"),
+    }
+}
+
+/// What kind of refusal a server error is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// `WRONGPASS`, `NOAUTH`, or the client's own authentication failure.
+    Credentials,
+    /// `NOPERM`: the ACL user lacks a command, key or channel.
+    Acl,
+}
+
+fn refusal_of(err: &RedisError) -> Option<Refusal> {
+    use redis::ErrorKind as K;
+    match (err.kind(), err.code()) {
+        (K::AuthenticationFailed, _) | (_, Some("WRONGPASS" | "NOAUTH")) => {
+            Some(Refusal::Credentials)
+        }
+        (K::Server(redis::ServerErrorKind::NoPerm), _) | (_, Some("NOPERM")) => Some(Refusal::Acl),
+        _ => None,
+    }
+}
+
+/// The ACL user named in a (redacted) node URL; `default` without one.
+fn user_of(node: &str) -> String {
+    let user = url::Url::parse(node)
+        .ok()
+        .map(|url| url.username().to_owned())
+        .unwrap_or_default();
+    match user.as_str() {
+        "" => "default".to_owned(),
+        _ => crate::node_url::percent_decoded(&user),
+    }
 }
 
 /// The error for a call that got no reply in time.
@@ -144,7 +220,9 @@ pub(crate) struct Node {
     manager: ConnectionManager,
     notifier: Arc<Notifier>,
     label: Arc<str>,
+    url: Arc<NodeUrl>,
     timeout: Duration,
+    connect_timeout: Duration,
 }
 
 impl fmt::Debug for Node {
@@ -181,8 +259,70 @@ impl Node {
             manager,
             notifier: Arc::new(notifier),
             label,
+            url: Arc::new(url.clone()),
             timeout,
+            connect_timeout,
         })
+    }
+
+    /// What this node's connections use: TLS (verification from the URL, version and
+    /// cipher from one probe handshake, left out when the probe fails) or plaintext, and the
+    /// ACL user from `ACL WHOAMI` (the URL's user when the server does not answer it).
+    pub(crate) async fn security(&self) -> ConnectionSecurity {
+        let transport = match self.url.tls_material() {
+            Some(material) => Transport::Tls(self.probe(material).await),
+            None => Transport::Plaintext,
+        };
+        let user = match self.whoami().await {
+            Ok(user) => user,
+            Err(err) => {
+                tracing::debug!(node = %self.label, error = %err, "ACL WHOAMI failed");
+                self.url.user()
+            }
+        };
+        let how = if self.url.has_password() {
+            "password"
+        } else {
+            "no password"
+        };
+        ConnectionSecurity::new(self.url.endpoint(), transport)
+            .with_identity(format!("user \"{user}\" ({how})"))
+    }
+
+    async fn probe(&self, material: &anylock_tls::TlsMaterial) -> TlsDetails {
+        let verification = self.url.verification();
+        let details = TlsDetails::new(verification, material.client().is_some());
+        let host = self.url.host();
+        let probed = match anylock_tls::client_config(material, verification) {
+            Ok(config) => {
+                let preamble = anylock_tls::Preamble::None;
+                let limit = self.connect_timeout;
+                anylock_tls::probe(&host, self.url.port(), &host, config, preamble, limit).await
+            }
+            Err(err) => Err(err),
+        };
+        match probed {
+            Ok(negotiated) => {
+                details.with_negotiated(Some(negotiated.version), Some(negotiated.cipher))
+            }
+            Err(err) => {
+                tracing::debug!(node = %self.label, error = %err, "TLS probe failed");
+                details
+            }
+        }
+    }
+
+    /// `ACL WHOAMI`: the user this connection authenticated as.
+    async fn whoami(&self) -> Result<String> {
+        let mut conn = self.manager.clone();
+        let mut whoami = redis::cmd("ACL");
+        whoami.arg("WHOAMI");
+        let reply = tokio::time::timeout(self.timeout, whoami.query_async::<String>(&mut conn));
+        match reply.await {
+            Ok(Ok(user)) => Ok(user),
+            Ok(Err(err)) => Err(map_error(&err, Call::Ping, &self.label)),
+            Err(_) => Err(timed_out(Call::Ping, &self.label, self.timeout)),
+        }
     }
 
     /// The node's URL, password redacted.
@@ -190,15 +330,19 @@ impl Node {
         &self.label
     }
 
-    /// One `PING`: proves the server is reachable and accepts our credentials.
+    /// One `PING`: proves the server is reachable and accepts our credentials. It usually
+    /// opens the connection too (TCP, TLS handshake, `AUTH`), so it may take the connect
+    /// timeout plus the per-call timeout: a Redlock node's 50 ms alone is too short for a
+    /// TLS handshake on a busy machine.
     pub(crate) async fn ping(&self) -> Result<()> {
         let mut conn = self.manager.clone();
         let ping = redis::cmd("PING");
-        let reply = tokio::time::timeout(self.timeout, ping.query_async::<Value>(&mut conn)).await;
+        let limit = self.connect_timeout + self.timeout;
+        let reply = tokio::time::timeout(limit, ping.query_async::<Value>(&mut conn)).await;
         match reply {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(err)) => Err(map_error(&err, Call::Ping, &self.label)),
-            Err(_) => Err(timed_out(Call::Ping, &self.label, self.timeout)),
+            Err(_) => Err(timed_out(Call::Ping, &self.label, limit)),
         }
     }
 
@@ -434,6 +578,29 @@ mod tests {
         );
         assert_eq!(err.backend(), Some("redis"));
         assert!(!err.is_temporary());
+    }
+
+    /// Rejected credentials and ACL refusals name the user (percent-decoded) and the fix,
+    /// never the password (the label is redacted).
+    #[test]
+    fn refusals_name_the_user_and_the_fix() {
+        let label = "rediss://app%40team:***@h:1/0";
+        let auth = RedisError::from((redis::ErrorKind::AuthenticationFailed, "nope"));
+        let err = map_error(&auth, Call::Ping, label);
+        assert_eq!(err.kind(), ErrorKind::PermissionDenied);
+        assert!(
+            err.message()
+                .contains("authentication failed for user \"app@team\""),
+            "{err}"
+        );
+        let noperm = RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm),
+            "no permissions to run the 'evalsha' command",
+        ));
+        let err = map_error(&noperm, Call::Acquire, "redis://h:1");
+        assert_eq!(err.kind(), ErrorKind::PermissionDenied);
+        assert!(err.message().contains("user \"default\""), "{err}");
+        assert!(err.message().contains("ACL SETUSER"), "{err}");
     }
 
     #[test]

@@ -8,8 +8,8 @@
 //!   (`redis://a:6379,redis://b:6379,…`) when the nodes differ in credentials or database.
 //!
 //! Parameters: `prefix` (key prefix, default `anylock`), `timeout_ms` (per call; per node
-//! under Redlock), `connect_timeout_ms`, and `protocol` (`resp2`/`resp3`, passed to the
-//! client). Unknown parameters are rejected, so a typo cannot silently change behaviour.
+//! under Redlock), `connect_timeout_ms`, `protocol` (`resp2`/`resp3`, passed to the
+//! client), and on TLS URLs `ca`, `cert` and `key` (refused on plaintext schemes). Unknown parameters are rejected, so a typo cannot silently change behaviour.
 //!
 //! `Debug` and `Display` replace the password with `***`; no error message contains it.
 
@@ -19,9 +19,11 @@ use std::time::Duration;
 use lockcore::Result;
 
 use crate::node_url::{
-    NodeUrl, Params, expand_hosts, invalid, parse_node, validate_prefix, validate_timeout,
-    with_params,
+    NodeUrl, Params, REDIS, Schemes, expand_hosts, invalid, parse_node, validate_prefix,
+    validate_timeout, with_params,
 };
+
+const REDLOCK: Schemes = ("redlock", "redlocks");
 
 /// The key prefix used unless a URL or [`RedisConfig::with_prefix`] says otherwise.
 pub const DEFAULT_PREFIX: &str = "anylock";
@@ -70,7 +72,7 @@ impl RedisConfig {
                  use RedlockConfig or a redlock:// URL",
             ));
         }
-        let (node, params) = parse_node(url)?;
+        let (node, params) = parse_node(url, REDIS)?;
         let config = Self {
             node,
             prefix: params.prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_owned()),
@@ -136,7 +138,7 @@ impl RedisConfig {
 
 impl fmt::Display for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let url = self.node.redacted();
+        let url = self.node.redacted_with_files();
         f.write_str(&with_params(
             url,
             &self.prefix,
@@ -189,10 +191,10 @@ impl RedlockConfig {
         let url = url.trim();
         for (scheme, node_scheme) in [("redlock://", "redis"), ("redlocks://", "rediss")] {
             if let Some(rest) = url.strip_prefix(scheme) {
-                return Self::from_node_urls(expand_hosts(rest, node_scheme)?);
+                return Self::parse_nodes(expand_hosts(rest, node_scheme)?, REDLOCK);
             }
         }
-        Self::from_node_urls(url.split(','))
+        Self::parse_nodes(url.split(','), REDIS)
     }
 
     /// Builds the configuration from one full URL per node. Parameters may appear on any
@@ -205,14 +207,23 @@ impl RedlockConfig {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        Self::parse_nodes(urls, REDIS)
+    }
+
+    fn parse_nodes<I, S>(urls: I, schemes: Schemes) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
         let mut nodes = Vec::new();
         let mut params: Option<Params> = None;
         for raw in urls {
-            let (node, these) = parse_node(raw.as_ref())?;
+            let (node, these) = parse_node(raw.as_ref(), schemes)?;
             match &params {
                 Some(seen) if *seen != these => {
                     return Err(invalid(
-                        "Redlock node URLs disagree on prefix, timeout_ms or connect_timeout_ms",
+                        "Redlock node URLs disagree on prefix, timeout_ms, connect_timeout_ms, \
+                         ca, cert or key: give every node the same parameters",
                     ));
                 }
                 _ => params = Some(these),
@@ -313,7 +324,7 @@ impl fmt::Display for RedlockConfig {
             .iter()
             .map(|node| {
                 with_params(
-                    node.redacted(),
+                    node.redacted_with_files(),
                     &self.prefix,
                     self.node_timeout,
                     self.connect_timeout,
@@ -464,6 +475,102 @@ mod tests {
         assert_eq!(err.kind(), ErrorKind::Config, "{err}");
         let err = RedlockConfig::from_url("redlocks://h1:1,h2:2,h3:3").expect_err("no TLS");
         assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    }
+
+    /// A self-signed certificate and key (PEM) in a fresh directory, made by `openssl`.
+    #[cfg(feature = "tls")]
+    fn pem_files() -> (std::path::PathBuf, String, String) {
+        let dir =
+            std::env::temp_dir().join(format!("anylock-redis-pem-{:x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let status = std::process::Command::new("openssl")
+            .args([
+                "req",
+                "-x509",
+                "-newkey",
+                "ec",
+                "-pkeyopt",
+                "ec_paramgen_curve:prime256v1",
+            ])
+            .args(["-nodes", "-days", "1", "-subj", "/CN=localhost"])
+            .args(["-keyout", "key.pem", "-out", "cert.pem"])
+            .current_dir(&dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .expect("openssl must be installed");
+        assert!(status.success());
+        let cert = dir.join("cert.pem").display().to_string();
+        let key = dir.join("key.pem").display().to_string();
+        (dir, cert, key)
+    }
+
+    /// `ca`, `cert` and `key` are read at parse time, shown (paths, not contents) by Display
+    /// and Debug, and parse back; Redlock gives every node the same files.
+    #[cfg(feature = "tls")]
+    #[test]
+    fn tls_files_are_loaded_and_shown_as_paths() {
+        let (dir, cert, key) = pem_files();
+        let url = format!("rediss://u:hunter2@h:1/0?ca={cert}&cert={cert}&key={key}");
+        let config = RedisConfig::from_url(&url).expect("valid");
+        let material = config.node().tls_material().expect("loaded");
+        assert!(material.ca().is_some() && material.client().is_some());
+        let shown = format!("{config} {config:?}");
+        assert!(shown.contains(&format!("ca={cert}")), "{shown}");
+        assert!(
+            !shown.contains("hunter2") && !shown.contains("PRIVATE KEY"),
+            "{shown}"
+        );
+        let again = RedisConfig::from_url(&config.to_string()).expect("Display parses back");
+        assert_eq!(again.to_string(), config.to_string());
+        let redlock = format!("redlocks://:pw@h1:1,h2:2,h3:3/0?ca={cert}");
+        let config = RedlockConfig::from_url(&redlock).expect("valid");
+        assert!(
+            config
+                .node_urls()
+                .iter()
+                .all(|n| n.tls_material().is_some_and(|m| m.ca().is_some()))
+        );
+        let again = RedlockConfig::from_url(&config.to_string()).expect("Display parses back");
+        assert_eq!(again.to_string(), config.to_string());
+        // Node lists: the files must agree, like every other parameter.
+        let list = format!("rediss://a:1?ca={cert},rediss://b:2,rediss://c:3?ca={cert}");
+        let err = RedlockConfig::from_url(&list).expect_err("disagree");
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+        assert!(err.to_string().contains("ca, cert or key"), "{err}");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// TLS parameters on a plaintext scheme are refused (Config), naming the TLS scheme the
+    /// user should write; files are checked before any connection.
+    #[test]
+    fn tls_parameters_need_a_tls_scheme_and_usable_files() {
+        let cases = [
+            ("redis://u:hunter2@h:1/0?ca=/etc/ca.pem", "`rediss://`"),
+            (
+                "redlock://:hunter2@h1:1,h2:2?cert=/c.pem&key=/k.pem",
+                "`redlocks://`",
+            ),
+            ("redis://a:1?ca=/x.pem,redis://b:2", "`rediss://`"),
+        ];
+        for (url, fix) in cases {
+            let err = match url.starts_with("redis://") && !url.contains(',') {
+                true => RedisConfig::from_url(url).map(|_| ()),
+                false => RedlockConfig::from_url(url).map(|_| ()),
+            }
+            .expect_err(url);
+            assert_eq!(err.kind(), ErrorKind::Config, "{url}: {err}");
+            assert!(err.to_string().contains(fix), "{url}: {err}");
+            assert!(!format!("{err} {err:?}").contains("hunter2"), "{err:?}");
+        }
+        if cfg!(feature = "tls") {
+            let err = RedisConfig::from_url("rediss://h:1/0?ca=/no/such/ca.pem").expect_err("x");
+            assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+            assert!(err.to_string().contains("`ca` (/no/such/ca.pem)"), "{err}");
+            let err = RedisConfig::from_url("rediss://h:1/0?cert=/c.pem").expect_err("no key");
+            assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+            let err = RedisConfig::from_url("rediss://h:1/0?ca=").expect_err("empty");
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+        }
     }
 
     #[cfg(feature = "tls")]

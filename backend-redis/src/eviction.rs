@@ -77,8 +77,9 @@ pub(crate) async fn check(node: &Node, backend: &'static str) -> Result<()> {
     }
 }
 
-const UNCHECKED: &str = "cannot read maxmemory-policy (CONFIG GET refused); make sure the \
-    server never evicts keys (maxmemory-policy noeviction), or held locks may vanish";
+const UNCHECKED: &str = "cannot read maxmemory-policy (CONFIG GET refused: expected for a \
+    least-privilege ACL user, which should not be granted CONFIG); make sure the server never \
+    evicts keys (maxmemory-policy noeviction), or held locks may vanish";
 
 /// The `Config` error for an evicting server: what, why, and the fix.
 pub(crate) fn refusal(node: &str, policy: &str, maxmemory: u64) -> Error {

@@ -29,8 +29,10 @@
 //!
 //! Parameters: `prefix` (key prefix, default `anylock`), `timeout_ms` (per call; per node
 //! under Redlock; defaults [`DEFAULT_TIMEOUT`] and [`DEFAULT_NODE_TIMEOUT`]),
-//! `connect_timeout_ms` ([`DEFAULT_CONNECT_TIMEOUT`]), and `protocol` (`resp2`/`resp3`,
-//! passed to the client). Unknown parameters are rejected, so a typo cannot silently change
+//! `connect_timeout_ms` ([`DEFAULT_CONNECT_TIMEOUT`]), `protocol` (`resp2`/`resp3`,
+//! passed to the client), and on TLS URLs `ca`, `cert` and `key` (PEM files: the only CAs
+//! trusted instead of the OS trust store, and a client certificate; read and checked at
+//! parse time, refused on `redis://` and `redlock://`; see `docs/tls-and-auth.md`). Unknown parameters are rejected, so a typo cannot silently change
 //! behaviour. `Debug` and `Display` of the configurations show the password as `***`, and
 //! no error message contains it.
 //!

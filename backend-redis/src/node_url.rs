@@ -3,23 +3,46 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{Error, ErrorKind, Result};
+use anylock_tls::{TlsFiles, TlsMaterial};
+use lockcore::{Error, ErrorKind, Result, Verification};
 use url::Url;
 
 use crate::config::MAX_PREFIX_LEN;
 
-const KNOWN_PARAMS: &str = "prefix, timeout_ms, connect_timeout_ms, protocol";
+const KNOWN_PARAMS: &str = "prefix, timeout_ms, connect_timeout_ms, protocol, ca, cert, key";
+
+/// The scheme pair a URL was written with, for messages: `("redis", "rediss")` or
+/// `("redlock", "redlocks")`.
+pub(crate) type Schemes = (&'static str, &'static str);
+
+/// The single-instance schemes.
+pub(crate) const REDIS: Schemes = ("redis", "rediss");
 
 /// One Redis server: address, credentials, database and TLS. Never printed unredacted.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub(crate) struct NodeUrl {
     url: Url,
+    /// The `ca`, `cert` and `key` parameters (paths).
+    files: TlsFiles,
+    /// What those files hold, read and checked at parse time (TLS URLs only).
+    material: Option<Arc<TlsMaterial>>,
 }
 
+impl PartialEq for NodeUrl {
+    fn eq(&self, other: &Self) -> bool {
+        // The material follows from the files.
+        self.url == other.url && self.files == other.files
+    }
+}
+
+impl Eq for NodeUrl {}
+
 impl NodeUrl {
-    /// The URL with the password replaced by `***`.
+    /// The URL with the password replaced by `***` (without the TLS file parameters: a
+    /// label for messages).
     pub(crate) fn redacted(&self) -> String {
         let mut url = self.url.clone();
         if url.password().is_some() {
@@ -27,6 +50,70 @@ impl NodeUrl {
             let _ = url.set_password(Some("***"));
         }
         url.to_string()
+    }
+
+    /// [`redacted`](Self::redacted) with the `ca`, `cert` and `key` parameters, so it parses
+    /// back to the same node.
+    pub(crate) fn redacted_with_files(&self) -> String {
+        let url = self.redacted();
+        let params = self.files.params();
+        if params.is_empty() {
+            return url;
+        }
+        let (url, fragment) = match url.split_once('#') {
+            Some((url, fragment)) => (url.to_owned(), format!("#{fragment}")),
+            None => (url, String::new()),
+        };
+        let sep = if url.contains('?') { '&' } else { '?' };
+        let query: Vec<String> = params
+            .into_iter()
+            .map(|(name, path)| format!("{name}={}", encode_path(&path)))
+            .collect();
+        format!("{url}{sep}{}{fragment}", query.join("&"))
+    }
+
+    /// `host:port` for reports: no credentials, no database.
+    pub(crate) fn endpoint(&self) -> String {
+        self.address()
+    }
+
+    /// The host as written in the URL (brackets stripped from IPv6), for TLS server names.
+    pub(crate) fn host(&self) -> String {
+        let host = self.url.host_str().unwrap_or_default();
+        host.trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_owned()
+    }
+
+    /// The port (6379 when omitted).
+    pub(crate) fn port(&self) -> u16 {
+        self.url.port().unwrap_or(6379)
+    }
+
+    /// The ACL user name in the URL; `default` (Redis's name for it) when none is given.
+    pub(crate) fn user(&self) -> String {
+        match self.url.username() {
+            "" => "default".to_owned(),
+            user => percent_decoded(user),
+        }
+    }
+
+    /// Whether the URL carries a password.
+    pub(crate) fn has_password(&self) -> bool {
+        self.url.password().is_some()
+    }
+
+    /// What the client checks about the server's certificate: nothing under `#insecure`.
+    pub(crate) fn verification(&self) -> Verification {
+        match self.url.fragment() {
+            Some("insecure") => Verification::None,
+            _ => Verification::Full,
+        }
+    }
+
+    /// The CA file and client certificate, read and checked (TLS URLs only).
+    pub(crate) fn tls_material(&self) -> Option<&TlsMaterial> {
+        self.material.as_deref()
     }
 
     /// `host:port`, to spot the same server listed twice.
@@ -47,12 +134,53 @@ impl NodeUrl {
         self.url.scheme() == "rediss"
     }
 
-    /// A client for this server (no I/O).
+    /// A client for this server (no I/O). The `ca` file, when given, replaces the OS trust
+    /// store; `cert` and `key` are presented when the server asks for a client certificate.
     pub(crate) fn client(&self) -> Result<redis::Client> {
-        redis::Client::open(self.url.as_str()).map_err(|err| {
+        #[cfg(feature = "tls")]
+        let built = match self.tls_certificates() {
+            Some(certificates) => redis::Client::build_with_tls(self.url.as_str(), certificates),
+            None => redis::Client::open(self.url.as_str()),
+        };
+        #[cfg(not(feature = "tls"))]
+        let built = redis::Client::open(self.url.as_str());
+        built.map_err(|err| {
             invalid(format!("{}: {}", self.redacted(), err.category())).with_backend("redis")
         })
     }
+
+    #[cfg(feature = "tls")]
+    fn tls_certificates(&self) -> Option<redis::TlsCertificates> {
+        let material = self.material.as_deref()?;
+        if material.ca().is_none() && material.client().is_none() {
+            return None;
+        }
+        Some(redis::TlsCertificates {
+            client_tls: material.client().map(|id| redis::ClientTlsConfig {
+                client_cert: id.cert_pem().to_vec(),
+                client_key: id.key_pem().to_vec(),
+            }),
+            root_cert: material.ca().map(|ca| ca.pem().to_vec()),
+        })
+    }
+}
+
+/// Percent-encodes what a query value cannot hold, keeping `/` readable.
+fn encode_path(path: &str) -> String {
+    path.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'/' | b'.' | b'_' | b'~' | b'-' => {
+                char::from(b).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect()
+}
+
+pub(crate) fn percent_decoded(text: &str) -> String {
+    url::form_urlencoded::parse(format!("u={text}").as_bytes())
+        .next()
+        .map_or_else(|| text.to_owned(), |(_, v)| v.into_owned())
 }
 
 /// A host spelled one way for every spelling of the same address, without DNS (parsing
@@ -79,7 +207,7 @@ const LOOPBACK: &str = "127.0.0.1";
 
 impl fmt::Debug for NodeUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&self.redacted(), f)
+        fmt::Debug::fmt(&self.redacted_with_files(), f)
     }
 }
 
@@ -89,6 +217,8 @@ pub(crate) struct Params {
     pub(crate) prefix: Option<String>,
     pub(crate) timeout: Option<Duration>,
     pub(crate) connect_timeout: Option<Duration>,
+    /// `ca`, `cert` and `key`.
+    pub(crate) tls: TlsFiles,
 }
 
 pub(crate) fn invalid(message: impl Into<String>) -> Error {
@@ -104,8 +234,10 @@ pub(crate) fn parse_millis(key: &str, value: &str) -> Result<Duration> {
     }
 }
 
-/// Parses one `redis://` or `rediss://` URL and splits off this crate's parameters.
-pub(crate) fn parse_node(raw: &str) -> Result<(NodeUrl, Params)> {
+/// Parses one `redis://` or `rediss://` URL and splits off this crate's parameters. TLS
+/// parameters on `redis://` are refused (naming `schemes`, the pair the user wrote); on
+/// `rediss://` their files are read and checked here, before any connection.
+pub(crate) fn parse_node(raw: &str, schemes: Schemes) -> Result<(NodeUrl, Params)> {
     // url::ParseError never echoes the input, so the password cannot leak through it.
     let mut url = Url::parse(raw.trim()).map_err(|e| invalid(format!("not a URL: {e}")))?;
     match url.scheme() {
@@ -131,7 +263,19 @@ pub(crate) fn parse_node(raw: &str) -> Result<(NodeUrl, Params)> {
         return Err(invalid("the URL path must be a database number, like /0"));
     }
     let params = split_params(&mut url)?;
-    Ok((NodeUrl { url }, params))
+    let material = match url.scheme() {
+        "rediss" => Some(Arc::new(params.tls.load()?)),
+        _ => {
+            params.tls.refuse_on_plaintext(schemes.0, schemes.1)?;
+            None
+        }
+    };
+    let node = NodeUrl {
+        url,
+        files: params.tls.clone(),
+        material,
+    };
+    Ok((node, params))
 }
 
 /// Removes `prefix`, `timeout_ms` and `connect_timeout_ms` from the query; keeps `protocol`.
@@ -140,6 +284,9 @@ pub(crate) fn split_params(url: &mut Url) -> Result<Params> {
     let mut params = Params::default();
     let mut kept = Vec::new();
     for (key, value) in pairs {
+        if params.tls.take_param(&key, &value)? {
+            continue;
+        }
         match key.as_str() {
             "prefix" => params.prefix = Some(value),
             "timeout_ms" => params.timeout = Some(parse_millis(&key, &value)?),

@@ -568,6 +568,18 @@ async fn tls_connections_work() {
     backend.release(&lease).await.expect("release over TLS");
     let woke = timeout(Duration::from_secs(5), events.next()).await;
     assert_eq!(woke.expect("no notification over TLS"), Some(()));
+    // `#insecure` checks nothing, and `check` must say so.
+    let security = backend.connection_security().await.expect("security");
+    let lockcore::Transport::Tls(tls) = &security[0].transport else {
+        panic!("not TLS: {security:?}");
+    };
+    assert_eq!(tls.verification, lockcore::Verification::None);
+    assert!(!tls.client_certificate);
+    assert!(tls.version.is_some(), "the probe failed: {tls:?}");
+    assert_eq!(
+        security[0].identity.as_deref(),
+        Some("user \"default\" (no password)")
+    );
     let plain = server
         .url()
         .replace("rediss://", "redis://")

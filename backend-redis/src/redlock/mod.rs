@@ -11,9 +11,9 @@ use async_trait::async_trait;
 use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lockcore::{
-    Acquire, AcquireRequest, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
-    FenceToken, Fencing, Guarantees, HolderInfo, Lease, LockBackend, LockName, ReleaseEvents,
-    Result, Waiting,
+    Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion,
+    ExpiryClock, Fairness, FenceToken, Fencing, Guarantees, HolderInfo, Lease, LockBackend,
+    LockName, ReleaseEvents, Result, Waiting,
 };
 use tokio::time::Instant;
 
@@ -418,6 +418,10 @@ impl LockBackend for RedlockBackend {
 
     fn guarantees(&self) -> Guarantees {
         guarantees()
+    }
+
+    async fn connection_security(&self) -> Result<Vec<ConnectionSecurity>> {
+        Ok(join_all(self.inner.nodes.iter().map(Node::security)).await)
     }
 
     async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {

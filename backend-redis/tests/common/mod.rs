@@ -330,3 +330,88 @@ impl Drop for PrivateRedis {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// The secure Redis server of `scripts/servers` (TLS only, client certificates required, ACL
+/// users), or `None` (skip) outside CI.
+pub(crate) struct Secure {
+    /// The directory with `ca.pem`, `client.pem`, `other-ca.pem`, …
+    pub(crate) dir: PathBuf,
+    /// The ACL user with `+@all` (it can create other users).
+    pub(crate) user: String,
+    /// The password of every ACL user on the server.
+    pub(crate) password: String,
+    /// The TLS port.
+    pub(crate) port: u16,
+}
+
+impl Secure {
+    /// The settings from `.servers/env`, or `None` (skip) outside CI.
+    pub(crate) fn from_env() -> Option<Secure> {
+        let dir = require("ANYLOCK_TEST_SECURE_DIR", "secure Redis")?;
+        let user = require("ANYLOCK_TEST_SECURE_USER", "secure Redis")?;
+        let password = require("ANYLOCK_TEST_SECURE_PASSWORD", "secure Redis")?;
+        let port = require("ANYLOCK_TEST_REDIS_TLS_PORT", "secure Redis")?;
+        Some(Secure {
+            dir: PathBuf::from(dir),
+            user,
+            password,
+            port: port.parse().expect("ANYLOCK_TEST_REDIS_TLS_PORT is a port"),
+        })
+    }
+
+    /// A file of the secure directory.
+    pub(crate) fn file(&self, name: &str) -> String {
+        self.dir.join(name).display().to_string()
+    }
+
+    /// `rediss://user:password@127.0.0.1:port/0?ca=…&cert=…&key=…` (right CA, our client
+    /// certificate).
+    pub(crate) fn url_as(&self, user: &str, password: &str) -> String {
+        format!(
+            "rediss://{user}:{password}@127.0.0.1:{}/0?ca={}&cert={}&key={}",
+            self.port,
+            self.file("ca.pem"),
+            self.file("client.pem"),
+            self.file("client-key.pem")
+        )
+    }
+
+    /// [`url_as`](Self::url_as) the admin user.
+    pub(crate) fn url(&self) -> String {
+        self.url_as(&self.user, &self.password)
+    }
+
+    /// A raw connection as the admin user (for `ACL SETUSER`), not through the backend.
+    #[cfg(feature = "tls")]
+    pub(crate) async fn admin(&self) -> MultiplexedConnection {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let read = |name: &str| std::fs::read(self.dir.join(name)).expect("secure file");
+        let url = format!(
+            "rediss://{}:{}@127.0.0.1:{}/0",
+            self.user, self.password, self.port
+        );
+        let certificates = redis::TlsCertificates {
+            client_tls: Some(redis::ClientTlsConfig {
+                client_cert: read("client.pem"),
+                client_key: read("client-key.pem"),
+            }),
+            root_cert: Some(read("ca.pem")),
+        };
+        redis::Client::build_with_tls(url, certificates)
+            .expect("TLS client")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("the secure Redis server accepts its admin user")
+    }
+}
+
+/// Everything an error shows: Display and Debug of it and of every source.
+pub(crate) fn everything_shown(err: &lockcore::Error) -> String {
+    let mut shown = format!("{err} {err:?}");
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        shown.push_str(&format!(" {cause} {cause:?}"));
+        source = cause.source();
+    }
+    shown
+}
