@@ -8,9 +8,9 @@ use async_trait::async_trait;
 use etcd_client::{EventType, KeyValue};
 use futures_util::stream;
 use lockcore::{
-    Acquire, AcquireRequest, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
-    FenceToken, Fencing, Guarantees, HolderInfo, Lease, LockBackend, LockName, QueueTicket,
-    ReleaseEvents, Result, Waiting,
+    Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion,
+    ExpiryClock, Fairness, FenceToken, Fencing, Guarantees, HolderInfo, Lease, LockBackend,
+    LockName, QueueTicket, ReleaseEvents, Result, Waiting,
 };
 
 use crate::client::{Created, EtcdClient};
@@ -26,29 +26,40 @@ pub struct EtcdBackend {
     client: Arc<EtcdClient>,
     layout: Layout,
     config: Arc<EtcdConfig>,
+    material: Arc<anylock_tls::TlsMaterial>,
     pub(crate) queue: Arc<Queue>,
 }
 
 impl EtcdBackend {
-    /// A backend for the cluster in `config`. Nothing is dialled yet: each member is
-    /// connected (and, with credentials, authenticated) on its first RPC, so a member that
-    /// is down now does not stop the others from being used. Rejected credentials surface
-    /// as [`ErrorKind::PermissionDenied`] on the first lock call.
+    /// A backend for the cluster in `config`, connected and checked: the TLS files are read
+    /// first (before any network I/O), then every member is connected at once, each
+    /// within the connect timeout (TCP, TLS handshake, authentication, one Range on the key
+    /// prefix). One member that passes is enough; members that are down now are used once
+    /// they come back.
     ///
     /// # Errors
-    /// [`ErrorKind::Config`] for unreadable TLS files, or a TLS URL when the crate was
-    /// built without its `tls` feature.
+    /// - [`ErrorKind::Config`]: a TLS file is missing, unreadable or not PEM (the message
+    ///   names the URL parameter and the path); TLS parameters on a plaintext config; a TLS
+    ///   URL when the crate was built without its `tls` feature.
+    /// - [`ErrorKind::PermissionDenied`] when no member passes and one refused us: an
+    ///   untrusted or misnamed server certificate, a missing or refused client
+    ///   certificate, a wrong user name or password, a user without the RBAC permission on
+    ///   the key prefix.
+    /// - [`ErrorKind::Unavailable`] when no member answers within the connect timeout.
     ///
     /// # Cancel safety
-    /// Cancel safe: it makes no network calls.
+    /// Cancel safe: dropping it drops the connections made so far.
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
-        let client = Arc::new(EtcdClient::new(&config)?);
+        let material = config.load_tls()?;
+        let client = Arc::new(EtcdClient::new(&config, &material)?);
+        client.verify().await?;
         let layout = Layout::new(config.prefix());
         Ok(Self {
             queue: Arc::new(Queue::new(Arc::clone(&client), layout.clone())),
             client,
             layout,
             config: Arc::new(config),
+            material: Arc::new(material),
         })
     }
 
@@ -389,6 +400,24 @@ impl LockBackend for EtcdBackend {
 
     fn guarantees(&self) -> Guarantees {
         guarantees()
+    }
+
+    /// Per member: TLS (always with full verification; version and cipher from a fresh
+    /// handshake, left out when it fails) or plaintext, and who we are: the URL's user,
+    /// else the client certificate's common name (etcd's user with `--client-cert-auth`).
+    async fn connection_security(&self) -> Result<Vec<ConnectionSecurity>> {
+        let timeout = self.config.connect_timeout().min(Duration::from_secs(2));
+        let tls = if self.config.tls() {
+            Some(crate::secure::rustls_config(&self.material)?)
+        } else {
+            None
+        };
+        let who = self.client.who();
+        let reports = self.config.hosts().iter().map(|host| {
+            let tls = tls.clone().map(|config| (self.material.as_ref(), config));
+            crate::secure::report(host, tls, who, timeout)
+        });
+        Ok(futures_util::future::join_all(reports).await)
     }
 
     /// A Watch on the lock's keys for delete events (1 RPC), confirmed before returning.

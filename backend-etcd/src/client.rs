@@ -14,6 +14,7 @@ use tonic::Code;
 
 use crate::config::EtcdConfig;
 use crate::keys::range_end;
+use crate::secure::{self, Who};
 
 /// The RPC a failure happened in: its name for messages, and whether it writes (a write
 /// that times out may still have been applied).
@@ -30,6 +31,7 @@ pub(crate) enum Op {
     Get,
     LeaseTimeToLive,
     Watch,
+    Authenticate,
 }
 
 impl Op {
@@ -46,6 +48,7 @@ impl Op {
             Self::Get => "Range",
             Self::LeaseTimeToLive => "LeaseTimeToLive",
             Self::Watch => "Watch",
+            Self::Authenticate => "Authenticate",
         }
     }
 
@@ -155,7 +158,12 @@ pub(crate) struct EtcdClient {
     current: AtomicUsize,
     options: ConnectOptions,
     timeout: Duration,
+    connect_timeout: Duration,
     rpcs: AtomicU64,
+    who: Who,
+    prefix: String,
+    tls: Option<std::sync::Arc<rustls::ClientConfig>>,
+    client_certificate: bool,
 }
 
 /// One member: its endpoint and a client connected on first use.
@@ -165,10 +173,9 @@ struct Member {
 }
 
 impl EtcdClient {
-    /// Prepares one client per endpoint. Connections (and authentication, with
-    /// credentials) happen on first use, so a member that is down at start-up does not
-    /// stop the others from being used.
-    pub(crate) fn new(config: &EtcdConfig) -> Result<Self> {
+    /// Prepares one client per endpoint from `config` and its loaded TLS `material`. No
+    /// network I/O: [`verify`](Self::verify) connects.
+    pub(crate) fn new(config: &EtcdConfig, material: &anylock_tls::TlsMaterial) -> Result<Self> {
         let mut options = ConnectOptions::new()
             .with_connect_timeout(config.connect_timeout())
             .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
@@ -178,9 +185,12 @@ impl EtcdClient {
                 .with_user(user, password)
                 .with_auto_token_refresh(true);
         }
-        if config.tls() {
-            options = tls_options(options, config)?;
-        }
+        let tls = if config.tls() {
+            options = tls_options(options, material)?;
+            Some(std::sync::Arc::new(secure::rustls_config(material)?))
+        } else {
+            None
+        };
         let members: Vec<Member> = config
             .endpoints()
             .into_iter()
@@ -194,8 +204,99 @@ impl EtcdClient {
             members,
             options,
             timeout: config.request_timeout(),
+            connect_timeout: config.connect_timeout(),
             rpcs: AtomicU64::new(0),
+            who: Who::new(config.credentials().map(|(user, _)| user), material),
+            prefix: config.prefix().to_owned(),
+            tls,
+            client_certificate: material.client().is_some(),
         })
+    }
+
+    /// Who we are to etcd, from the config.
+    pub(crate) fn who(&self) -> &Who {
+        &self.who
+    }
+
+    /// Connects every member at once, each within the connect timeout: TCP, the TLS
+    /// handshake (with the server's first bytes, so a refused client certificate shows),
+    /// authentication, and one Range on the key prefix (so a user without the RBAC
+    /// permission is told now). Later RPCs start at a member that passed.
+    ///
+    /// # Errors
+    /// When no member passes: the first TLS or authentication refusal
+    /// ([`PermissionDenied`](ErrorKind::PermissionDenied)) or configuration error, else
+    /// [`Unavailable`](ErrorKind::Unavailable) naming every member and why.
+    pub(crate) async fn verify(&self) -> Result<()> {
+        let checks = (0..self.members.len()).map(|index| self.verify_member(index));
+        let results = futures_util::future::join_all(checks).await;
+        if let Some(index) = results.iter().position(Result::is_ok) {
+            self.current.store(index, Ordering::Relaxed);
+            return Ok(());
+        }
+        let errors: Vec<Error> = results.into_iter().filter_map(Result::err).collect();
+        if let Some(refused) = errors.iter().find(|e| !e.is_temporary()) {
+            return Err(
+                Error::new(refused.kind(), refused.message().to_owned()).with_backend("etcd")
+            );
+        }
+        let why: Vec<&str> = errors.iter().map(Error::message).collect();
+        Err(Error::unavailable(format!(
+            "no etcd member reachable within the connect timeout ({:?}): {}",
+            self.connect_timeout,
+            why.join("; ")
+        ))
+        .with_backend("etcd"))
+    }
+
+    async fn verify_member(&self, index: usize) -> Result<()> {
+        let endpoint = &self.members[index].endpoint;
+        let host_port = endpoint
+            .split_once("://")
+            .map_or(endpoint.as_str(), |(_, h)| h);
+        let tls = self.tls.clone().map(|c| (c, self.client_certificate));
+        let plaintext_hint = |e: Error| match self.tls {
+            None if e.is_temporary() => Error::unavailable(format!(
+                "{} (if the server only speaks TLS, use an `etcds://` URL)",
+                e.message()
+            )),
+            _ => e,
+        };
+        let check = async {
+            secure::check_transport(host_port, tls).await?;
+            let client = self
+                .member(index)
+                .await
+                .map_err(|e| plaintext_hint(self.map(Op::Authenticate, Failure::Etcd(e))))?;
+            let mut kv = client.kv_client();
+            let range = GetOptions::new().with_prefix().with_count_only();
+            kv.get(self.prefix.as_bytes(), Some(range))
+                .await
+                .map(drop)
+                .map_err(|e| plaintext_hint(self.map(Op::Get, Failure::Etcd(e))))
+        };
+        let limit = self.connect_timeout;
+        match tokio::time::timeout(limit, check).await {
+            Ok(result) => result,
+            Err(_) if self.tls.is_none() => Err(Error::unavailable(format!(
+                "{endpoint}: no etcd answer within {limit:?} (if the server only speaks TLS, \
+                 use an `etcds://` URL)"
+            ))),
+            Err(_) => Err(Error::unavailable(format!(
+                "{endpoint}: no etcd answer within {limit:?}"
+            ))),
+        }
+    }
+
+    /// [`map_error`], with etcd's authentication and RBAC refusals worded for a person.
+    fn map(&self, op: Op, failure: Failure) -> Error {
+        if let Failure::Etcd(err) = &failure
+            && let Some(refusal) = secure::refusal(err)
+        {
+            let message = self.who.explain(refusal, op.name(), &self.prefix);
+            return Error::new(ErrorKind::PermissionDenied, message).with_backend("etcd");
+        }
+        map_error(op, failure)
     }
 
     /// How many RPCs this client has started.
@@ -224,7 +325,7 @@ impl EtcdClient {
         let attempt = async { rpc(self.member(index).await?).await };
         let result = match tokio::time::timeout(self.timeout, attempt).await {
             Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(map_error(op, Failure::Etcd(err))),
+            Ok(Err(err)) => Err(self.map(op, Failure::Etcd(err))),
             Err(_) => Err(map_error(op, Failure::TimedOut(self.timeout))),
         };
         if let Err(err) = &result
@@ -416,32 +517,24 @@ pub(crate) fn malformed(op: Op, what: &str) -> Error {
 }
 
 #[cfg(feature = "tls")]
-fn tls_options(options: ConnectOptions, config: &EtcdConfig) -> Result<ConnectOptions> {
+fn tls_options(
+    options: ConnectOptions,
+    material: &anylock_tls::TlsMaterial,
+) -> Result<ConnectOptions> {
     use etcd_client::{Certificate, Identity, TlsOptions};
-    let read = |path: &std::path::Path, what: &str| {
-        std::fs::read(path).map_err(|e| {
-            Error::new(
-                ErrorKind::Config,
-                format!("cannot read the etcd TLS {what} {}", path.display()),
-            )
-            .with_backend("etcd")
-            .with_source(e)
-        })
-    };
     let mut tls = TlsOptions::new();
-    tls = match config.ca() {
-        Some(path) => tls.ca_certificate(Certificate::from_pem(read(path, "CA certificate")?)),
+    tls = match material.ca() {
+        Some(ca) => tls.ca_certificate(Certificate::from_pem(ca.pem())),
         None => tls.with_native_roots(),
     };
-    if let Some((cert, key)) = config.client_cert() {
-        let identity = Identity::from_pem(read(cert, "client certificate")?, read(key, "key")?);
-        tls = tls.identity(identity);
+    if let Some(client) = material.client() {
+        tls = tls.identity(Identity::from_pem(client.cert_pem(), client.key_pem()));
     }
     Ok(options.with_tls(tls))
 }
 
 #[cfg(not(feature = "tls"))]
-fn tls_options(_: ConnectOptions, _: &EtcdConfig) -> Result<ConnectOptions> {
+fn tls_options(_: ConnectOptions, _: &anylock_tls::TlsMaterial) -> Result<ConnectOptions> {
     Err(Error::new(
         ErrorKind::Config,
         "TLS requested, but backend-etcd was built without its `tls` feature",

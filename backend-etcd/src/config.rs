@@ -3,6 +3,8 @@
 
 use std::fmt;
 use std::path::PathBuf;
+
+use anylock_tls::{TlsFiles, TlsMaterial};
 use std::time::Duration;
 
 use lockcore::Error;
@@ -45,9 +47,7 @@ pub struct EtcdConfig {
     user: Option<String>,
     password: Option<String>,
     tls: bool,
-    ca: Option<PathBuf>,
-    cert: Option<PathBuf>,
-    key: Option<PathBuf>,
+    tls_files: TlsFiles,
     request_timeout: Duration,
     connect_timeout: Duration,
 }
@@ -83,9 +83,7 @@ impl EtcdConfig {
             user: None,
             password: None,
             tls,
-            ca: None,
-            cert: None,
-            key: None,
+            tls_files: TlsFiles::default(),
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(3),
         })
@@ -144,6 +142,16 @@ impl EtcdConfig {
             let (option, value) = pair.split_once('=').unwrap_or((pair, ""));
             config.apply_option(option, &decode(value, option)?)?;
         }
+        if tls && !config.tls {
+            return Err(Error::new(
+                lockcore::ErrorKind::Config,
+                "`tls=false` on an `etcds://` URL asks for TLS and plaintext at once; use \
+                 `etcd://` for plaintext",
+            ));
+        }
+        if !config.tls {
+            config.tls_files.refuse_on_plaintext(SCHEME, TLS_SCHEME)?;
+        }
         Ok(config)
     }
 
@@ -167,9 +175,7 @@ impl EtcdConfig {
             "tls" => self.tls = parse_bool(value)?,
             "timeout" => self.request_timeout = parse_duration(option, value)?,
             "connect_timeout" => self.connect_timeout = parse_duration(option, value)?,
-            "ca" => self.ca = Some(PathBuf::from(value)),
-            "cert" => self.cert = Some(PathBuf::from(value)),
-            "key" => self.key = Some(PathBuf::from(value)),
+            _ if self.tls_files.take_param(option, value)? => {}
             // An option with '@' is most likely the end of a password with a raw '?'.
             other if other.contains('@') => {
                 return Err(Error::invalid_input(
@@ -209,17 +215,17 @@ impl EtcdConfig {
         self
     }
 
-    /// Trusts the PEM CA certificate at `path` (implies TLS).
+    /// Trusts only the PEM CA certificates at `path` instead of the OS trust store
+    /// (implies TLS).
     pub fn with_ca(mut self, path: impl Into<PathBuf>) -> Self {
-        self.ca = Some(path.into());
+        self.tls_files = self.tls_files.with_ca(path);
         self.tls = true;
         self
     }
 
     /// Presents the PEM client certificate and key at these paths (mutual TLS; implies TLS).
     pub fn with_client_cert(mut self, cert: impl Into<PathBuf>, key: impl Into<PathBuf>) -> Self {
-        self.cert = Some(cert.into());
-        self.key = Some(key.into());
+        self.tls_files = self.tls_files.with_client_cert(cert, key);
         self.tls = true;
         self
     }
@@ -246,6 +252,11 @@ impl EtcdConfig {
             .collect()
     }
 
+    /// The members as `host:port`.
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+
     /// The key prefix: empty or ending in `/`.
     pub fn prefix(&self) -> &str {
         &self.prefix
@@ -264,12 +275,32 @@ impl EtcdConfig {
 
     /// The CA certificate path, when set.
     pub fn ca(&self) -> Option<&std::path::Path> {
-        self.ca.as_deref()
+        self.tls_files.ca()
     }
 
     /// The client certificate and key paths, when set.
     pub fn client_cert(&self) -> Option<(&std::path::Path, &std::path::Path)> {
-        Some((self.cert.as_deref()?, self.key.as_deref()?))
+        Some((self.tls_files.cert()?, self.tls_files.key()?))
+    }
+
+    /// The `ca`, `cert` and `key` files.
+    pub fn tls_files(&self) -> &TlsFiles {
+        &self.tls_files
+    }
+
+    /// Reads and checks the TLS files (see [`TlsFiles::load`]); empty material without TLS.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`](lockcore::ErrorKind::Config) naming the URL parameter and the
+    /// path of a missing or unreadable file, a file that is not PEM, or a certificate
+    /// without its key.
+    pub fn load_tls(&self) -> Result<TlsMaterial, Error> {
+        if !self.tls {
+            // Builders cannot put files on a plaintext config; a URL is refused earlier.
+            self.tls_files.refuse_on_plaintext(SCHEME, TLS_SCHEME)?;
+            return Ok(TlsMaterial::default());
+        }
+        self.tls_files.load().map_err(|e| e.with_backend("etcd"))
     }
 
     /// The per-request timeout.
@@ -294,11 +325,8 @@ impl EtcdConfig {
                 show_duration(self.connect_timeout)
             ));
         }
-        for (name, path) in [("ca", &self.ca), ("cert", &self.cert), ("key", &self.key)] {
-            if let Some(path) = path {
-                let path = path.display().to_string();
-                options.push(format!("{name}={}", escape(&path, "&?")));
-            }
+        for (name, path) in self.tls_files.params() {
+            options.push(format!("{name}={}", escape(&path, "&?")));
         }
         options
     }
@@ -334,9 +362,7 @@ impl fmt::Debug for EtcdConfig {
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("tls", &self.tls)
-            .field("ca", &self.ca)
-            .field("cert", &self.cert)
-            .field("key", &self.key)
+            .field("tls_files", &self.tls_files)
             .field("request_timeout", &self.request_timeout)
             .field("connect_timeout", &self.connect_timeout)
             .finish()
@@ -503,6 +529,76 @@ mod tests {
     }
 
     #[test]
+    fn tls_parameters_on_a_plaintext_url_are_refused() {
+        for url in [
+            "etcd://u:hunter2@h?ca=/etc/ca.pem",
+            "etcd://u:hunter2@h?cert=/c.pem&key=/k.pem",
+            "etcd://u:hunter2@h?key=/k.pem",
+            "etcd://u:hunter2@h?ca=/etc/ca.pem&tls=false",
+            "etcds://u:hunter2@h?ca=/etc/ca.pem&tls=false",
+            "etcds://u:hunter2@h?tls=false",
+        ] {
+            let err = EtcdConfig::from_url(url).expect_err(url);
+            assert_eq!(err.kind(), ErrorKind::Config, "{url}: {err}");
+            assert!(err.message().contains("etcd"), "{url}: {err}");
+            assert!(!err.to_string().contains("hunter2"), "{err}");
+        }
+        let err = EtcdConfig::from_url("etcd://h?ca=/etc/ca.pem").expect_err("plaintext");
+        assert!(err.message().contains("`etcds://`"), "{err}");
+        assert!(err.message().contains("ca"), "{err}");
+        // An explicit `tls=true` asks for TLS: the files are used, nothing is downgraded.
+        let c = EtcdConfig::from_url("etcd://h?ca=/etc/ca.pem&tls=true").expect("explicit tls");
+        assert!(c.tls());
+        assert_eq!(c.endpoints(), ["https://h:2379"]);
+        assert_eq!(c.to_string(), "etcds://h:2379/?ca=/etc/ca.pem");
+        // Built by hand: files imply TLS, and turning TLS off again is refused at load.
+        let c = EtcdConfig::new(["h"])
+            .expect("ok")
+            .with_ca("/x")
+            .with_tls(false);
+        assert_eq!(
+            c.load_tls().expect_err("plaintext").kind(),
+            ErrorKind::Config
+        );
+    }
+
+    #[test]
+    fn tls_files_are_loaded_before_connecting_and_named_when_bad() {
+        let dir = std::env::temp_dir().join(format!("anylock-etcd-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("tmp");
+        let missing = dir.join("missing.pem");
+        let junk = dir.join("junk.pem");
+        std::fs::write(&junk, "not a certificate").expect("write");
+        for (url, param, path) in [
+            (
+                format!("etcds://h?ca={}", missing.display()),
+                "`ca`",
+                &missing,
+            ),
+            (format!("etcds://h?ca={}", junk.display()), "`ca`", &junk),
+            (
+                format!("etcds://h?cert={}&key={}", junk.display(), junk.display()),
+                "`cert`",
+                &junk,
+            ),
+        ] {
+            let config = EtcdConfig::from_url(&url).expect("parses");
+            let err = config.load_tls().expect_err(&url);
+            assert_eq!(err.kind(), ErrorKind::Config, "{url}: {err}");
+            assert!(err.message().contains(param), "{url}: {err}");
+            let shown = path.display().to_string();
+            assert!(err.message().contains(&shown), "{url}: {err}");
+        }
+        let half = EtcdConfig::from_url(&format!("etcds://h?cert={}", junk.display()));
+        let err = half
+            .expect("parses")
+            .load_tls()
+            .expect_err("cert without key");
+        assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
     fn rejects_bad_urls_with_typed_errors() {
         for bad in [
             "redis://h",
@@ -516,6 +612,8 @@ mod tests {
             "etcd://h?colour=blue",
             "etcd://h/%zz",
             "etcd://[::1/",
+            "etcds://h?ca=",
+            "etcds://h?ca=/a&ca=/b",
         ] {
             let err = EtcdConfig::from_url(bad).expect_err(bad);
             assert_eq!(err.kind(), ErrorKind::InvalidInput, "{bad}: {err}");
@@ -541,6 +639,19 @@ mod tests {
             assert_eq!(err.kind(), ErrorKind::InvalidInput);
             assert!(!err.to_string().contains("hunter"), "{err}");
         }
+        let reparsed = EtcdConfig::from_url(&shown.replace("***", "hunter2")).expect("ok");
+        assert_eq!(reparsed, c);
+        let url = "etcds://root:hunter2@h/l?ca=/s/ca.pem&cert=/s/c.pem&key=/s/k.pem";
+        let c = EtcdConfig::from_url(url).expect("ok");
+        let (shown, debug) = (c.to_string(), format!("{c:?}"));
+        assert_eq!(
+            shown,
+            "etcds://root:***@h:2379/l/?ca=/s/ca.pem&cert=/s/c.pem&key=/s/k.pem"
+        );
+        assert!(
+            debug.contains("/s/k.pem") && !debug.contains("hunter2"),
+            "{debug}"
+        );
         let reparsed = EtcdConfig::from_url(&shown.replace("***", "hunter2")).expect("ok");
         assert_eq!(reparsed, c);
     }

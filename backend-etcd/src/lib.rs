@@ -52,6 +52,7 @@ mod prop_tests;
 mod queue;
 #[cfg(test)]
 mod queue_tests;
+mod secure;
 
 pub use backend::{EtcdBackend, guarantees};
 pub use config::{DEFAULT_PORT, EtcdConfig, SCHEME, TLS_SCHEME, URL_ENV};
