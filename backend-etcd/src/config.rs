@@ -179,13 +179,13 @@ impl EtcdConfig {
             // An option with '@' is most likely the end of a password with a raw '?'.
             other if other.contains('@') => {
                 return Err(Error::invalid_input(
-                    "unknown etcd URL option (not shown: it holds '@'; percent-encode '?' \
+                    "unknown etcd URL parameter (not shown: it holds '@'; percent-encode '?' \
                      and '@' in a password as %3F and %40)",
                 ));
             }
             other => {
                 return Err(Error::invalid_input(format!(
-                    "unknown etcd URL option {other:?} (known: tls, timeout, connect_timeout, \
+                    "unknown etcd URL parameter {other:?} (known: tls, timeout, connect_timeout, \
                      ca, cert, key)"
                 )));
             }

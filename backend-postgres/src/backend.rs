@@ -73,6 +73,7 @@ impl PostgresBackend {
     pub async fn connect(config: PostgresConfig) -> Result<Self> {
         config.validate()?;
         let client = Client::new(&config);
+        client.check_reachable(&config).await?;
         client.ensure_schema(config.create_schema()).await?;
         let channel = config.channel();
         let notifier = Notifier::new(config.listen_options(), channel.clone(), config.timeout());

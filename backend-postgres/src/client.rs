@@ -80,6 +80,32 @@ impl Client {
         }
     }
 
+    /// Opens one connection outside the pool and closes it, so that a refused,
+    /// unreachable or misconfigured server is reported with its cause within the timeout:
+    /// the pool retries failed connects until its acquire timeout, then says only that it
+    /// timed out.
+    pub(crate) async fn check_reachable(&self, config: &PostgresConfig) -> lockcore::Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        match timeout_at(
+            deadline,
+            PgConnection::connect_with(&config.connect_options()),
+        )
+        .await
+        {
+            Ok(Ok(conn)) => {
+                let _ = conn.close().await;
+                Ok(())
+            }
+            Ok(Err(err @ sqlx::Error::Io(_))) if tls_failure(&err).is_none() => Err(
+                Error::unavailable("cannot connect to the PostgreSQL server")
+                    .with_backend(BACKEND)
+                    .with_source(err),
+            ),
+            Ok(Err(err)) => Err(map_error_as(err, Effect::Read, Some(&self.who))),
+            Err(_) => Err(timed_out(Effect::Read, self.timeout, "connecting")),
+        }
+    }
+
     /// A query for `statement`, prepared (and cached) unless the config says otherwise.
     pub(crate) fn query(
         &self,
