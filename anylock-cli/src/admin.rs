@@ -148,7 +148,12 @@ async fn security(backend: &dyn lockcore::LockBackend) -> Result<(), Error> {
     }
     for report in &reports {
         out!("security:     {report}");
-        if report.transport == lockcore::Transport::Plaintext && report.identity.is_some() {
+        // Redis reports `user "default" (no password)` for a connection that sends none.
+        let sends_secret = report
+            .identity
+            .as_deref()
+            .is_some_and(|who| !who.contains("(no password)"));
+        if report.transport == lockcore::Transport::Plaintext && sends_secret {
             out!(
                 "WARNING:      credentials for {} travel unencrypted; use the backend's TLS \
                  scheme (docs/tls-and-auth.md)",

@@ -202,6 +202,8 @@ fn every_backend_across_the_security_matrix() {
             extra: "",
         };
         let typo = backend.typo();
+        // The issue's own example: a misspelled password parameter carries the secret.
+        let secret_typo = format!("pasword={}", s.password);
         let cases: Vec<(Case, Parts<'_>)> = vec![
             (
                 Case {
@@ -263,6 +265,17 @@ fn every_backend_across_the_security_matrix() {
                 },
                 Parts {
                     extra: typo,
+                    ..right
+                },
+            ),
+            (
+                Case {
+                    name: "the password in a misspelled parameter",
+                    code: USAGE,
+                    words: &["unknown", "parameter", "pasword"],
+                },
+                Parts {
+                    extra: &secret_typo,
                     ..right
                 },
             ),
@@ -410,4 +423,51 @@ fn check_warns_when_credentials_travel_in_plaintext() {
 fn free_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
     listener.local_addr().expect("addr").port()
+}
+
+/// A Redlock node or etcd member that is down is reported as not connected, never as
+/// verified or authenticated because the URL asked for it.
+#[test]
+fn check_does_not_vouch_for_a_server_it_cannot_reach() {
+    let Some(s) = Secure::from_env() else { return };
+    let down = free_port();
+    let redlock = format!(
+        "redis://127.0.0.1:27101/0,redis://127.0.0.1:27102/0,redis://127.0.0.1:27103/0,\
+         redis://:pw-123456789012@127.0.0.1:{down}/0"
+    );
+    let etcd = Backend::Etcd
+        .url(
+            &s,
+            &Parts {
+                scheme_plain: false,
+                password: &s.password,
+                ca: "ca.pem",
+                client_cert: true,
+                port: None,
+                extra: "",
+            },
+        )
+        .replacen(
+            &format!("localhost:{}", s.etcd),
+            &format!("localhost:{},localhost:{down}", s.etcd),
+            1,
+        );
+    for url in [redlock, etcd] {
+        let check = clean(Command::new(BIN))
+            .args(["check", &url])
+            .stdin(Stdio::null())
+            .output()
+            .expect("anylock check");
+        assert_no_secret("check", &check, &s.password);
+        let report = String::from_utf8_lossy(&check.stdout);
+        let line = report
+            .lines()
+            .find(|l| l.starts_with("security:") && l.contains(&format!(":{down}")))
+            .unwrap_or_else(|| panic!("no line for the down server:\n{}", text(&check)));
+        assert!(line.contains("NOT CONNECTED"), "{line}");
+        assert!(
+            !line.contains("verified") && !line.contains("authenticated"),
+            "{line}"
+        );
+    }
 }

@@ -115,6 +115,43 @@ fn redact_userinfo(host: &str) -> String {
     }
 }
 
+/// Whether a query parameter's value is hidden: its name, percent-decoded and lowercased
+/// (`pass%77ord` is `password` to a driver), is a secret name or contains a fragment of one,
+/// so a misspelled `pasword=` or `pwd=` is hidden too.
+fn is_secret_param(raw: &str) -> bool {
+    let name = percent_decode(raw).to_ascii_lowercase();
+    SECRET_PARAMS.contains(&name.as_str())
+        || [
+            "pass", "pasw", "pwd", "secret", "token", "auth_key", "apikey", "api_key",
+        ]
+        .iter()
+        .any(|part| name.contains(part))
+}
+
+/// `%XX` decoded and `+` as a space, as form decoding does; invalid escapes kept.
+fn percent_decode(raw: &str) -> String {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match bytes[i] {
+            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push((h * 16 + l) as u8);
+                    i += 3;
+                    continue;
+                }
+                _ => out.push(b'%'),
+            },
+            b'+' => out.push(b' '),
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
 /// Replaces the value of every secret-looking `key=value` that follows a `?` or `&`,
 /// wherever it is (a raw `?` in a password can make the real query look like a path).
 fn redact_params(url: &str) -> String {
@@ -126,7 +163,7 @@ fn redact_params(url: &str) -> String {
         search = start;
         let param = &url[start..];
         let Some(eq) = param.find('=') else { continue };
-        if !SECRET_PARAMS.contains(&param[..eq].to_ascii_lowercase().as_str()) {
+        if !is_secret_param(&param[..eq]) {
             continue;
         }
         out.push_str(&url[done..=start + eq]);
@@ -141,6 +178,35 @@ fn redact_params(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hides_misspelled_and_percent_encoded_secret_names() {
+        for (url, shown) in [
+            (
+                "postgres://h/db?pasword=S3CRET",
+                "postgres://h/db?pasword=***",
+            ),
+            (
+                "postgres://h/db?pwd=S3CRET&x=1",
+                "postgres://h/db?pwd=***&x=1",
+            ),
+            (
+                "postgres://h/db?pass%77ord=S3CRET",
+                "postgres://h/db?pass%77ord=***",
+            ),
+            (
+                "postgres://h/db?PassWord=S3CRET",
+                "postgres://h/db?PassWord=***",
+            ),
+            ("gs://b/?access_token=S3CRET", "gs://b/?access_token=***"),
+            (
+                "postgres://h/db?sslmode=require%",
+                "postgres://h/db?sslmode=require%",
+            ),
+        ] {
+            assert_eq!(redact(url), shown, "{url}");
+        }
+    }
 
     #[test]
     fn hides_passwords_in_every_host_and_secret_params() {

@@ -191,8 +191,8 @@ impl Who {
     }
 }
 
-/// The report for one endpoint: TLS (with the version and cipher of a fresh handshake,
-/// `None` when that probe fails) or plaintext, and who we are.
+/// The report for one endpoint: TLS (with the version and cipher of a fresh handshake;
+/// not connected when that handshake fails) or plaintext, and who we are.
 pub(crate) async fn report(
     host_port: &str,
     tls: Option<(&TlsMaterial, ClientConfig)>,
@@ -206,13 +206,18 @@ pub(crate) async fn report(
             let preamble = anylock_tls::Preamble::None;
             let probe = anylock_tls::probe(&host, port, &host, config, preamble, timeout).await;
             let details = TlsDetails::new(Verification::Full, material.client().is_some());
-            Transport::Tls(match probe {
-                Ok(n) => details.with_negotiated(Some(n.version), Some(n.cipher)),
+            match probe {
+                Ok(n) => Transport::Tls(details.with_negotiated(Some(n.version), Some(n.cipher))),
+                // The driver's connection to this member uses the same settings: it fails
+                // the same way, so nothing was verified here.
                 Err(err) => {
                     tracing::debug!(error = %err, endpoint = host_port, "TLS probe failed");
-                    details
+                    return ConnectionSecurity::new(
+                        host_port,
+                        Transport::NotConnected(err.message().to_owned()),
+                    );
                 }
-            })
+            }
         }
     };
     let report = ConnectionSecurity::new(host_port, transport);

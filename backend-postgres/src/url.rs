@@ -146,6 +146,13 @@ pub(crate) fn known_params() -> String {
 }
 
 fn unknown_param(key: &str) -> lockcore::Error {
+    if key.contains('@') {
+        // Not echoed: most likely the rest of a password with a raw '?'.
+        return invalid(
+            "unknown PostgreSQL URL parameter (not shown: it holds '@'); percent-encode '?', \
+             '#' and '@' in a password as %3F, %23 and %40",
+        );
+    }
     let why = if key == "sslpassword" {
         "the driver (sqlx) cannot decrypt an encrypted client key; decrypt it once \
          (`openssl pkey -in key.pem -out key-plain.pem`), protect the file (chmod 600) and \
@@ -242,6 +249,15 @@ mod tests {
     use url::Url;
 
     use crate::PostgresConfig;
+
+    #[test]
+    fn the_rest_of_a_password_with_a_raw_question_mark_is_not_echoed() {
+        let url = "postgres://app:5432?topsecretpw@127.0.0.1:5432/db";
+        let err = PostgresConfig::from_url(url).expect_err("not a usable URL");
+        assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        let shown = format!("{err} {err:?}");
+        assert!(!shown.contains("topsecret"), "{shown}");
+    }
 
     const URL: &str = "postgres://app:pa%40ss@db.example:6543/locks?sslmode=require";
 

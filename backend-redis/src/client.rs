@@ -269,16 +269,23 @@ impl Node {
     /// cipher from one probe handshake, left out when the probe fails) or plaintext, and the
     /// ACL user from `ACL WHOAMI` (the URL's user when the server does not answer it).
     pub(crate) async fn security(&self) -> ConnectionSecurity {
+        // Asked first: a node that does not answer (down, or refusing our TLS or
+        // credentials) has no transport or identity to report, whatever the URL asks for.
+        let user = match self.whoami().await {
+            Ok(Some(user)) => user,
+            // Connected and authenticated, but not allowed to ask who we are.
+            Ok(None) => self.url.user(),
+            Err(err) => {
+                tracing::debug!(node = %self.label, error = %err, "ACL WHOAMI failed");
+                return ConnectionSecurity::new(
+                    self.url.endpoint(),
+                    Transport::NotConnected(err.message().to_owned()),
+                );
+            }
+        };
         let transport = match self.url.tls_material() {
             Some(material) => Transport::Tls(self.probe(material).await),
             None => Transport::Plaintext,
-        };
-        let user = match self.whoami().await {
-            Ok(user) => user,
-            Err(err) => {
-                tracing::debug!(node = %self.label, error = %err, "ACL WHOAMI failed");
-                self.url.user()
-            }
         };
         let how = if self.url.has_password() {
             "password"
@@ -312,14 +319,16 @@ impl Node {
         }
     }
 
-    /// `ACL WHOAMI`: the user this connection authenticated as.
-    async fn whoami(&self) -> Result<String> {
+    /// `ACL WHOAMI`: the user this connection authenticated as; `None` when the ACL
+    /// forbids asking (the connection works and is authenticated).
+    async fn whoami(&self) -> Result<Option<String>> {
         let mut conn = self.manager.clone();
         let mut whoami = redis::cmd("ACL");
         whoami.arg("WHOAMI");
         let reply = tokio::time::timeout(self.timeout, whoami.query_async::<String>(&mut conn));
         match reply.await {
-            Ok(Ok(user)) => Ok(user),
+            Ok(Ok(user)) => Ok(Some(user)),
+            Ok(Err(err)) if refusal_of(&err) == Some(Refusal::Acl) => Ok(None),
             Ok(Err(err)) => Err(map_error(&err, Call::Ping, &self.label)),
             Err(_) => Err(timed_out(Call::Ping, &self.label, self.timeout)),
         }

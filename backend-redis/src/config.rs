@@ -352,6 +352,22 @@ mod tests {
     use super::*;
     use lockcore::ErrorKind;
 
+    /// A raw `?` or `#` in a password makes the rest of it look like a parameter or a
+    /// fragment; neither may be echoed.
+    #[test]
+    fn the_rest_of_a_password_with_a_raw_question_mark_or_hash_is_not_echoed() {
+        for url in [
+            "redis://app:1234?topsecretpw@127.0.0.1:6379",
+            "rediss://app:1234#topsecretpw@127.0.0.1:6380",
+            "redis://app:1234#topsecretpw@127.0.0.1:6379/0",
+        ] {
+            let err = RedisConfig::from_url(url).expect_err("not a usable URL");
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{url}");
+            let shown = format!("{err} {err:?}");
+            assert!(!shown.contains("topsecret"), "{url}: {shown}");
+        }
+    }
+
     #[test]
     fn single_url_with_credentials_db_and_params() {
         let url = "redis://app:s3cr%2Fet@127.0.0.1:7000/3?prefix=jobs&timeout_ms=250";

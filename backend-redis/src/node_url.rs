@@ -262,6 +262,16 @@ pub(crate) fn parse_node(raw: &str, schemes: Schemes) -> Result<(NodeUrl, Params
     if !db.is_empty() && db.parse::<u16>().is_err() {
         return Err(invalid("the URL path must be a database number, like /0"));
     }
+    match url.fragment() {
+        None | Some("insecure") => {}
+        // Not echoed: most likely the rest of a password with a raw '#'.
+        Some(_) => {
+            return Err(invalid(
+                "unknown URL fragment (not shown; the only one is `#insecure`); \
+                 percent-encode '#', '?' and '@' in a password as %23, %3F and %40",
+            ));
+        }
+    }
     let params = split_params(&mut url)?;
     let material = match url.scheme() {
         "rediss" => Some(Arc::new(params.tls.load()?)),
@@ -292,6 +302,13 @@ pub(crate) fn split_params(url: &mut Url) -> Result<Params> {
             "timeout_ms" => params.timeout = Some(parse_millis(&key, &value)?),
             "connect_timeout_ms" => params.connect_timeout = Some(parse_millis(&key, &value)?),
             "protocol" => kept.push((key, value)),
+            // Not echoed: most likely the rest of a password with a raw '?'.
+            other if other.contains('@') => {
+                return Err(invalid(
+                    "unknown URL parameter (not shown: it holds '@'); percent-encode '?', \
+                     '#' and '@' in a password as %3F, %23 and %40",
+                ));
+            }
             other => {
                 return Err(invalid(format!(
                     "unknown URL parameter `{other}`; known: {KNOWN_PARAMS}"

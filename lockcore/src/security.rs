@@ -47,6 +47,9 @@ pub enum Transport {
     Plaintext,
     /// TLS, as negotiated.
     Tls(TlsDetails),
+    /// No working connection to report on (a Redlock node that is down, or refused us):
+    /// why, in words that name no secret.
+    NotConnected(String),
 }
 
 /// A negotiated TLS session.
@@ -103,6 +106,7 @@ impl fmt::Display for Transport {
             Self::Local => f.write_str("local (no network)"),
             Self::Plaintext => f.write_str("PLAINTEXT (not encrypted, server not verified)"),
             Self::Tls(tls) => tls.fmt(f),
+            Self::NotConnected(why) => write!(f, "NOT CONNECTED ({why})"),
         }
     }
 }
@@ -130,7 +134,13 @@ impl fmt::Display for ConnectionSecurity {
         write!(f, "{}: {}", self.endpoint, self.transport)?;
         match &self.identity {
             Some(identity) => write!(f, "; authenticated as {identity}"),
-            None if self.transport == Transport::Local => Ok(()),
+            None if matches!(
+                self.transport,
+                Transport::Local | Transport::NotConnected(_)
+            ) =>
+            {
+                Ok(())
+            }
             None => f.write_str("; no credentials sent"),
         }
     }
@@ -167,6 +177,10 @@ mod tests {
         assert_eq!(
             TlsDetails::new(Verification::None, false).to_string(),
             "TLS, server NOT verified"
+        );
+        assert_eq!(
+            ConnectionSecurity::new("h:1", Transport::NotConnected("refused".into())).to_string(),
+            "h:1: NOT CONNECTED (refused)"
         );
         assert_eq!(
             ConnectionSecurity::new("/tmp/l.db", Transport::Local).to_string(),

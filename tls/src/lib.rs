@@ -243,16 +243,41 @@ impl TlsMaterial {
     }
 }
 
+/// The largest certificate or key file read: a CA bundle of every public root is about
+/// 250 KiB.
+pub const MAX_FILE_LEN: u64 = 4 << 20;
+
+/// Reads a regular file of at most [`MAX_FILE_LEN`] bytes: a FIFO would block forever and
+/// `/dev/zero` would fill memory.
 fn read_file(param: &str, path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|e| {
+    use std::io::Read as _;
+    let refuse = |why: String| {
         Error::new(
             ErrorKind::Config,
             format!(
-                "cannot read the file of URL parameter `{param}` ({}): {e}",
+                "cannot read the file of URL parameter `{param}` ({}): {why}",
                 path.display()
             ),
         )
-    })
+    };
+    let meta = std::fs::metadata(path).map_err(|e| refuse(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(refuse("not a regular file".to_owned()));
+    }
+    if meta.len() > MAX_FILE_LEN {
+        return Err(refuse(format!(
+            "{} bytes, more than a certificate file holds ({MAX_FILE_LEN} at most)",
+            meta.len()
+        )));
+    }
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_FILE_LEN + 1).read_to_end(&mut bytes))
+        .map_err(|e| refuse(e.to_string()))?;
+    if bytes.len() as u64 > MAX_FILE_LEN {
+        return Err(refuse("it grew while being read".to_owned()));
+    }
+    Ok(bytes)
 }
 
 fn read_certificates(param: &str, path: &Path) -> Result<PemCertificates> {

@@ -184,6 +184,37 @@ fn unusable_files_are_named() {
         "{err}"
     );
 
+    for (special, why) in [
+        ("/dev/zero", "not a regular file"),
+        ("/tmp", "not a regular file"),
+    ] {
+        let err = TlsFiles::default()
+            .with_ca(special)
+            .load()
+            .expect_err("not a certificate file");
+        assert!(message(&err).contains(why), "{err}");
+    }
+    let fifo = pki.path("fifo.pem");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    let err = TlsFiles::default()
+        .with_ca(&fifo)
+        .load()
+        .expect_err("a FIFO blocks");
+    assert!(message(&err).contains("not a regular file"), "{err}");
+    let big = pki.path("big.pem");
+    std::fs::File::create(&big)
+        .and_then(|f| f.set_len(MAX_FILE_LEN + 1))
+        .expect("sparse file");
+    let err = TlsFiles::default()
+        .with_ca(&big)
+        .load()
+        .expect_err("too big");
+    assert!(
+        message(&err).contains("more than a certificate file holds"),
+        "{err}"
+    );
+
     let good = pki
         .files("ca")
         .with_client_cert(pki.path("client.pem"), pki.path("client-key.pem"))
