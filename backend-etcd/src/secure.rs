@@ -205,7 +205,8 @@ pub(crate) async fn report(
             let (host, port) = split_host(host_port);
             let preamble = anylock_tls::Preamble::None;
             let probe = anylock_tls::probe(&host, port, &host, config, preamble, timeout).await;
-            let details = TlsDetails::new(Verification::Full, material.client().is_some());
+            let details = TlsDetails::new(Verification::Full, material.client().is_some())
+                .with_roots(anylock_tls::roots_description(material));
             match probe {
                 Ok(n) => Transport::Tls(details.with_negotiated(Some(n.version), Some(n.cipher))),
                 // The driver's connection to this member uses the same settings: it fails

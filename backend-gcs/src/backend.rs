@@ -383,7 +383,8 @@ fn identity(auth: &crate::GcsAuth) -> Option<String> {
 
 #[cfg(feature = "tls")]
 async fn tls_details(host: &str, port: u16, timeout: std::time::Duration) -> lockcore::TlsDetails {
-    let details = lockcore::TlsDetails::new(lockcore::Verification::Full, false);
+    let details = lockcore::TlsDetails::new(lockcore::Verification::Full, false)
+        .with_roots("the OS trust store");
     let config = anylock_tls::TlsFiles::default()
         .load()
         .and_then(|m| anylock_tls::client_config(&m, lockcore::Verification::Full));

@@ -72,6 +72,17 @@ impl PostgresBackend {
     /// transaction.
     pub async fn connect(config: PostgresConfig) -> Result<Self> {
         config.validate()?;
+        let setup = config.tls();
+        if setup.verification == lockcore::Verification::ChainOnly
+            && setup.roots != "the OS trust store"
+        {
+            tracing::warn!(
+                "sslmode=verify-ca (or require with `ca`): the driver trusts the OS trust store \
+                 as well as the `ca` file and does not check the host name, so any server \
+                 holding a certificate from a public CA is accepted; use sslmode=verify-full \
+                 (docs/tls-and-auth.md)"
+            );
+        }
         let client = Client::new(&config);
         client.check_reachable(&config).await?;
         client.ensure_schema(config.create_schema()).await?;
@@ -302,6 +313,7 @@ impl LockBackend for PostgresBackend {
             let client_certificate = setup.client_certificate || row.client_dn.is_some();
             Transport::Tls(
                 TlsDetails::new(setup.verification, client_certificate)
+                    .with_roots(setup.roots)
                     .with_negotiated(row.version, row.cipher),
             )
         } else {

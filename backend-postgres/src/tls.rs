@@ -154,6 +154,9 @@ pub(crate) struct TlsSetup {
     pub(crate) client_certificate: bool,
     /// TLS is required (`require` or stricter): no plaintext fallback.
     pub(crate) required: bool,
+    /// The CAs the server's certificate may chain to. sqlx adds the `ca` file to the OS
+    /// trust store rather than trusting it alone, as libpq does.
+    pub(crate) roots: &'static str,
 }
 
 impl TlsSetup {
@@ -166,6 +169,11 @@ impl TlsSetup {
         Self {
             verification,
             client_certificate: material.client().is_some(),
+            roots: if material.ca().is_some() {
+                "the `ca` file and the OS trust store"
+            } else {
+                "the OS trust store"
+            },
             required: matches!(
                 mode,
                 PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull

@@ -298,7 +298,8 @@ impl Node {
 
     async fn probe(&self, material: &anylock_tls::TlsMaterial) -> TlsDetails {
         let verification = self.url.verification();
-        let details = TlsDetails::new(verification, material.client().is_some());
+        let details = TlsDetails::new(verification, material.client().is_some())
+            .with_roots(anylock_tls::roots_description(material));
         let host = self.url.host();
         let probed = match anylock_tls::client_config(material, verification) {
             Ok(config) => {

@@ -64,6 +64,9 @@ pub struct TlsDetails {
     pub verification: Verification,
     /// Whether we presented a client certificate.
     pub client_certificate: bool,
+    /// Which CAs the server's certificate may chain to, when known: `the ca file only`,
+    /// `the OS trust store`, or both.
+    pub roots: Option<String>,
 }
 
 impl TlsDetails {
@@ -74,7 +77,15 @@ impl TlsDetails {
             cipher: None,
             verification,
             client_certificate,
+            roots: None,
         }
+    }
+
+    /// The same session, naming the CAs the server's certificate was checked against.
+    #[must_use]
+    pub fn with_roots(mut self, roots: impl Into<String>) -> Self {
+        self.roots = Some(roots.into());
+        self
     }
 
     /// The same session with the protocol version and cipher suite a handshake reported.
@@ -117,11 +128,22 @@ impl fmt::Display for TlsDetails {
         if let Some(cipher) = &self.cipher {
             write!(f, " ({cipher})")?;
         }
-        f.write_str(match self.verification {
-            Verification::Full => ", server certificate and host name verified",
-            Verification::ChainOnly => ", server certificate chain verified, host name NOT checked",
-            Verification::None => ", server NOT verified",
-        })?;
+        let against = |f: &mut fmt::Formatter<'_>| match &self.roots {
+            Some(roots) => write!(f, " against {roots}"),
+            None => Ok(()),
+        };
+        match self.verification {
+            Verification::Full => {
+                f.write_str(", server certificate and host name verified")?;
+                against(f)?;
+            }
+            Verification::ChainOnly => {
+                f.write_str(", server certificate chain verified")?;
+                against(f)?;
+                f.write_str(", host name NOT checked")?;
+            }
+            Verification::None => f.write_str(", server NOT verified")?,
+        }
         if self.client_certificate {
             f.write_str(", client certificate presented")?;
         }
@@ -168,6 +190,12 @@ mod tests {
         assert_eq!(
             plain.to_string(),
             "db:5432: PLAINTEXT (not encrypted, server not verified); no credentials sent"
+        );
+        assert_eq!(
+            TlsDetails::new(Verification::Full, false)
+                .with_roots("the OS trust store")
+                .to_string(),
+            "TLS, server certificate and host name verified against the OS trust store"
         );
         let chain = TlsDetails::new(Verification::ChainOnly, false);
         assert_eq!(

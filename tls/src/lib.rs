@@ -322,6 +322,16 @@ fn not_pem(param: &str, path: &Path, what: &str) -> Error {
     )
 }
 
+/// How [`client_config`] (and every driver that follows these rules) chooses the CAs a
+/// server's certificate may chain to, in words for a report.
+pub fn roots_description(material: &TlsMaterial) -> &'static str {
+    if material.ca().is_some() {
+        "the `ca` file only"
+    } else {
+        "the OS trust store"
+    }
+}
+
 /// The rustls configuration `material` and `verification` mean: the `ca` file's CAs or else
 /// the OS trust store, the client certificate when given.
 ///
