@@ -71,6 +71,18 @@ struct Parts<'a> {
     extra: &'a str,
 }
 
+/// Everything right: the trusted CA, the client certificate, the password.
+fn right(s: &Secure) -> Parts<'_> {
+    Parts {
+        scheme_plain: false,
+        password: &s.password,
+        ca: "ca.pem",
+        client_cert: true,
+        port: None,
+        extra: "",
+    }
+}
+
 impl Backend {
     fn url(self, s: &Secure, p: &Parts<'_>) -> String {
         let (scheme, port, path, fixed) = match self {
@@ -193,14 +205,7 @@ fn every_backend_across_the_security_matrix() {
     let wrong = format!("wrong-{:032x}", rand::random::<u128>());
     let mut failures = Vec::new();
     for backend in BACKENDS {
-        let right = Parts {
-            scheme_plain: false,
-            password: &s.password,
-            ca: "ca.pem",
-            client_cert: true,
-            port: None,
-            extra: "",
-        };
+        let right = right(&s);
         let typo = backend.typo();
         // The issue's own example: a misspelled password parameter carries the secret.
         let secret_typo = format!("pasword={}", s.password);
@@ -342,14 +347,7 @@ fn every_backend_across_the_security_matrix() {
 fn check_reports_tls_and_identity_and_the_command_never_sees_the_password() {
     let Some(s) = Secure::from_env() else { return };
     for backend in BACKENDS {
-        let right = Parts {
-            scheme_plain: false,
-            password: &s.password,
-            ca: "ca.pem",
-            client_cert: true,
-            port: None,
-            extra: "",
-        };
+        let right = right(&s);
         let url = backend.url(&s, &right);
         let (out, _) = run(&url);
         let stdout = String::from_utf8_lossy(&out.stdout);
@@ -435,23 +433,11 @@ fn check_does_not_vouch_for_a_server_it_cannot_reach() {
         "redis://127.0.0.1:27101/0,redis://127.0.0.1:27102/0,redis://127.0.0.1:27103/0,\
          redis://:pw-123456789012@127.0.0.1:{down}/0"
     );
-    let etcd = Backend::Etcd
-        .url(
-            &s,
-            &Parts {
-                scheme_plain: false,
-                password: &s.password,
-                ca: "ca.pem",
-                client_cert: true,
-                port: None,
-                extra: "",
-            },
-        )
-        .replacen(
-            &format!("localhost:{}", s.etcd),
-            &format!("localhost:{},localhost:{down}", s.etcd),
-            1,
-        );
+    let etcd = Backend::Etcd.url(&s, &right(&s)).replacen(
+        &format!("localhost:{}", s.etcd),
+        &format!("localhost:{},localhost:{down}", s.etcd),
+        1,
+    );
     for url in [redlock, etcd] {
         let check = clean(Command::new(BIN))
             .args(["check", &url])
