@@ -33,7 +33,7 @@ pub(crate) fn describe(name: &str, holder: &HolderInfo) -> String {
 /// `anylock status NAME`.
 pub(crate) async fn status(name: &str, config: &Config) -> Result<(), Error> {
     let name = LockName::new(name)?;
-    let backend = crate::select::connect(&config.backend_url()).await?;
+    let backend = crate::select::connect(&crate::select::backend_url(config)?).await?;
     match backend.inspect(&name).await? {
         Some(holder) => out!("{}", describe(name.as_str(), &holder)),
         None => out!("{name} is free"),
@@ -44,7 +44,7 @@ pub(crate) async fn status(name: &str, config: &Config) -> Result<(), Error> {
 /// `anylock break NAME [--yes]`.
 pub(crate) async fn break_lock(name: &str, yes: bool, config: &Config) -> Result<(), Error> {
     let name = LockName::new(name)?;
-    let backend = crate::select::connect(&config.backend_url()).await?;
+    let backend = crate::select::connect(&crate::select::backend_url(config)?).await?;
     let Some(holder) = backend.inspect(&name).await? else {
         out!("{name} is free; nothing to break");
         return Ok(());
@@ -99,7 +99,10 @@ pub(crate) fn guarantees() {
 
 /// `anylock check [URL]`.
 pub(crate) async fn check(url: Option<String>, config: &Config) -> Result<(), Error> {
-    let url = url.map_or_else(|| config.backend_url(), BackendUrl::new);
+    let url = match url {
+        Some(url) => BackendUrl::new(url),
+        None => crate::select::backend_url(config)?,
+    };
     out!("backend:      {url}");
     let started = Instant::now();
     let backend = crate::select::connect(&url).await?;

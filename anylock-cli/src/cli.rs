@@ -10,6 +10,7 @@ const EXAMPLES: &str = "\
 Examples:
   anylock run publish-repo -- ./publish.sh            # embedded backend, wait forever
   anylock run nightly --no-wait -- make report         # skip if another run holds it
+  anylock run nightly -n -E 0 -c 'make report'         # skip quietly (exit 0), shell line
   anylock run deploy --wait 5m --ttl 1m -- ./deploy    # give up after 5 minutes
   anylock run build --leftovers wait -- sh -c 'make &'  # hold until background work ends
   ANYLOCK_BACKEND=redis://redis:6379/0 anylock run publish-repo -- ./publish.sh
@@ -21,8 +22,8 @@ Examples:
 Exit codes of `run`: the command's own code (128+N if a signal N killed it);
   122 the lock was lost while the command ran, or ran out while anylock was stopped
       (the command was stopped)
-  123 the lock is held and --no-wait was given
-  124 timed out waiting for the lock (--wait)
+  123 the lock is held and --no-wait was given (or --conflict-exit-code)
+  124 timed out waiting for the lock (--wait) (or --conflict-exit-code)
   125 anylock failed (backend unreachable, permission denied)
   126 the command is not executable; 127 the command was not found
   2   bad usage, URL, duration or configuration";
@@ -32,8 +33,12 @@ Exit codes of `run`: the command's own code (128+N if a signal N killed it);
 #[command(name = "anylock", version, about, after_help = EXAMPLES)]
 pub(crate) struct Cli {
     /// More log output (-v info, -vv debug, -vvv trace); ANYLOCK_LOG overrides.
-    #[arg(short, long, action = ArgAction::Count, global = true)]
+    #[arg(short, long, action = ArgAction::Count, global = true, conflicts_with = "quiet")]
     pub(crate) verbose: u8,
+
+    /// Errors only: no waiting line, no warnings.
+    #[arg(short, long, global = true)]
+    pub(crate) quiet: bool,
 
     /// Backend URL (else ANYLOCK_BACKEND, else the config file, else the embedded
     /// `local:` backend). Prefer the environment or the config file for URLs with
@@ -86,21 +91,33 @@ pub(crate) struct RunArgs {
     pub(crate) name: String,
 
     /// Lease TTL; the lease is refreshed every TTL/8 while the command runs [default: 30s].
-    #[arg(long, value_parser = humantime::parse_duration)]
+    /// Durations are `90s`, `5m`, `1h30m`, or bare seconds (`90`).
+    #[arg(long, env = "ANYLOCK_TTL", value_parser = parse_duration)]
     pub(crate) ttl: Option<Duration>,
 
     /// Give up waiting for the lock after this long (default: wait forever).
-    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "no_wait")]
+    #[arg(
+        short,
+        long,
+        env = "ANYLOCK_WAIT",
+        value_parser = parse_duration,
+        conflicts_with = "no_wait"
+    )]
     pub(crate) wait: Option<Duration>,
 
-    /// Do not wait: exit with code 123 if the lock is held.
-    #[arg(long)]
+    /// Do not wait: exit with code 123 (or --conflict-exit-code) if the lock is held.
+    #[arg(short, long)]
     pub(crate) no_wait: bool,
+
+    /// The exit code when the lock is held (--no-wait) or the wait timed out (--wait),
+    /// instead of 123 and 124; `-E 0` makes a skipped run a success, as flock's -E does.
+    #[arg(short = 'E', long, value_name = "CODE")]
+    pub(crate) conflict_exit_code: Option<u8>,
 
     /// After SIGTERM on a lost lock, wait this long before SIGKILL [default: 10s]. Must be
     /// shorter than the TTL; cut to what the lease has left when the loss is detected, and
     /// skipped when the lease is already gone (taken over, broken, expired).
-    #[arg(long, value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ANYLOCK_GRACE", value_parser = parse_duration)]
     pub(crate) grace: Option<Duration>,
 
     /// What to do with processes the command leaves in its group when it exits: `kill`
@@ -109,9 +126,41 @@ pub(crate) struct RunArgs {
     #[arg(long, value_enum, default_value_t = Leftovers::Kill)]
     pub(crate) leftovers: Leftovers,
 
+    /// Run this shell command line with `/bin/sh -c` instead of CMD (as flock's -c).
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "SHELL",
+        conflicts_with = "command"
+    )]
+    pub(crate) shell: Option<String>,
+
     /// The command and its arguments.
-    #[arg(required = true, last = true, value_name = "CMD")]
+    #[arg(required_unless_present = "shell", last = true, value_name = "CMD")]
     pub(crate) command: Vec<OsString>,
+}
+
+impl RunArgs {
+    /// `-c` turned into `/bin/sh -c SHELL`, so the rest of `run` sees one command.
+    pub(crate) fn resolve_shell(&mut self) {
+        if let Some(line) = self.shell.take() {
+            self.command = vec!["/bin/sh".into(), "-c".into(), line.into()];
+        }
+    }
+}
+
+/// A duration as `humantime` reads it (`90s`, `5m`, `1h 30m`), or bare seconds (`90`,
+/// `2.5`), as flock's `-w` and `timeout(1)` take them.
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    if !text.is_empty() && text.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return text
+            .parse::<f64>()
+            .ok()
+            .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
+            .ok_or_else(|| format!("{text:?} is not a number of seconds"));
+    }
+    humantime::parse_duration(text).map_err(|e| e.to_string())
 }
 
 /// What happens to processes left in the command's group after the command exits.

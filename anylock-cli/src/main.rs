@@ -52,14 +52,14 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(err) => {
-            // One clear line (clap's first), not a page of usage.
+            // clap's whole message: its first line says what is wrong, the rest names the
+            // missing argument and the `-- CMD` form.
             let text = err.render().to_string();
-            let first = text.lines().next().unwrap_or("invalid arguments");
-            note!("anylock: {}", first.trim_start_matches("error: "));
+            note!("anylock: {}", text.trim_end().trim_start_matches("error: "));
             return ExitCode::from(exit::USAGE);
         }
     };
-    init_logging(cli.verbose);
+    init_logging(cli.verbose, cli.quiet);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -74,8 +74,9 @@ fn main() -> ExitCode {
     ExitCode::from(runtime.block_on(dispatch(cli)))
 }
 
-fn init_logging(verbose: u8) {
+fn init_logging(verbose: u8, quiet: bool) {
     let level = match verbose {
+        _ if quiet => "error",
         // lockcore's own "lease lost" warning would repeat the CLI's message, and
         // gcp_auth warns on each internal retry while it probes for credentials; the
         // CLI's one-line error says what failed.
@@ -102,7 +103,7 @@ async fn dispatch(cli: Cli) -> u8 {
         }
     };
     let result = match cli.command {
-        Command::Run(args) => return run::run(args, &config).await,
+        Command::Run(args) => return run::run(args, &config, cli.quiet).await,
         Command::Status { name } => admin::status(&name, &config).await,
         Command::Break { name, yes } => admin::break_lock(&name, yes, &config).await,
         Command::Guarantees => {

@@ -103,7 +103,12 @@ proptest! {
     #[test]
     fn prop_config_durations_are_typed_errors(ttl in proptest::option::of(durations()), wait in proptest::option::of(durations())) {
         let args = run_args(None, None).expect("valid arguments");
-        let config = Config { backend: None, ttl, wait };
+        let config = Config {
+            backend: None,
+            ttl,
+            wait,
+            grace: None,
+        };
         match crate::run::options(&args, &config) {
             Ok(options) => prop_assert!(options.validate().is_ok()),
             Err(err) => {

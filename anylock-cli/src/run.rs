@@ -18,22 +18,34 @@ const DEFAULT_TTL: Duration = Duration::from_secs(30);
 const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 
 /// Runs `anylock run`; returns the process exit code.
-pub(crate) async fn run(args: RunArgs, config: &Config) -> u8 {
-    match run_inner(args, config).await {
+pub(crate) async fn run(mut args: RunArgs, config: &Config, quiet: bool) -> u8 {
+    args.resolve_shell();
+    let conflict = args.conflict_exit_code;
+    match run_inner(args, config, quiet).await {
         Ok(code) => code,
         Err(err) => {
-            exit::report(&err);
-            exit::code_for(&err)
+            let code = exit::code_for(&err);
+            match conflict {
+                // A skipped run is the expected outcome: no error line.
+                Some(code) if matches!(err.kind(), ErrorKind::Held | ErrorKind::Timeout) => {
+                    tracing::info!(%err, code, "not run: --conflict-exit-code");
+                    code
+                }
+                _ => {
+                    exit::report(&err);
+                    code
+                }
+            }
         }
     }
 }
 
-async fn run_inner(args: RunArgs, config: &Config) -> Result<u8, Error> {
+async fn run_inner(args: RunArgs, config: &Config, quiet: bool) -> Result<u8, Error> {
     let options = options(&args, config)?;
     let grace = grace(&args, config)?;
-    let backend = crate::select::connect(&config.backend_url()).await?;
+    let backend = crate::select::connect(&crate::select::backend_url(config)?).await?;
     let locker = Locker::new(backend).with_options(options);
-    let guard = acquire_with_status(&locker, &args.name).await?;
+    let guard = acquire_with_status(&locker, &args.name, quiet).await?;
     // Before the command starts: from here on a signal is forwarded, never fatal.
     let signals = Signals::install(&watch::SIGNALS).map_err(|e| {
         Error::new(ErrorKind::Unavailable, "cannot install signal handlers").with_source(e)
@@ -43,7 +55,7 @@ async fn run_inner(args: RunArgs, config: &Config) -> Result<u8, Error> {
 }
 
 fn duration(text: &str, what: &str) -> Result<Duration, Error> {
-    humantime::parse_duration(text).map_err(|e| {
+    crate::cli::parse_duration(text).map_err(|e| {
         Error::new(
             ErrorKind::Config,
             format!("invalid {what} {text:?} in the config: {e}"),
@@ -64,7 +76,11 @@ fn ttl(args: &RunArgs, config: &Config) -> Result<Duration, Error> {
 /// to what the lease has left instead.
 fn grace(args: &RunArgs, config: &Config) -> Result<Duration, Error> {
     let ttl = ttl(args, config)?;
-    match args.grace {
+    let configured = match &config.grace {
+        Some(text) => Some(duration(text, "grace")?),
+        None => None,
+    };
+    match args.grace.or(configured) {
         None => Ok(DEFAULT_GRACE),
         Some(grace) if grace < ttl => Ok(grace),
         Some(grace) => Err(Error::invalid_input(format!(
@@ -92,7 +108,10 @@ pub(crate) fn options(args: &RunArgs, config: &Config) -> Result<LockOptions, Er
 
 /// Acquires, showing who holds the lock meanwhile: a live line on a terminal, one log line
 /// otherwise.
-async fn acquire_with_status(locker: &Locker, name: &str) -> Result<LockGuard, Error> {
+async fn acquire_with_status(locker: &Locker, name: &str, quiet: bool) -> Result<LockGuard, Error> {
+    if quiet {
+        return locker.acquire(name).await;
+    }
     let tty = std::io::stderr().is_terminal();
     let acquire = locker.acquire(name);
     tokio::pin!(acquire);

@@ -24,6 +24,30 @@ pub(crate) fn config(cli: &Cli) -> Result<Config, Error> {
     Ok(config)
 }
 
+/// The backend to use. With `CI` set (GitHub Actions, GitLab CI and most others set
+/// `CI=true`) and no backend configured, the embedded default is refused: a `local:` lock
+/// only excludes processes on one machine, and CI jobs run on separate, short-lived
+/// runners, so it would exclude nothing. `--backend local:` (or `ANYLOCK_BACKEND=local:`)
+/// still chooses it explicitly.
+pub(crate) fn backend_url(config: &Config) -> Result<BackendUrl, Error> {
+    if config.backend.is_none() && in_ci() {
+        return Err(Error::new(
+            ErrorKind::Config,
+            "CI is set and no backend is configured: the embedded local: default only \
+             excludes processes on one machine, and CI runners are separate machines; set \
+             ANYLOCK_BACKEND (redis://, postgres://, etcd://, gs://) or pass --backend local: \
+             to lock this machine only",
+        ));
+    }
+    Ok(config.backend_url())
+}
+
+/// `CI` is set to anything but empty, `0` or `false`.
+fn in_ci() -> bool {
+    std::env::var("CI")
+        .is_ok_and(|v| !matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "false"))
+}
+
 fn default_config_path() -> Option<PathBuf> {
     let base = std::env::var_os("XDG_CONFIG_HOME")
         .filter(|v| !v.is_empty())

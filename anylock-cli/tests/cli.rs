@@ -90,6 +90,47 @@ fn no_wait_on_a_held_lock_and_a_wait_timeout_have_their_own_codes(scene: &Scene)
     let _ = holder.wait();
 }
 
+/// flock's habits: `-n`, `-w` with bare seconds (also from ANYLOCK_WAIT), `-E` for the
+/// conflict code, `-c` for a shell line.
+fn pipeline_habits_skip_with_a_chosen_code_and_run_shell_lines(scene: &Scene) {
+    let marker = scene.path("holding");
+    let hold = format!("touch {}; sleep 5", marker.display());
+    let mut holder = scene.spawn(&["run", "job", "--", "sh", "-c", &hold]);
+    wait_until(Duration::from_secs(20), "the holder to start", || {
+        marker.exists()
+    });
+    let skipped = scene.output(&["run", "job", "-n", "-E", "0", "--", "false"]);
+    assert_eq!(code(&skipped), 0, "{:?}", stderr_lines(&skipped));
+    assert!(
+        stderr_lines(&skipped).is_empty(),
+        "{:?}",
+        stderr_lines(&skipped)
+    );
+    let started = Instant::now();
+    let timed_out = scene.output(&["run", "job", "-w", "0.5", "-E", "3", "--", "true"]);
+    assert_eq!(code(&timed_out), 3, "{:?}", stderr_lines(&timed_out));
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    let from_env = scene
+        .command(&["run", "job", "--", "true"])
+        .env("ANYLOCK_WAIT", "0.3")
+        .output()
+        .expect("run");
+    assert_eq!(code(&from_env), 124, "{:?}", stderr_lines(&from_env));
+    let _ = holder.kill();
+    let _ = holder.wait();
+
+    let shell = scene.output(&[
+        "run",
+        "job",
+        "-w",
+        "30",
+        "-c",
+        "echo $ANYLOCK_NAME && exit 4",
+    ]);
+    assert_eq!(code(&shell), 4, "{:?}", stderr_lines(&shell));
+    assert_eq!(String::from_utf8_lossy(&shell.stdout), "job\n");
+}
+
 fn a_broken_lock_stops_the_command_and_its_grandchildren_within_the_grace(scene: &Scene) {
     let pids = scene.path("pids");
     // Two grandchildren, one of which ignores SIGTERM and needs the SIGKILL.
@@ -172,17 +213,68 @@ fn bad_input_gets_one_clear_line() {
             "outside the accepted range",
         ),
     ];
-    for (args, expected) in cases {
+    for (i, (args, expected)) in cases.into_iter().enumerate() {
         let out = scene.output(args);
         let lines = stderr_lines(&out);
         assert_eq!(code(&out), 2, "{args:?}: {lines:?}");
-        assert_eq!(lines.len(), 1, "{args:?}: {lines:?}");
+        // The first case is clap's: its message keeps clap's hint lines.
+        if i > 0 {
+            assert_eq!(lines.len(), 1, "{args:?}: {lines:?}");
+        }
         assert!(
             lines[0].starts_with("anylock: ") && lines[0].contains(expected),
             "{lines:?}"
         );
         assert!(!lines[0].contains("hunter2"), "password leaked: {lines:?}");
     }
+}
+
+#[test]
+fn a_usage_error_keeps_clap_hints() {
+    let scene = Scene::local();
+    let out = scene.output(&["run", "job"]);
+    let text = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(code(&out), 2, "{text}");
+    assert!(text.starts_with("anylock: "), "{text}");
+    for hint in ["<CMD>", "Usage:", "--help"] {
+        assert!(text.contains(hint), "{hint:?} missing: {text}");
+    }
+}
+
+/// In CI the embedded default would lock one runner only: refused unless chosen.
+#[test]
+fn ci_refuses_the_implicit_local_backend_but_not_an_explicit_one() {
+    let dir = Scene::scratch();
+    let run = |ci: &str, extra: &[&str]| {
+        let mut cmd = Command::new(support::BIN);
+        for (name, _) in std::env::vars() {
+            if name.starts_with("ANYLOCK_") {
+                cmd.env_remove(name);
+            }
+        }
+        cmd.env("CI", ci)
+            .env("XDG_CONFIG_HOME", &dir)
+            .env("XDG_STATE_HOME", &dir)
+            .env("HOME", &dir)
+            .args(extra)
+            .args(["run", "ci-job", "--", "true"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run anylock")
+    };
+    let refused = run("true", &[]);
+    let lines = stderr_lines(&refused);
+    assert_eq!(code(&refused), 2, "{lines:?}");
+    assert!(
+        lines.len() == 1 && lines[0].contains("CI is set") && lines[0].contains("--backend local:"),
+        "{lines:?}"
+    );
+    let explicit = format!("local:{}/ci.sqlite3", dir.display());
+    let chosen = run("true", &["--backend", &explicit]);
+    assert_eq!(code(&chosen), 0, "{:?}", stderr_lines(&chosen));
+    let not_ci = run("false", &[]);
+    assert_eq!(code(&not_ci), 0, "{:?}", stderr_lines(&not_ci));
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -239,6 +331,7 @@ on_every_backend!(
     the_readme_first_command_runs_and_passes_the_exit_code,
     contending_runs_never_overlap,
     no_wait_on_a_held_lock_and_a_wait_timeout_have_their_own_codes,
+    pipeline_habits_skip_with_a_chosen_code_and_run_shell_lines,
     a_broken_lock_stops_the_command_and_its_grandchildren_within_the_grace,
     sigterm_is_forwarded_and_the_command_decides_the_exit_code,
 );

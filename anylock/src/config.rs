@@ -25,6 +25,8 @@ pub struct Config {
     pub ttl: Option<String>,
     /// The default wait, as a human duration, or `"forever"`.
     pub wait: Option<String>,
+    /// The default grace between SIGTERM and SIGKILL when a lock is lost (`anylock run`).
+    pub grace: Option<String>,
 }
 
 impl Config {
@@ -78,6 +80,7 @@ impl fmt::Debug for Config {
             .field("backend", &self.backend.as_deref().map(crate::redact))
             .field("ttl", &self.ttl)
             .field("wait", &self.wait)
+            .field("grace", &self.grace)
             .finish()
     }
 }

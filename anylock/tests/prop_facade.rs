@@ -335,16 +335,18 @@ proptest! {
         backend in proptest::option::of(any::<String>()),
         ttl in proptest::option::of(any::<String>()),
         wait in proptest::option::of(any::<String>()),
+        grace in proptest::option::of(any::<String>()),
     ) {
         let mut table = toml::Table::new();
-        for (key, value) in [("backend", &backend), ("ttl", &ttl), ("wait", &wait)] {
+        let fields = [("backend", &backend), ("ttl", &ttl), ("wait", &wait), ("grace", &grace)];
+        for (key, value) in fields {
             if let Some(value) = value {
                 table.insert(key.to_owned(), toml::Value::String(value.clone()));
             }
         }
         let text = toml::to_string(&table).expect("serializable");
         let parsed = Config::from_toml(&text).expect("round trip");
-        prop_assert_eq!(parsed, Config { backend, ttl, wait });
+        prop_assert_eq!(parsed, Config { backend, ttl, wait, grace });
     }
 }
 
