@@ -35,7 +35,7 @@ mod watch;
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser};
+use clap::{CommandFactory, FromArgMatches};
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{Cli, Command};
@@ -45,7 +45,7 @@ fn main() -> ExitCode {
     if args.next().is_some_and(|arg| arg == supervisor::ARG) {
         return supervisor::main(args);
     }
-    let cli = match Cli::try_parse() {
+    let cli = match parse() {
         Ok(cli) => cli,
         Err(err) if !err.use_stderr() => {
             let _ = err.print();
@@ -72,6 +72,27 @@ fn main() -> ExitCode {
         }
     };
     ExitCode::from(runtime.block_on(dispatch(cli)))
+}
+
+/// The command line, with `--version` naming the backends this build has.
+fn parse() -> Result<Cli, clap::Error> {
+    let backends: Vec<&str> = anylock::compiled_guarantees()
+        .into_iter()
+        .map(|(name, _)| name)
+        // In-process only: `anylock` refuses it.
+        .filter(|name| *name != "memory")
+        .collect();
+    // Built once per process; clap keeps `'static` strings.
+    let version: &'static str = Box::leak(
+        format!(
+            "{} (backends: {})",
+            env!("CARGO_PKG_VERSION"),
+            backends.join(", ")
+        )
+        .into_boxed_str(),
+    );
+    let matches = Cli::command().version(version).try_get_matches()?;
+    Cli::from_arg_matches(&matches)
 }
 
 fn init_logging(verbose: u8, quiet: bool) {

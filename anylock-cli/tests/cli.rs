@@ -301,6 +301,14 @@ fn help_lists_examples_and_exit_codes_and_completions_generate() {
         help.contains("Examples:") && help.contains("124 timed out waiting"),
         "{help}"
     );
+    let version = String::from_utf8_lossy(&scene.output(&["--version"]).stdout).to_string();
+    assert!(
+        version.starts_with(&format!(
+            "anylock {} (backends: local, ",
+            env!("CARGO_PKG_VERSION")
+        )) && !version.contains("memory"),
+        "{version}"
+    );
     let bash = scene.output(&["completions", "bash"]);
     assert_eq!(code(&bash), 0);
     assert!(String::from_utf8_lossy(&bash.stdout).contains("_anylock()"));
