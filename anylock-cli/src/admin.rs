@@ -30,15 +30,35 @@ pub(crate) fn describe(name: &str, holder: &HolderInfo) -> String {
     text
 }
 
-/// `anylock status NAME`.
-pub(crate) async fn status(name: &str, config: &Config) -> Result<(), Error> {
+/// `anylock status NAME`: whether the lock is held.
+pub(crate) async fn status(name: &str, json: bool, config: &Config) -> Result<bool, Error> {
     let name = LockName::new(name)?;
     let backend = crate::select::connect(&crate::select::backend_url(config)?).await?;
-    match backend.inspect(&name).await? {
-        Some(holder) => out!("{}", describe(name.as_str(), &holder)),
-        None => out!("{name} is free"),
+    let holder = backend.inspect(&name).await?;
+    match (&holder, json) {
+        (_, true) => out!("{}", status_json(name.as_str(), holder.as_ref())),
+        (Some(holder), false) => out!("{}", describe(name.as_str(), holder)),
+        (None, false) => out!("{name} is free"),
     }
-    Ok(())
+    Ok(holder.is_some())
+}
+
+/// `status --json`: one object; fields that are unknown are left out.
+fn status_json(name: &str, holder: Option<&HolderInfo>) -> serde_json::Value {
+    let mut object = serde_json::json!({ "name": name, "held": holder.is_some() });
+    if let Some(holder) = holder {
+        object["owner"] = holder.owner().as_str().into();
+        if let Some(since) = holder.acquired_at() {
+            object["acquired_at"] = humantime::format_rfc3339_millis(since).to_string().into();
+        }
+        if let Some(left) = holder.expires_in() {
+            object["expires_in_ms"] = u64::try_from(left.as_millis()).unwrap_or(u64::MAX).into();
+        }
+        if let Some(token) = holder.token() {
+            object["fence_token"] = token.get().into();
+        }
+    }
+    object
 }
 
 /// `anylock break NAME [--yes]`.
@@ -85,8 +105,12 @@ fn confirm(prompt: &str) -> Result<bool, Error> {
 }
 
 /// `anylock guarantees`.
-pub(crate) fn guarantees() {
+pub(crate) fn guarantees(json: bool) {
     let rows = anylock::compiled_guarantees();
+    if json {
+        out!("{}", guarantees_json(&rows));
+        return;
+    }
     {
         use std::io::Write as _;
         let _ = write!(std::io::stdout(), "{}", anylock::guarantees_markdown(&rows));
@@ -205,4 +229,26 @@ pub(crate) fn explain(err: Error) -> Error {
         explained = explained.with_lock(lock);
     }
     explained
+}
+
+/// `guarantees --json`: one object per backend, values as the table words them.
+fn guarantees_json(rows: &[(&str, lockcore::Guarantees)]) -> serde_json::Value {
+    rows.iter()
+        .map(|(name, g)| {
+            serde_json::json!({
+                "backend": name,
+                "exclusion": g.exclusion.to_string(),
+                "fencing": format!("{:?}", g.fencing).to_lowercase(),
+                "expiry_clock": format!("{:?}", g.expiry_clock).to_lowercase(),
+                "waiting": format!("{:?}", g.waiting).to_lowercase(),
+                "fairness": format!("{:?}", g.fairness).to_lowercase(),
+                "same_owner_retake": g.same_owner_retake,
+                "durability": match g.durability {
+                    lockcore::Durability::SurvivesRestart => "survives_restart",
+                    lockcore::Durability::LostOnRestart => "lost_on_restart",
+                },
+                "notes": g.notes,
+            })
+        })
+        .collect()
 }

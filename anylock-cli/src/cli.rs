@@ -14,7 +14,7 @@ Examples:
   anylock run deploy --wait 5m --ttl 1m -- ./deploy    # give up after 5 minutes
   anylock run build --leftovers wait -- sh -c 'make &'  # hold until background work ends
   ANYLOCK_BACKEND=redis://redis:6379/0 anylock run publish-repo -- ./publish.sh
-  anylock status publish-repo
+  anylock status publish-repo                           # exit 0 held, 1 free; --json
   anylock break publish-repo --yes
   anylock guarantees
   anylock check postgres://locks@db/locks
@@ -58,10 +58,15 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Acquire NAME, run the command while refreshing the lease, release at the end.
     Run(RunArgs),
-    /// Show who holds NAME: identity, since when, expiry and fence token.
+    /// Show who holds NAME: identity, since when, expiry and fence token. Exit 0 when it
+    /// is held, 1 when it is free.
     Status {
         /// The lock name.
         name: String,
+        /// One JSON object on stdout: name, held, owner, acquired_at (RFC 3339),
+        /// expires_in_ms, fence_token (absent when unknown).
+        #[arg(long)]
+        json: bool,
     },
     /// Forcibly release NAME (an operator's override); its holder will see the lock lost.
     Break {
@@ -72,7 +77,11 @@ pub(crate) enum Command {
         yes: bool,
     },
     /// Print what every backend in this build guarantees.
-    Guarantees,
+    Guarantees {
+        /// One JSON array on stdout, an object per backend.
+        #[arg(long)]
+        json: bool,
+    },
     /// Check a backend: reachability, permissions (a probe lock), round-trip time.
     Check {
         /// Backend URL to check (default: the selected backend).

@@ -4,6 +4,8 @@ use std::error::Error as _;
 
 use lockcore::{Error, ErrorKind};
 
+/// `status`: the lock is free.
+pub(crate) const FREE: u8 = 1;
 /// Bad usage, URL, duration or configuration.
 pub(crate) const USAGE: u8 = 2;
 /// The lock was lost while the command ran; the command was stopped.
@@ -52,6 +54,7 @@ mod tests {
     #[test]
     fn codes_are_distinct_and_documented() {
         let codes = [
+            FREE,
             USAGE,
             LOST,
             HELD,

@@ -125,10 +125,20 @@ async fn dispatch(cli: Cli) -> u8 {
     };
     let result = match cli.command {
         Command::Run(args) => return run::run(args, &config, cli.quiet).await,
-        Command::Status { name } => admin::status(&name, &config).await,
+        Command::Status { name, json } => {
+            return match admin::status(&name, json, &config).await {
+                Ok(true) => 0,
+                Ok(false) => exit::FREE,
+                Err(err) => {
+                    let err = admin::explain(err);
+                    exit::report(&err);
+                    exit::code_for(&err)
+                }
+            };
+        }
         Command::Break { name, yes } => admin::break_lock(&name, yes, &config).await,
-        Command::Guarantees => {
-            admin::guarantees();
+        Command::Guarantees { json } => {
+            admin::guarantees(json);
             Ok(())
         }
         Command::Check { url } => admin::check(url, &config).await,

@@ -85,9 +85,27 @@ fn no_wait_on_a_held_lock_and_a_wait_timeout_have_their_own_codes(scene: &Scene)
     let out = scene.output(&["run", "job", "--wait", "500ms", "--", "true"]);
     assert_eq!(code(&out), 124, "{:?}", stderr_lines(&out));
     let status = scene.output(&["status", "job"]);
+    assert_eq!(code(&status), 0, "status of a held lock exits 0");
     assert!(String::from_utf8_lossy(&status.stdout).contains("job is held by"));
+    let json = scene.output(&["status", "job", "--json"]);
+    assert_eq!(code(&json), 0);
+    let held: serde_json::Value = serde_json::from_slice(&json.stdout).expect("one JSON object");
+    assert_eq!(held["name"], "job");
+    assert_eq!(held["held"], true);
+    assert!(
+        held["owner"].as_str().is_some_and(|o| !o.is_empty()),
+        "{held}"
+    );
+    assert!(held["fence_token"].as_u64().is_some(), "{held}");
     let _ = holder.kill();
     let _ = holder.wait();
+    let free = scene.output(&["status", "free-job", "--json"]);
+    assert_eq!(code(&free), 1, "status of a free lock exits 1");
+    let free: serde_json::Value = serde_json::from_slice(&free.stdout).expect("one JSON object");
+    assert_eq!(
+        free,
+        serde_json::json!({ "name": "free-job", "held": false })
+    );
 }
 
 /// flock's habits: `-n`, `-w` with bare seconds (also from ANYLOCK_WAIT), `-E` for the
@@ -314,6 +332,14 @@ fn help_lists_examples_and_exit_codes_and_completions_generate() {
     assert!(String::from_utf8_lossy(&bash.stdout).contains("_anylock()"));
     let table = String::from_utf8_lossy(&scene.output(&["guarantees"]).stdout).to_string();
     assert!(table.contains("| `local` |"), "{table}");
+    let rows: serde_json::Value =
+        serde_json::from_slice(&scene.output(&["guarantees", "--json"]).stdout).expect("JSON");
+    let local = rows
+        .as_array()
+        .and_then(|rows| rows.iter().find(|r| r["backend"] == "local"))
+        .unwrap_or_else(|| panic!("no local row: {rows}"));
+    assert_eq!(local["fencing"], "monotonic");
+    assert_eq!(local["durability"], "survives_restart");
 }
 
 /// Stamps one test per backend for each scenario.
