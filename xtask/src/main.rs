@@ -22,7 +22,12 @@ const PACKAGES: &[&str] = &["etcdserverpb", "mvccpb", "authpb", "v3lockpb"];
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let result = match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+    let result = match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
         ["gen-etcd-proto"] => gen_etcd_proto(&generated_dir()),
         _ => {
             eprintln!("usage: cargo run -p xtask -- gen-etcd-proto");
