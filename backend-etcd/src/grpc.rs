@@ -41,6 +41,7 @@ pub(crate) enum RpcError {
     /// The server (or tonic on its behalf, e.g. connection refused) answered with a status.
     Status(Status),
     /// The channel could not be built (TLS configuration).
+    #[cfg_attr(not(feature = "tls"), allow(dead_code))]
     Transport(tonic::transport::Error),
     /// The endpoint is not a URI.
     InvalidUri(String),
