@@ -12,8 +12,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anylock_etcd_proto::etcdserverpb::kv_client::KvClient;
+use anylock_etcd_proto::etcdserverpb::{DeleteRangeRequest, RangeRequest};
 use backend_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::{Acquire, AcquireRequest, Identity, LockBackend, LockName, LockOptions, Locker};
+use tonic::transport::Endpoint;
 
 fn p50(mut samples: Vec<Duration>) -> Duration {
     samples.sort();
@@ -48,14 +51,20 @@ async fn main() -> Result<(), lockcore::Error> {
     let prefix = format!("anylock-bench/{:x}/", std::process::id());
     let config = EtcdConfig::new([endpoint.as_str()])?.with_prefix(&prefix);
     let backend = Arc::new(EtcdBackend::connect(config).await?);
-    let mut raw = etcd_client::Client::connect([endpoint.as_str()], None)
-        .await
-        .expect("raw client");
+    let channel =
+        Endpoint::from_shared(format!("http://{}", endpoint.trim_start_matches("http://")))
+            .expect("endpoint")
+            .connect_lazy();
+    let mut raw = KvClient::new(channel);
 
     let get = measure(rounds, || {
         let mut raw = raw.clone();
         async move {
-            raw.get("anylock-bench-probe", None).await.expect("get");
+            let probe = RangeRequest {
+                key: b"anylock-bench-probe".to_vec(),
+                ..RangeRequest::default()
+            };
+            raw.range(probe).await.expect("get");
         }
     })
     .await;
@@ -98,12 +107,16 @@ async fn main() -> Result<(), lockcore::Error> {
         guard.release().await.expect("release");
     })
     .await;
-    let _ = raw
-        .delete(
-            prefix,
-            Some(etcd_client::DeleteOptions::new().with_prefix()),
-        )
-        .await;
+    let mut range_end = prefix.clone().into_bytes();
+    if let Some(last) = range_end.last_mut() {
+        *last += 1; // the prefix ends in `/`
+    }
+    let everything = DeleteRangeRequest {
+        key: prefix.into_bytes(),
+        range_end,
+        ..DeleteRangeRequest::default()
+    };
+    let _ = raw.delete_range(everything).await;
 
     let ratio = |d: Duration| d.as_secs_f64() / get.as_secs_f64();
     println!("endpoint {endpoint}, {rounds} rounds, p50");

@@ -4,8 +4,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anylock_etcd_proto::mvccpb::KeyValue;
+use anylock_etcd_proto::mvccpb::event::EventType;
 use async_trait::async_trait;
-use etcd_client::{EventType, KeyValue};
 use futures_util::stream;
 use lockcore::{
     Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion,
@@ -178,7 +179,7 @@ impl EtcdBackend {
             Created::Won { revision } => Ok(Acquire::Acquired(
                 self.lease_for(request, lease, granted, revision),
             )),
-            Created::Held { head } if keys::is_owned_by(head.value(), &request.owner) => self
+            Created::Held { head } if keys::is_owned_by(&head.value, &request.owner) => self
                 .retake(request, (lease, granted), head)
                 .await
                 .map_err(|e| e.with_lock(name)),
@@ -222,10 +223,10 @@ impl EtcdBackend {
     /// seconds, so a live lease that reads 0 has up to a second left: reported as 1 s, not
     /// 0, which would make waiters poll without pause until the key goes.
     async fn remaining(&self, key: &KeyValue) -> Result<Option<Duration>> {
-        if key.lease() == 0 {
+        if key.lease == 0 {
             return Ok(None);
         }
-        let ttl = self.client.time_to_live(key.lease()).await?;
+        let ttl = self.client.time_to_live(key.lease).await?;
         Ok(Some(match ttl {
             Some(left) if left.is_zero() => TTL_RESOLUTION,
             Some(left) => left,
@@ -260,9 +261,9 @@ pub fn guarantees() -> Guarantees {
 }
 
 fn holder_info(head: &KeyValue, remaining: Option<Duration>) -> HolderInfo {
-    let (owner, acquired_at) = keys::decode_value(head.value(), head.lease());
+    let (owner, acquired_at) = keys::decode_value(&head.value, head.lease);
     let mut holder = HolderInfo::new(owner);
-    if let Ok(rev) = u64::try_from(head.create_revision()) {
+    if let Ok(rev) = u64::try_from(head.create_revision) {
         holder = holder.with_token(FenceToken::new(rev));
     }
     if let Some(at) = acquired_at {
@@ -357,7 +358,7 @@ impl LockBackend for EtcdBackend {
         if let Ok(stored) = &stored {
             let ours = stored
                 .as_ref()
-                .is_some_and(|kv| kv.create_revision() == revision && kv.lease() == id);
+                .is_some_and(|kv| kv.create_revision == revision && kv.lease == id);
             if !ours {
                 return Err(context(Error::lost("our lock key was deleted or replaced")));
             }
@@ -394,7 +395,7 @@ impl LockBackend for EtcdBackend {
             return Ok(None);
         };
         let remaining = self.remaining(&head).await.ok().flatten();
-        let deleted = self.client.delete(head.key()).await.map_err(context)?;
+        let deleted = self.client.delete(&head.key).await.map_err(context)?;
         Ok(deleted.then(|| holder_info(&head, remaining)))
     }
 
@@ -431,12 +432,9 @@ impl LockBackend for EtcdBackend {
         let events = stream::unfold(watch, |mut watch| async move {
             loop {
                 match watch.message().await {
-                    Ok(Some(resp)) if resp.canceled() => return None,
+                    Ok(Some(resp)) if resp.canceled => return None,
                     Ok(Some(resp)) => {
-                        let deleted = resp
-                            .events()
-                            .iter()
-                            .any(|e| e.event_type() == EventType::Delete);
+                        let deleted = resp.events.iter().any(|e| e.r#type() == EventType::Delete);
                         if deleted {
                             return Some(((), watch));
                         }

@@ -1,19 +1,27 @@
 //! The etcd RPCs the backend makes, each bounded by the request timeout and counted, and
-//! the one function that maps etcd client errors to lockcore errors.
+//! the one function that maps etcd errors to lockcore errors.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use etcd_client::{
-    Compare, CompareOp, ConnectOptions, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget,
-    Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions, WatchStream,
+use anylock_etcd_proto::etcdserverpb::compare::CompareResult;
+use anylock_etcd_proto::etcdserverpb::response_op::Response;
+use anylock_etcd_proto::etcdserverpb::watch_create_request::FilterType;
+use anylock_etcd_proto::etcdserverpb::watch_request::RequestUnion;
+use anylock_etcd_proto::etcdserverpb::{
+    LeaseGrantRequest, LeaseRevokeRequest, LeaseTimeToLiveRequest, RangeRequest, RangeResponse,
+    ResponseHeader, TxnRequest, TxnResponse, WatchCreateRequest, WatchRequest,
 };
+use anylock_etcd_proto::mvccpb::KeyValue;
 use lockcore::{Error, ErrorKind, Result};
 use tokio::sync::OnceCell;
 use tonic::Code;
 
 use crate::config::EtcdConfig;
+use crate::grpc::{Connection, RpcError, Settings, WatchStream};
 use crate::keys::range_end;
+use crate::requests;
 use crate::secure::{self, Who};
 
 /// The RPC a failure happened in: its name for messages, and whether it writes (a write
@@ -66,10 +74,10 @@ impl Op {
     }
 }
 
-/// Why an RPC failed: the client's error, or our own request timeout.
+/// Why an RPC failed: etcd's (or the channel's) error, or our own request timeout.
 #[derive(Debug)]
 pub(crate) enum Failure {
-    Etcd(etcd_client::Error),
+    Etcd(RpcError),
     TimedOut(Duration),
 }
 
@@ -102,10 +110,10 @@ pub(crate) fn map_error(op: Op, failure: Failure) -> Error {
     }
 }
 
-fn etcd_kind(err: &etcd_client::Error, uncertain: ErrorKind) -> ErrorKind {
-    use etcd_client::Error as E;
+fn etcd_kind(err: &RpcError, uncertain: ErrorKind) -> ErrorKind {
+    use RpcError as E;
     match err {
-        E::GRpcStatus(status) => match status.code() {
+        E::Status(status) => match status.code() {
             Code::Unavailable
             | Code::DeadlineExceeded
             | Code::Cancelled
@@ -122,17 +130,10 @@ fn etcd_kind(err: &etcd_client::Error, uncertain: ErrorKind) -> ErrorKind {
             Code::Unimplemented => ErrorKind::Unsupported,
             Code::DataLoss | Code::Ok => ErrorKind::Protocol,
         },
-        E::LeaseKeepAliveError(msg) if msg.contains("not found") => ErrorKind::Lost,
-        E::TransportError(_) => ErrorKind::Unavailable,
-        E::IoError(_) | E::LeaseKeepAliveError(_) | E::WatchError(_) | E::Internal(_) => uncertain,
-        E::InvalidArgs(_)
-        | E::InvalidUri(_)
-        | E::InvalidMetadataValue(_)
-        | E::EndpointError(_)
-        | E::EndpointsNotManaged => ErrorKind::Config,
-        E::Utf8Error(_) | E::ElectError(_) => ErrorKind::Protocol,
-        #[allow(unreachable_patterns)]
-        _ => uncertain,
+        E::LeaseKeepAlive(msg) if msg.contains("not found") => ErrorKind::Lost,
+        E::Transport(_) => ErrorKind::Unavailable,
+        E::LeaseKeepAlive(_) | E::Watch(_) | E::Internal(_) => uncertain,
+        E::InvalidUri(_) | E::InvalidMetadataValue(_) => ErrorKind::Config,
     }
 }
 
@@ -149,14 +150,14 @@ pub(crate) enum Created {
 /// member, and a temporary failure (connection refused, no leader, timeout) moves later
 /// RPCs to the next member. The failed RPC itself is not retried.
 ///
-/// Why not etcd-client's balanced channel over all endpoints: it keeps sending a share of
+/// Why not one balanced channel over all endpoints: it keeps sending a share of
 /// the requests to a dead member (each fails with "connection refused"), so with one
 /// member down a refresh, which makes two RPCs, failed more often than not and a holder
 /// went Lost after three in a row (see `tests/failover.rs`).
 pub(crate) struct EtcdClient {
     members: Vec<Member>,
     current: AtomicUsize,
-    options: ConnectOptions,
+    settings: Settings,
     timeout: Duration,
     connect_timeout: Duration,
     rpcs: AtomicU64,
@@ -169,27 +170,24 @@ pub(crate) struct EtcdClient {
 /// One member: its endpoint and a client connected on first use.
 struct Member {
     endpoint: String,
-    client: OnceCell<etcd_client::Client>,
+    client: OnceCell<Connection>,
 }
 
 impl EtcdClient {
     /// Prepares one client per endpoint from `config` and its loaded TLS `material`. No
     /// network I/O: [`verify`](Self::verify) connects.
     pub(crate) fn new(config: &EtcdConfig, material: &anylock_tls::TlsMaterial) -> Result<Self> {
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(config.connect_timeout())
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
-            .with_require_leader(true);
-        if let Some((user, password)) = config.credentials() {
-            options = options
-                .with_user(user, password)
-                .with_auto_token_refresh(true);
-        }
-        let tls = if config.tls() {
-            options = tls_options(options, material)?;
-            Some(std::sync::Arc::new(secure::rustls_config(material)?))
+        let credentials = config
+            .credentials()
+            .map(|(user, password)| (user.to_owned(), password.to_owned()));
+        let (settings, tls) = if config.tls() {
+            let settings = tls_settings(config.connect_timeout(), credentials, material)?;
+            (
+                settings,
+                Some(std::sync::Arc::new(secure::rustls_config(material)?)),
+            )
         } else {
-            None
+            (plain_settings(config.connect_timeout(), credentials), None)
         };
         let members: Vec<Member> = config
             .endpoints()
@@ -202,7 +200,7 @@ impl EtcdClient {
         Ok(Self {
             current: AtomicUsize::new(random_index(members.len())),
             members,
-            options,
+            settings,
             timeout: config.request_timeout(),
             connect_timeout: config.connect_timeout(),
             rpcs: AtomicU64::new(0),
@@ -268,9 +266,10 @@ impl EtcdClient {
                 .member(index)
                 .await
                 .map_err(|e| plaintext_hint(self.map(Op::Authenticate, Failure::Etcd(e))))?;
-            let mut kv = client.kv_client();
-            let range = GetOptions::new().with_prefix().with_count_only();
-            kv.get(self.prefix.as_bytes(), Some(range))
+            let range = requests::count(self.prefix.as_bytes());
+            let count = |mut c: Connection, r| async move { Ok(c.kv.range(r).await?) };
+            client
+                .call(range, count)
                 .await
                 .map(drop)
                 .map_err(|e| plaintext_hint(self.map(Op::Get, Failure::Etcd(e))))
@@ -305,24 +304,24 @@ impl EtcdClient {
     }
 
     /// The client of member `index`, connecting it on first use.
-    async fn member(&self, index: usize) -> Result<etcd_client::Client, etcd_client::Error> {
+    async fn member(&self, index: usize) -> Result<Connection, RpcError> {
         let member = &self.members[index];
-        let connect = || {
-            let endpoints = [member.endpoint.as_str()];
-            etcd_client::Client::connect(endpoints, Some(self.options.clone()))
-        };
+        let connect = || Connection::connect(&member.endpoint, &self.settings);
         member.client.get_or_try_init(connect).await.cloned()
     }
 
-    /// Runs one RPC on the current member under the request timeout, maps its error, and
-    /// moves to the next member after a temporary failure.
-    pub(crate) async fn call<T, F>(&self, op: Op, rpc: F) -> Result<T>
+    /// Runs one RPC on the current member under the request timeout (authenticating again
+    /// and repeating it once if etcd refused an expired token), maps its error, and moves
+    /// to the next member after a temporary failure.
+    pub(crate) async fn call<R, T, F, Fut>(&self, op: Op, request: R, rpc: F) -> Result<T>
     where
-        F: AsyncFnOnce(etcd_client::Client) -> Result<T, etcd_client::Error>,
+        R: Clone,
+        F: Fn(Connection, R) -> Fut,
+        Fut: Future<Output = Result<T, RpcError>>,
     {
         self.rpcs.fetch_add(1, Ordering::Relaxed);
         let index = self.current.load(Ordering::Relaxed) % self.members.len();
-        let attempt = async { rpc(self.member(index).await?).await };
+        let attempt = async { self.member(index).await?.call(request, rpc).await };
         let result = match tokio::time::timeout(self.timeout, attempt).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => Err(self.map(op, Failure::Etcd(err))),
@@ -343,9 +342,14 @@ impl EtcdClient {
     /// LeaseGrant: a new lease of `ttl_secs`; returns its id and the TTL etcd granted
     /// (etcd raises TTLs below its minimum, about 2 s with default election settings).
     pub(crate) async fn grant(&self, ttl_secs: i64) -> Result<(i64, i64)> {
-        let grant = async |mut c: etcd_client::Client| c.lease_grant(ttl_secs, None).await;
-        let resp = self.call(Op::LeaseGrant, grant).await?;
-        Ok((resp.id(), resp.ttl()))
+        let request = LeaseGrantRequest {
+            ttl: ttl_secs,
+            id: 0,
+        };
+        let grant =
+            |mut c: Connection, r| async move { Ok(c.lease.lease_grant(r).await?.into_inner()) };
+        let resp = self.call(Op::LeaseGrant, request, grant).await?;
+        Ok((resp.id, resp.ttl))
     }
 
     /// One Txn: if no key exists under `prefix`, put `key` bound to `lease`; otherwise
@@ -357,25 +361,21 @@ impl EtcdClient {
         value: &[u8],
         lease: i64,
     ) -> Result<Created> {
-        let free = Compare::create_revision(prefix, CompareOp::Equal, 0).with_prefix();
-        let put = TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease)));
-        let txn = Txn::new()
-            .when([free])
-            .and_then([put])
-            .or_else([TxnOp::get(prefix, Some(first_created()))]);
-        let resp = self
-            .call(Op::CreateIfFree, async |mut c: etcd_client::Client| {
-                c.txn(txn).await
-            })
-            .await?;
-        if resp.succeeded() {
+        let free = requests::create_revision_of_prefix(prefix, CompareResult::Equal, 0);
+        let txn = requests::txn(
+            vec![free],
+            vec![requests::put(key, value, lease)],
+            vec![requests::range_op(requests::first_created(prefix))],
+        );
+        let resp = self.call(Op::CreateIfFree, txn, txn_rpc).await?;
+        if resp.succeeded {
             return Ok(Created::Won {
-                revision: revision_of(resp.header(), Op::CreateIfFree)?,
+                revision: revision_of(resp.header.as_ref(), Op::CreateIfFree)?,
             });
         }
-        match resp.op_responses().into_iter().next() {
-            Some(TxnOpResponse::Get(mut get)) if !get.kvs().is_empty() => Ok(Created::Held {
-                head: get.take_kvs().swap_remove(0),
+        match resp.responses.into_iter().next().and_then(|op| op.response) {
+            Some(Response::ResponseRange(mut get)) if !get.kvs.is_empty() => Ok(Created::Held {
+                head: get.kvs.swap_remove(0),
             }),
             _ => Err(malformed(
                 Op::CreateIfFree,
@@ -395,45 +395,36 @@ impl EtcdClient {
         value: &[u8],
         lease: i64,
     ) -> Result<Option<i64>> {
-        let head_key = head.key();
+        let head_key = head.key.as_slice();
         let mut after_head = head_key.to_vec();
         after_head.push(0);
-        let alone = [
-            Compare::create_revision(prefix, CompareOp::Equal, 0).with_range(head_key),
-            Compare::create_revision(after_head, CompareOp::Equal, 0).with_range(range_end(prefix)),
+        let alone = vec![
+            requests::create_revision(prefix, head_key.to_vec(), CompareResult::Equal, 0),
+            requests::create_revision(&after_head, range_end(prefix), CompareResult::Equal, 0),
         ];
-        let put = TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease)));
-        let txn = Txn::new()
-            .when([Compare::mod_revision(
-                head_key,
-                CompareOp::Equal,
-                head.mod_revision(),
-            )])
-            .and_then([
-                TxnOp::delete(head_key, None),
-                TxnOp::txn(Txn::new().when(alone).and_then([put])),
-            ]);
-        let resp = self
-            .call(Op::Retake, async |mut c: etcd_client::Client| {
-                c.txn(txn).await
-            })
-            .await?;
-        let put_done = resp.succeeded()
-            && resp
-                .op_responses()
-                .iter()
-                .any(|op| matches!(op, TxnOpResponse::Txn(inner) if inner.succeeded()));
+        let put = requests::txn(alone, vec![requests::put(key, value, lease)], Vec::new());
+        let txn = requests::txn(
+            vec![requests::mod_revision_is(head_key, head.mod_revision)],
+            vec![requests::delete_op(head_key), requests::txn_op(put)],
+            Vec::new(),
+        );
+        let resp = self.call(Op::Retake, txn, txn_rpc).await?;
+        let put_done = resp.succeeded
+            && resp.responses.iter().any(
+                |op| matches!(&op.response, Some(Response::ResponseTxn(inner)) if inner.succeeded),
+            );
         if !put_done {
             return Ok(None);
         }
-        revision_of(resp.header(), Op::Retake).map(Some)
+        revision_of(resp.header.as_ref(), Op::Retake).map(Some)
     }
 
     /// LeaseRevoke: deletes every key bound to `lease` (ours: exactly our lock key). A lease
     /// that is already gone is not an error.
     pub(crate) async fn revoke(&self, lease: i64) -> Result<()> {
-        let revoke = async |mut c: etcd_client::Client| c.lease_revoke(lease).await;
-        match self.call(Op::LeaseRevoke, revoke).await {
+        let request = LeaseRevokeRequest { id: lease };
+        let revoke = |mut c: Connection, r| async move { Ok(c.lease.lease_revoke(r).await?) };
+        match self.call(Op::LeaseRevoke, request, revoke).await {
             Err(err) if err.kind() == ErrorKind::Lost => Ok(()),
             other => other.map(drop),
         }
@@ -441,53 +432,76 @@ impl EtcdClient {
 
     /// DeleteRange on one key; whether it existed.
     pub(crate) async fn delete(&self, key: &[u8]) -> Result<bool> {
-        let delete = async |mut c: etcd_client::Client| c.delete(key, None).await;
-        Ok(self.call(Op::Delete, delete).await?.deleted() > 0)
+        let request = requests::delete(key);
+        let delete =
+            |mut c: Connection, r| async move { Ok(c.kv.delete_range(r).await?.into_inner()) };
+        Ok(self.call(Op::Delete, request, delete).await?.deleted > 0)
     }
 
     /// LeaseKeepAlive: one request and its reply on a keep-alive stream, which resets the
     /// lease's TTL on the leader. `Lost` when the lease no longer exists.
     pub(crate) async fn keep_alive(&self, lease: i64) -> Result<()> {
-        let keep_alive = async |mut c: etcd_client::Client| c.lease_keep_alive(lease).await;
-        self.call(Op::KeepAlive, keep_alive).await.map(drop)
+        let keep_alive = |c: Connection, id| c.keep_alive_once(id);
+        self.call(Op::KeepAlive, lease, keep_alive).await
     }
 
     /// Range on one key (linearizable).
     pub(crate) async fn get(&self, key: &[u8]) -> Result<Option<KeyValue>> {
-        let get = async |mut c: etcd_client::Client| c.get(key, None).await;
-        let mut resp = self.call(Op::Get, get).await?;
-        Ok(resp.take_kvs().into_iter().next())
+        let resp = self.call(Op::Get, requests::get(key), range_rpc).await?;
+        Ok(resp.kvs.into_iter().next())
     }
 
     /// Range on `prefix`, lowest create revision first, one key: the owner.
     pub(crate) async fn head(&self, prefix: &[u8]) -> Result<Option<KeyValue>> {
-        let get = async |mut c: etcd_client::Client| c.get(prefix, Some(first_created())).await;
-        let mut resp = self.call(Op::Get, get).await?;
-        Ok(resp.take_kvs().into_iter().next())
+        let request = requests::first_created(prefix);
+        let resp = self.call(Op::Get, request, range_rpc).await?;
+        Ok(resp.kvs.into_iter().next())
     }
 
     /// LeaseTimeToLive: the remaining TTL, `None` when the lease is gone.
     pub(crate) async fn time_to_live(&self, lease: i64) -> Result<Option<Duration>> {
-        let ttl = async |mut c: etcd_client::Client| c.lease_time_to_live(lease, None).await;
-        let resp = self.call(Op::LeaseTimeToLive, ttl).await?;
-        Ok(u64::try_from(resp.ttl()).ok().map(Duration::from_secs))
+        let request = LeaseTimeToLiveRequest {
+            id: lease,
+            keys: false,
+        };
+        let ttl = |mut c: Connection, r| async move {
+            Ok(c.lease.lease_time_to_live(r).await?.into_inner())
+        };
+        let resp = self.call(Op::LeaseTimeToLive, request, ttl).await?;
+        Ok(u64::try_from(resp.ttl).ok().map(Duration::from_secs))
     }
 
     /// Watch: delete events under `prefix`, returned once etcd confirmed the watch exists
     /// (so no delete after this returns is missed).
     pub(crate) async fn watch_deletes(&self, prefix: &[u8]) -> Result<WatchStream> {
-        let options = WatchOptions::new()
-            .with_prefix()
-            .with_filters([WatchFilterType::NoPut]);
-        let start = async |mut c: etcd_client::Client| {
-            let mut stream = c.watch(prefix, Some(options)).await?;
+        let (key, range_end) = requests::prefix_range(prefix);
+        let request = WatchRequest {
+            request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+                key,
+                range_end,
+                filters: vec![FilterType::Noput.into()],
+                ..WatchCreateRequest::default()
+            })),
+        };
+        let start = |c: Connection, r| async move {
+            let mut stream = c.watch(r).await?;
             match stream.message().await? {
-                Some(resp) if resp.created() && !resp.canceled() => Ok(stream),
-                _ => Err(etcd_client::Error::WatchError("watch not created".into())),
+                Some(resp) if resp.created && !resp.canceled => Ok(stream),
+                _ => Err(RpcError::Watch("watch not created".into())),
             }
         };
-        self.call(Op::Watch, start).await
+        self.call(Op::Watch, request, start).await
     }
+}
+
+/// Txn, for [`EtcdClient::call`].
+pub(crate) async fn txn_rpc(mut c: Connection, txn: TxnRequest) -> Result<TxnResponse, RpcError> {
+    Ok(c.kv.txn(txn).await?.into_inner())
+}
+
+/// Range, for [`EtcdClient::call`].
+async fn range_rpc(mut c: Connection, range: RangeRequest) -> Result<RangeResponse, RpcError> {
+    Ok(c.kv.range(range).await?.into_inner())
 }
 
 /// A random member to start with, so clients spread over the cluster.
@@ -498,16 +512,9 @@ fn random_index(members: usize) -> usize {
     usize::try_from(hasher.finish() % members.max(1) as u64).unwrap_or(0)
 }
 
-pub(crate) fn first_created() -> GetOptions {
-    GetOptions::new()
-        .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
-        .with_limit(1)
-}
-
-pub(crate) fn revision_of(header: Option<&etcd_client::ResponseHeader>, op: Op) -> Result<i64> {
+pub(crate) fn revision_of(header: Option<&ResponseHeader>, op: Op) -> Result<i64> {
     header
-        .map(|h| h.revision())
+        .map(|h| h.revision)
         .filter(|rev| *rev > 0)
         .ok_or_else(|| malformed(op, "the reply has no revision"))
 }
@@ -516,13 +523,24 @@ pub(crate) fn malformed(op: Op, what: &str) -> Error {
     Error::new(ErrorKind::Protocol, format!("{}: {what}", op.name())).with_backend("etcd")
 }
 
+fn plain_settings(connect_timeout: Duration, credentials: Option<(String, String)>) -> Settings {
+    Settings {
+        connect_timeout,
+        credentials,
+        #[cfg(feature = "tls")]
+        tls: None,
+    }
+}
+
+/// TLS: the `ca` file, else the OS trust store; the client certificate when given.
 #[cfg(feature = "tls")]
-fn tls_options(
-    options: ConnectOptions,
+fn tls_settings(
+    connect_timeout: Duration,
+    credentials: Option<(String, String)>,
     material: &anylock_tls::TlsMaterial,
-) -> Result<ConnectOptions> {
-    use etcd_client::{Certificate, Identity, TlsOptions};
-    let mut tls = TlsOptions::new();
+) -> Result<Settings> {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let mut tls = ClientTlsConfig::new();
     tls = match material.ca() {
         Some(ca) => tls.ca_certificate(Certificate::from_pem(ca.pem())),
         None => tls.with_native_roots(),
@@ -530,11 +548,19 @@ fn tls_options(
     if let Some(client) = material.client() {
         tls = tls.identity(Identity::from_pem(client.cert_pem(), client.key_pem()));
     }
-    Ok(options.with_tls(tls))
+    Ok(Settings {
+        connect_timeout,
+        credentials,
+        tls: Some(tls),
+    })
 }
 
 #[cfg(not(feature = "tls"))]
-fn tls_options(_: ConnectOptions, _: &anylock_tls::TlsMaterial) -> Result<ConnectOptions> {
+fn tls_settings(
+    _: Duration,
+    _: Option<(String, String)>,
+    _: &anylock_tls::TlsMaterial,
+) -> Result<Settings> {
     Err(Error::new(
         ErrorKind::Config,
         "TLS requested, but backend-etcd was built without its `tls` feature",
@@ -545,10 +571,10 @@ fn tls_options(_: ConnectOptions, _: &anylock_tls::TlsMaterial) -> Result<Connec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use etcd_client::Error as E;
+    use RpcError as E;
 
     fn status(code: Code) -> Failure {
-        Failure::Etcd(E::GRpcStatus(tonic::Status::new(code, "x")))
+        Failure::Etcd(E::Status(tonic::Status::new(code, "x")))
     }
 
     fn kind(op: Op, failure: Failure) -> ErrorKind {
@@ -592,10 +618,12 @@ mod tests {
         assert_eq!(kind(Op::LeaseRevoke, status(Code::NotFound)), Lost);
         assert_eq!(kind(Op::Get, status(Code::Unimplemented)), Unsupported);
         assert_eq!(kind(Op::Get, status(Code::FailedPrecondition)), Config);
-        let gone = Failure::Etcd(E::LeaseKeepAliveError("lease not found".into()));
+        let gone = Failure::Etcd(E::LeaseKeepAlive("lease not found".into()));
         assert_eq!(kind(Op::KeepAlive, gone), Lost);
-        let bad = Failure::Etcd(E::InvalidArgs("empty endpoints".into()));
+        let bad = Failure::Etcd(E::InvalidUri("invalid authority".into()));
         assert_eq!(kind(Op::Get, bad), Config);
+        let unanswered = Failure::Etcd(E::Watch("failed to create lease keeper".into()));
+        assert_eq!(kind(Op::KeepAlive, unanswered), Unavailable);
         assert!(map_error(Op::Get, status(Code::Unavailable)).is_temporary());
         assert!(!map_error(Op::Get, status(Code::PermissionDenied)).is_temporary());
     }

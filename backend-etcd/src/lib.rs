@@ -46,12 +46,14 @@
 mod backend;
 mod client;
 mod config;
+mod grpc;
 mod keys;
 #[cfg(test)]
 mod prop_tests;
 mod queue;
 #[cfg(test)]
 mod queue_tests;
+mod requests;
 mod secure;
 
 pub use backend::{EtcdBackend, guarantees};

@@ -24,16 +24,19 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use etcd_client::{
-    Compare, CompareOp, EventType, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, WatchStream,
-};
+use anylock_etcd_proto::etcdserverpb::compare::CompareResult;
+use anylock_etcd_proto::etcdserverpb::response_op::Response;
+use anylock_etcd_proto::mvccpb::KeyValue;
+use anylock_etcd_proto::mvccpb::event::EventType;
 use futures_util::stream;
 use lockcore::{AcquireRequest, Error, ErrorKind, ReleaseEvents, Result};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::client::{EtcdClient, Op, first_created, malformed, revision_of};
+use crate::client::{EtcdClient, Op, malformed, revision_of, txn_rpc};
+use crate::grpc::WatchStream;
 use crate::keys::{self, Layout};
+use crate::requests;
 
 /// A place's state: waiting, turned into the grant, or gone (left or vanished).
 const WAITING: u8 = 0;
@@ -159,19 +162,14 @@ impl Queue {
 
     /// One Txn: put our key bound to `lease` unless it exists; its create revision.
     async fn put_place(&self, key: &[u8], value: &[u8], lease: i64) -> Result<i64> {
-        let absent = Compare::create_revision(key, CompareOp::Equal, 0);
-        let put = TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease)));
-        let txn = Txn::new().when([absent]).and_then([put]);
-        let resp = self
-            .client
-            .call(Op::Enqueue, async |mut c: etcd_client::Client| {
-                c.txn(txn).await
-            })
-            .await?;
-        if !resp.succeeded() {
+        let absent = requests::create_revision(key, Vec::new(), CompareResult::Equal, 0);
+        let put = requests::put(key, value, lease);
+        let txn = requests::txn(vec![absent], vec![put], Vec::new());
+        let resp = self.client.call(Op::Enqueue, txn, txn_rpc).await?;
+        if !resp.succeeded {
             return Err(malformed(Op::Enqueue, "a fresh lease's key already exists"));
         }
-        revision_of(resp.header(), Op::Enqueue)
+        revision_of(resp.header.as_ref(), Op::Enqueue)
     }
 
     /// The queued attempt of `request`'s owner, if it waits in the queue: `Won` only when
@@ -209,37 +207,36 @@ impl Queue {
     /// One Txn: if our key is unchanged and no key under `prefix` was created before it,
     /// rewrite its value (same lease, same create revision); else read the head and ours.
     async fn claim_txn(&self, prefix: &[u8], place: &Place, value: &[u8]) -> Result<Seen> {
-        let ours = Compare::create_revision(place.key.as_slice(), CompareOp::Equal, place.revision);
+        let key = place.key.as_slice();
+        let ours = requests::create_revision(key, Vec::new(), CompareResult::Equal, place.revision);
         let first =
-            Compare::create_revision(prefix, CompareOp::Greater, place.revision - 1).with_prefix();
-        let options = PutOptions::new().with_lease(place.lease);
-        let txn = Txn::new()
-            .when([ours, first])
-            .and_then([TxnOp::put(place.key.as_slice(), value, Some(options))])
-            .or_else([
-                TxnOp::get(prefix, Some(first_created())),
-                TxnOp::get(place.key.as_slice(), None),
-            ]);
-        let resp = self
-            .client
-            .call(Op::Claim, async |mut c: etcd_client::Client| {
-                c.txn(txn).await
-            })
-            .await?;
-        if resp.succeeded() {
+            requests::create_revision_of_prefix(prefix, CompareResult::Greater, place.revision - 1);
+        let txn = requests::txn(
+            vec![ours, first],
+            vec![requests::put(key, value, place.lease)],
+            vec![
+                requests::range_op(requests::first_created(prefix)),
+                requests::range_op(requests::get(key)),
+            ],
+        );
+        let resp = self.client.call(Op::Claim, txn, txn_rpc).await?;
+        if resp.succeeded {
             return Ok(Seen::First);
         }
-        let mut gets = resp.op_responses().into_iter().filter_map(|op| match op {
-            TxnOpResponse::Get(mut get) => Some(get.take_kvs()),
-            _ => None,
-        });
+        let mut gets = resp
+            .responses
+            .into_iter()
+            .filter_map(|op| match op.response {
+                Some(Response::ResponseRange(get)) => Some(get.kvs),
+                _ => None,
+            });
         let (head, ours) = (gets.next(), gets.next());
         let (Some(head), Some(ours)) = (head, ours) else {
             return Err(malformed(Op::Claim, "no reads in the failure branch"));
         };
         let still_ours = ours
             .first()
-            .is_some_and(|kv| kv.create_revision() == place.revision && kv.lease() == place.lease);
+            .is_some_and(|kv| kv.create_revision == place.revision && kv.lease == place.lease);
         match head.into_iter().next() {
             Some(head) if still_ours => Ok(Seen::Behind(head)),
             _ => Ok(Seen::Vanished),
@@ -332,14 +329,14 @@ impl Wake {
                 reply = self.watch.message() => reply,
             };
             let resp = match reply {
-                Ok(Some(resp)) if !resp.canceled() => resp,
+                Ok(Some(resp)) if !resp.canceled => resp,
                 Ok(_) | Err(_) => return false,
             };
             let mut deleted = resp
-                .events()
+                .events
                 .iter()
-                .filter(|e| e.event_type() == EventType::Delete)
-                .filter_map(|e| e.kv().map(KeyValue::key))
+                .filter(|e| e.r#type() == EventType::Delete)
+                .filter_map(|e| e.kv.as_ref().map(|kv: &KeyValue| kv.key.as_slice()))
                 .peekable();
             if deleted.peek().is_none() {
                 continue;

@@ -7,9 +7,10 @@ use std::time::Duration;
 use futures_util::StreamExt;
 use lockcore::{Acquire, AcquireRequest, Identity, LockBackend, LockName};
 
-use crate::{EtcdBackend, EtcdConfig};
+use crate::grpc::{Connection, Settings};
+use crate::{EtcdBackend, EtcdConfig, requests};
 
-async fn setup(what: &str) -> Option<(EtcdBackend, etcd_client::Client)> {
+async fn setup(what: &str) -> Option<(EtcdBackend, Connection)> {
     let endpoints = conformance::env::require("ANYLOCK_TEST_ETCD_ENDPOINTS", "etcd")?;
     let endpoints: Vec<String> = endpoints.split(',').map(|s| s.trim().to_owned()).collect();
     let prefix = format!("anylock-test/{what}-{:016x}/", rand::random::<u64>());
@@ -17,7 +18,13 @@ async fn setup(what: &str) -> Option<(EtcdBackend, etcd_client::Client)> {
         .expect("endpoints")
         .with_prefix(&prefix);
     let backend = EtcdBackend::connect(config).await.expect("connect");
-    let raw = etcd_client::Client::connect(&endpoints, None)
+    let settings = Settings {
+        connect_timeout: Duration::from_secs(5),
+        credentials: None,
+        #[cfg(feature = "tls")]
+        tls: None,
+    };
+    let raw = Connection::connect(&endpoints[0], &settings)
         .await
         .expect("raw client");
     Some((backend, raw))
@@ -56,7 +63,8 @@ async fn a_lost_queue_key_ends_the_waiters_wake_ups() {
         .await
         .expect("events");
     let key = ticket.key().to_vec();
-    raw.delete(key, None)
+    raw.kv
+        .delete_range(requests::delete(&key))
         .await
         .expect("operator deletes the queue key");
     let ended = tokio::time::timeout(Duration::from_secs(5), async {
@@ -89,19 +97,18 @@ async fn a_release_wakes_the_queued_waiter_without_ending_its_wake_ups() {
         .await
         .expect("events");
     let prefix = backend.lock_prefix(&holder.name);
-    let options = etcd_client::GetOptions::new().with_prefix().with_sort(
-        etcd_client::SortTarget::Create,
-        etcd_client::SortOrder::Ascend,
-    );
     let kvs = raw
-        .get(prefix, Some(options))
+        .kv
+        .range(requests::first_created(prefix.as_bytes()))
         .await
         .expect("range")
-        .take_kvs();
-    raw.delete(kvs[0].key(), None)
+        .into_inner()
+        .kvs;
+    raw.kv
+        .delete_range(requests::delete(&kvs[0].key))
         .await
         .expect("holder's key deleted");
     let woken = tokio::time::timeout(Duration::from_secs(5), events.next()).await;
     assert_eq!(woken.expect("no wake-up"), Some(()));
-    assert_ne!(ticket.key(), kvs[0].key());
+    assert_ne!(ticket.key(), kvs[0].key.as_slice());
 }

@@ -108,8 +108,8 @@ pub(crate) enum Refusal {
 
 /// Recognises etcd's authentication and RBAC refusals by their gRPC status message (etcd
 /// sends the same code, InvalidArgument, for a wrong password as for a malformed request).
-pub(crate) fn refusal(err: &etcd_client::Error) -> Option<Refusal> {
-    let etcd_client::Error::GRpcStatus(status) = err else {
+pub(crate) fn refusal(err: &crate::grpc::RpcError) -> Option<Refusal> {
+    let crate::grpc::RpcError::Status(status) = err else {
         return None;
     };
     let message = status.message();

@@ -17,7 +17,6 @@ use backend_etcd::{EtcdBackend, EtcdConfig};
 use common::PrivateCluster;
 use conformance::proxy::{Fault, FaultProxy};
 use conformance::{Cuttable, Harness, Outage, Timing};
-use etcd_client::{DeleteOptions, GetOptions, PutOptions, SortOrder, SortTarget};
 use lockcore::{Identity, LockBackend, LockName};
 use tokio::sync::Mutex;
 
@@ -28,7 +27,7 @@ struct EtcdHarness {
     endpoints: Vec<String>,
     prefix: String,
     backend: Arc<EtcdBackend>,
-    raw: Mutex<etcd_client::Client>,
+    raw: Mutex<common::raw::Raw>,
     /// The private server, for the one case that restarts it.
     private: Option<Mutex<PrivateCluster>>,
 }
@@ -102,13 +101,9 @@ impl Harness for EtcdHarness {
     async fn admin_delete(&self, name: &LockName) {
         let prefix = self.lock_prefix(name);
         let mut raw = self.raw.lock().await;
-        let first = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1);
-        let resp = raw.get(prefix.as_str(), Some(first)).await.expect("range");
-        if let Some(owner) = resp.kvs().first() {
-            raw.delete(owner.key(), None).await.expect("delete");
+        let first = raw.by_creation(&prefix, 1, false).await.expect("range");
+        if let Some(owner) = first.into_iter().next() {
+            raw.delete(owner.key).await.expect("delete");
         }
     }
 
@@ -116,19 +111,14 @@ impl Harness for EtcdHarness {
     async fn admin_steal(&self, name: &LockName, owner: &Identity, ttl: Duration) {
         let prefix = self.lock_prefix(name);
         let mut raw = self.raw.lock().await;
-        let all = DeleteOptions::new().with_prefix();
-        raw.delete(prefix.as_str(), Some(all))
-            .await
-            .expect("delete");
+        raw.delete_prefix(&prefix).await.expect("delete");
         let lease = raw
-            .lease_grant(i64::try_from(ttl.as_secs().max(1)).expect("ttl"), None)
+            .lease_grant(i64::try_from(ttl.as_secs().max(1)).expect("ttl"))
             .await
-            .expect("grant")
-            .id();
+            .expect("grant");
         let value = format!("{{\"owner\":{:?}}}", owner.as_str());
-        let options = PutOptions::new().with_lease(lease);
         let key = format!("{prefix}{lease:x}");
-        raw.put(key, value, Some(options)).await.expect("put");
+        raw.put(key, value, lease).await.expect("put");
     }
 
     /// A second backend that reaches every member through its own fault proxy.

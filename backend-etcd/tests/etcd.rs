@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use backend_etcd::EtcdBackend;
 use common::PrivateCluster;
-use etcd_client::PutOptions;
 use lockcore::{Acquire, AcquireRequest, ErrorKind, Identity, Lease, LockBackend, LockName};
 
 const LONG: Duration = Duration::from_secs(30);
@@ -47,13 +46,13 @@ async fn key_layout_matches_etcds_own_mutex() {
     let keys = common::keys_under(&mut raw, &format!("{prefix}deploy/")).await;
     assert_eq!(keys.len(), 1, "one key per holder");
     let key = &keys[0];
-    let expected = format!("{prefix}deploy/{:x}", key.lease());
-    assert_eq!(key.key_str().expect("utf-8"), expected);
-    assert!(key.lease() != 0, "the key is bound to a lease");
-    let value: serde_json::Value = serde_json::from_slice(key.value()).expect("JSON value");
+    let expected = format!("{prefix}deploy/{:x}", key.lease);
+    assert_eq!(std::str::from_utf8(&key.key).expect("utf-8"), expected);
+    assert!(key.lease != 0, "the key is bound to a lease");
+    let value: serde_json::Value = serde_json::from_slice(&key.value).expect("JSON value");
     assert_eq!(value["owner"], owner.as_str());
     let token = lease.token().expect("token").get();
-    assert_eq!(i64::try_from(token).expect("fits"), key.create_revision());
+    assert_eq!(i64::try_from(token).expect("fits"), key.create_revision);
     assert_eq!(
         backend.lock_prefix(&name("deploy")),
         format!("{prefix}deploy/")
@@ -86,10 +85,7 @@ async fn fence_tokens_are_create_revisions_and_increase() {
         let token = lease.token().expect("token").get();
         let keys = common::keys_under(&mut raw, &format!("{prefix}fenced/")).await;
         assert_eq!(keys.len(), 1, "round {round}: {keys:?}");
-        assert_eq!(
-            keys[0].create_revision(),
-            i64::try_from(token).expect("fits")
-        );
+        assert_eq!(keys[0].create_revision, i64::try_from(token).expect("fits"));
         assert!(token > last, "round {round}: token {token} after {last}");
         last = token;
         backend.release(&lease).await.expect("release");
@@ -180,25 +176,19 @@ async fn refresh_checks_the_key_as_well_as_the_lease() {
     let lease = grant(&backend, &lock, &Identity::unique()).await;
     backend.refresh(&lease).await.expect("healthy refresh");
     let key = common::keys_under(&mut raw, &prefix).await.remove(0);
-    raw.delete(key.key(), None).await.expect("operator delete");
+    raw.delete(key.key.clone()).await.expect("operator delete");
     let err = backend
         .refresh(&lease)
         .await
         .expect_err("refresh after delete");
     assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
-    let ttl = raw
-        .lease_time_to_live(key.lease(), None)
-        .await
-        .expect("ttl");
-    assert!(
-        ttl.ttl() > 0,
-        "the lease itself is alive; only the key is gone"
-    );
+    let ttl = raw.lease_time_to_live(key.lease).await.expect("ttl");
+    assert!(ttl > 0, "the lease itself is alive; only the key is gone");
     backend.release(&lease).await.expect("release");
 
     let lease = grant(&backend, &lock, &Identity::unique()).await;
     let key = common::keys_under(&mut raw, &prefix).await.remove(0);
-    raw.lease_revoke(key.lease()).await.expect("revoke");
+    raw.lease_revoke(key.lease).await.expect("revoke");
     let err = backend
         .refresh(&lease)
         .await
@@ -225,11 +215,10 @@ async fn a_holder_under_a_second_from_expiry_does_not_report_zero() {
     let prefix = common::random_prefix("ttl-zero");
     let backend = common::backend(&endpoints, &prefix).await;
     let mut raw = common::raw(&endpoints).await;
-    let session = raw.lease_grant(2, None).await.expect("grant").id();
+    let session = raw.lease_grant(2).await.expect("grant");
     let granted = tokio::time::Instant::now();
     let key = format!("{prefix}dying/{session:x}");
-    let options = PutOptions::new().with_lease(session);
-    raw.put(key.as_str(), "", Some(options)).await.expect("put");
+    raw.put(key.as_str(), "", session).await.expect("put");
     tokio::time::sleep_until(granted + Duration::from_millis(1300)).await;
     let Acquire::Held(holder) = attempt(&backend, &name("dying"), &Identity::unique()).await else {
         panic!("acquired a lock whose lease has about 0.6 s left");
@@ -252,17 +241,10 @@ async fn a_go_style_key_holds_the_lock() {
     let backend = common::backend(&endpoints, &prefix).await;
     let mut raw = common::raw(&endpoints).await;
     let lock = name("shared");
-    let session = raw.lease_grant(30, None).await.expect("grant").id();
+    let session = raw.lease_grant(30).await.expect("grant");
     let key = format!("{prefix}shared/{session:x}");
-    let put = raw
-        .put(
-            key.as_str(),
-            "",
-            Some(PutOptions::new().with_lease(session)),
-        )
-        .await
-        .expect("put");
-    let revision = put.header().expect("header").revision();
+    let put = raw.put(key.as_str(), "", session).await.expect("put");
+    let revision = put.header.expect("header").revision;
     let holder = backend
         .inspect(&lock)
         .await
@@ -296,12 +278,9 @@ async fn retake_hands_over_to_a_queued_go_waiter() {
     let lock = name("queued");
     let me = Identity::unique();
     let abandoned = grant(&backend, &lock, &me).await;
-    let session = raw.lease_grant(30, None).await.expect("grant").id();
+    let session = raw.lease_grant(30).await.expect("grant");
     let waiter = format!("{prefix}queued/{session:x}");
-    let options = PutOptions::new().with_lease(session);
-    raw.put(waiter.as_str(), "", Some(options))
-        .await
-        .expect("put");
+    raw.put(waiter.as_str(), "", session).await.expect("put");
     match attempt(&backend, &lock, &me).await {
         Acquire::Held(info) => assert_eq!(info.owner().as_str(), format!("etcd-lease/{session:x}")),
         Acquire::Acquired(_) => panic!("the retake jumped ahead of a queued waiter"),
@@ -309,7 +288,7 @@ async fn retake_hands_over_to_a_queued_go_waiter() {
     let keys = common::keys_under(&mut raw, &prefix).await;
     let keys: Vec<_> = keys
         .iter()
-        .map(|kv| kv.key_str().expect("utf-8").to_owned())
+        .map(|kv| std::str::from_utf8(&kv.key).expect("utf-8").to_owned())
         .collect();
     assert_eq!(
         keys,
@@ -353,10 +332,9 @@ async fn break_lock_removes_the_holder() {
         backend.refresh(&lease).await.expect_err("broken").kind(),
         ErrorKind::Lost
     );
-    let session = raw.lease_grant(30, None).await.expect("grant").id();
+    let session = raw.lease_grant(30).await.expect("grant");
     let key = format!("{prefix}stuck/{session:x}");
-    let options = PutOptions::new().with_lease(session);
-    raw.put(key.as_str(), "", Some(options)).await.expect("put");
+    raw.put(key.as_str(), "", session).await.expect("put");
     let broken = backend
         .break_lock(&lock)
         .await
@@ -452,7 +430,7 @@ async fn rpc_counts_per_operation() {
     assert_eq!(r5 - r4, 1);
     drop(watch);
     let mut raw = common::raw(&cluster.endpoints()).await;
-    let leases = raw.leases().await.expect("leases").leases().len();
+    let leases = raw.lease_count().await.expect("leases");
     assert_eq!(
         leases, 0,
         "a lease outlived its release or its held attempt"

@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::PrivateCluster;
-use etcd_client::GetOptions;
 use lockcore::{Health, LockBackend, LockGuard, LockOptions, Locker};
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
@@ -130,12 +129,11 @@ async fn killing_the_leader_keeps_the_lock_held() {
     cluster.wait_healthy(Duration::from_secs(30)).await;
     let mut rejoined = common::raw(&[cluster.endpoint(leader)]).await;
     let key = backend.lock_prefix(next.name());
-    let local = GetOptions::new().with_prefix().with_serializable();
     let mut caught_up = false;
     for _ in 0..100 {
-        let resp = rejoined.get(key.as_str(), Some(local.clone())).await;
-        if let Ok(resp) = resp
-            && resp.kvs().first().map(|kv| kv.create_revision())
+        let resp = rejoined.by_creation(&key, 0, true).await;
+        if let Ok(kvs) = resp
+            && kvs.first().map(|kv| kv.create_revision)
                 == next.fence_token().map(|t| t.get() as i64)
         {
             caught_up = true;

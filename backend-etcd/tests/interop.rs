@@ -196,7 +196,7 @@ async fn anylock_and_etcdctl_waiters_are_served_in_queue_order() {
 }
 
 /// Waits (up to 5 s) until `count` keys are queued under `lock`.
-async fn queued(raw: &mut etcd_client::Client, lock: &str, count: usize) {
+async fn queued(raw: &mut common::raw::Raw, lock: &str, count: usize) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while common::keys_under(raw, lock).await.len() != count {
         assert!(

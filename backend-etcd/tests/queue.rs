@@ -14,10 +14,7 @@ use tokio::time::{Instant, sleep};
 const LONG: Duration = Duration::from_secs(30);
 
 /// A backend under a fresh prefix, a raw client, and the lock's key prefix.
-async fn setup(
-    endpoints: &[String],
-    what: &str,
-) -> (Arc<EtcdBackend>, etcd_client::Client, String) {
+async fn setup(endpoints: &[String], what: &str) -> (Arc<EtcdBackend>, common::raw::Raw, String) {
     let prefix = common::random_prefix(what);
     let backend = Arc::new(common::backend(endpoints, &prefix).await);
     let raw = common::raw(endpoints).await;
@@ -30,7 +27,7 @@ fn locker(backend: &Arc<EtcdBackend>, ttl: Duration, wait: WaitMode) -> Locker {
 }
 
 /// Waits (up to 5 s) until exactly `count` keys are under `lock`; panics otherwise.
-async fn wait_for_keys(raw: &mut etcd_client::Client, lock: &str, count: usize) {
+async fn wait_for_keys(raw: &mut common::raw::Raw, lock: &str, count: usize) {
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         let keys = common::keys_under(raw, lock).await;
@@ -151,16 +148,13 @@ async fn queue_keys_are_kept_alive_while_waiting() {
     sleep(Duration::from_secs(6)).await;
     let keys = common::keys_under(&mut raw, &lock).await;
     assert_eq!(keys.len(), 2, "the queue key expired while waiting");
-    assert_eq!(keys[1].create_revision(), queued.create_revision());
-    assert_eq!(keys[1].lease(), queued.lease());
+    assert_eq!(keys[1].create_revision, queued.create_revision);
+    assert_eq!(keys[1].lease, queued.lease);
     assert!(!waiting.is_finished(), "the waiter got a held lock");
     guard.release().await.expect("release");
     let next = waiting.await.expect("task").expect("the queued waiter");
     let token = next.fence_token().expect("token").get();
-    assert_eq!(
-        i64::try_from(token).expect("fits"),
-        queued.create_revision()
-    );
+    assert_eq!(i64::try_from(token).expect("fits"), queued.create_revision);
     sleep(Duration::from_secs(3)).await;
     assert!(next.is_held(), "the grant was lost: {}", next.state());
     let holder = backend.inspect(&LockName::new("q").expect("name")).await;
@@ -188,12 +182,12 @@ async fn a_waiter_that_loses_its_queue_key_queues_again() {
     let waiting = tokio::spawn(async move { waiter.acquire("q").await });
     wait_for_keys(&mut raw, &lock, 2).await;
     let keys = common::keys_under(&mut raw, &lock).await;
-    let place = keys[1].key().to_vec();
-    raw.delete(place.clone(), None).await.expect("delete");
+    let place = keys[1].key.clone();
+    raw.delete(place.clone()).await.expect("delete");
     // Joined again: a second key, and not the deleted one.
     wait_for_keys(&mut raw, &lock, 2).await;
     let keys = common::keys_under(&mut raw, &lock).await;
-    assert_ne!(keys[1].key(), &place[..], "a new place, not the old key");
+    assert_ne!(keys[1].key, place, "a new place, not the old key");
     let released = Instant::now();
     guard.release().await.expect("release");
     let next = waiting.await.expect("task").expect("the waiter");

@@ -14,6 +14,7 @@
 mod args;
 mod child;
 mod counts;
+mod etcd_grpc;
 mod fanout;
 mod handoff;
 mod info;

@@ -11,12 +11,14 @@ use redis::aio::MultiplexedConnection;
 use sqlx::{AssertSqlSafe, PgPool};
 use tokio::sync::Mutex;
 
-use etcd_client::{Client, Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
 use futures_util::future::try_join_all;
 use futures_util::{StreamExt, TryStreamExt, stream};
 use tokio::time::Instant;
 
+use anylock_etcd_proto::etcdserverpb::LeaseKeepAliveRequest;
+
 use crate::args::Plan;
+use crate::etcd_grpc::Etcd;
 use crate::op::Res;
 use crate::procstat::rss_bytes;
 use crate::results::ScaleRow;
@@ -106,20 +108,16 @@ fn row(
 /// is one keep-alive on a long-lived stream plus one count of the keys (did an operator
 /// delete one?), release is one revoke.
 async fn etcd(system: &System, ctx: &Ctx, plan: &Plan) -> Res<ScaleRow> {
-    let client = Client::connect([system.url.as_str()], None).await?;
+    let client = Etcd::connect(&system.url)?;
     let ttl = plan.scale_ttl.as_secs().max(2) as i64;
     let (rss, start) = (rss_bytes(), Instant::now());
-    let lease = client.clone().lease_grant(ttl, None).await?.id();
+    let lease = client.lease_grant(ttl).await?;
     let prefix = format!("anylock-bench-proto-{}/", ctx.run);
     stream::iter(0..plan.leases)
         .map(|i| {
-            let (mut client, key) = (client.clone(), format!("{prefix}{i}/{lease:x}"));
+            let (client, key) = (client.clone(), format!("{prefix}{i}/{lease:x}"));
             async move {
-                let put = TxnOp::put(key.clone(), "", Some(PutOptions::new().with_lease(lease)));
-                let txn = Txn::new()
-                    .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-                    .and_then([put]);
-                let done = client.txn(txn).await?.succeeded();
+                let done = client.create_if_absent(&key, lease).await?;
                 if done {
                     Ok(())
                 } else {
@@ -132,17 +130,16 @@ async fn etcd(system: &System, ctx: &Ctx, plan: &Plan) -> Res<ScaleRow> {
         .await?;
     let acquire_s = start.elapsed().as_secs_f64();
     let added = rss_bytes().saturating_sub(rss);
-    let stream = Arc::new(Mutex::new(client.clone().lease_keep_alive(lease).await?));
+    let stream = Arc::new(Mutex::new(client.lease_keep_alive(lease).await?));
     let leases = plan.leases as u64;
     let measured = rounds(plan, || {
-        let (stream, mut client, prefix) = (stream.clone(), client.clone(), prefix.clone());
+        let (stream, client, prefix) = (stream.clone(), client.clone(), prefix.clone());
         async move {
             let mut stream = stream.lock().await;
             let (keeper, replies) = &mut *stream;
-            keeper.keep_alive().await?;
+            keeper.send(LeaseKeepAliveRequest { id: lease }).await?;
             replies.message().await?.ok_or("keep-alive stream ended")?;
-            let options = GetOptions::new().with_prefix().with_count_only();
-            let count = client.get(prefix, Some(options)).await?.count() as u64;
+            let count = client.count(&prefix).await? as u64;
             Ok(Tally {
                 refreshes: leases,
                 round_trips: 2,
@@ -151,7 +148,7 @@ async fn etcd(system: &System, ctx: &Ctx, plan: &Plan) -> Res<ScaleRow> {
         }
     })
     .await?;
-    client.clone().lease_revoke(lease).await?;
+    client.lease_revoke(lease).await?;
     Ok(row(
         system,
         plan,

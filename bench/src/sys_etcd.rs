@@ -1,12 +1,12 @@
 //! etcd: ours under a prefix of its own, a linearizable get as the raw round trip, and
-//! etcd's own Lock RPC (through `etcd-client`) as the peer. Every client talks to one
+//! etcd's own Lock RPC (through etcd's generated gRPC client) as the peer. Every client talks to one
 //! member, so ours, raw and peer pay the same follower-or-leader path.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use etcd_client::{Client, LockOptions};
 
+use crate::etcd_grpc::Etcd as Client;
 use crate::op::{Entry, Held, Lock, Op, Res, Role};
 use crate::servers::EtcdRpcs;
 use crate::system::{Ctx, Kind, Peer, System, host_port};
@@ -22,9 +22,9 @@ pub(crate) async fn connect(url: &str, ctx: &Ctx) -> Res<System> {
     let backend =
         backend_etcd::EtcdBackend::from_url(&format!("etcd://{member}/anylock-bench-{}", ctx.run))
             .await?;
-    let client = Client::connect([url], None).await?;
+    let client = Client::connect(url)?;
     let note = role(&client, &member).await;
-    let shared = client.clone().lease_grant(SHARED_TTL, None).await?.id();
+    let shared = client.lease_grant(SHARED_TTL).await?;
     let peers = vec![
         Peer::new(
             "etcd Lock RPC, lease per lock",
@@ -66,9 +66,9 @@ pub(crate) async fn connect(url: &str, ctx: &Ctx) -> Res<System> {
 
 /// `member 127.0.0.1:27379 (follower)`.
 async fn role(client: &Client, member: &str) -> String {
-    let status = client.clone().status().await;
+    let status = client.status().await;
     let role = match status {
-        Ok(s) if s.header().is_some_and(|h| h.member_id() == s.leader()) => "leader",
+        Ok(s) if s.header.is_some_and(|h| h.member_id == s.leader) => "leader",
         Ok(_) => "follower",
         Err(_) => "role unknown",
     };
@@ -81,8 +81,7 @@ struct Get(Client);
 #[async_trait]
 impl Op for Get {
     async fn run(&self, _: usize) -> Res<()> {
-        self.0.clone().get("anylock-bench-raw", None).await?;
-        Ok(())
+        self.0.get("anylock-bench-raw").await
     }
 }
 
@@ -96,10 +95,8 @@ struct PutDelete {
 impl Op for PutDelete {
     async fn run(&self, i: usize) -> Res<()> {
         let key = format!("{}{}", self.prefix, i % crate::op::NAMES);
-        let mut client = self.client.clone();
-        client.put(key.clone(), "v", None).await?;
-        client.delete(key, None).await?;
-        Ok(())
+        self.client.put(&key, "v").await?;
+        self.client.delete(&key).await
     }
 }
 
@@ -127,23 +124,22 @@ impl Lock for EtcdLock {
     /// The Lock RPC has no try-once form: without `wait` it still waits (the harness only
     /// tries once on names nobody holds, where it returns at once).
     async fn acquire(&self, name: &str, _wait: bool) -> Res<Option<Held>> {
-        let mut client = self.client.clone();
+        let client = &self.client;
         let lease = match self.shared {
             Some(id) => id,
-            None => client.lease_grant(PEER_TTL, None).await?.id(),
+            None => client.lease_grant(PEER_TTL).await?,
         };
-        let options = LockOptions::new().with_lease(lease);
         let key = client
-            .lock(format!("{}{name}", self.prefix), Some(options))
+            .lock(&format!("{}{name}", self.prefix), lease)
             .await?;
-        Ok(Some(Box::new((key.key().to_vec(), lease))))
+        Ok(Some(Box::new((key, lease))))
     }
 
     async fn release(&self, held: Held) -> Res<()> {
         let (key, lease) = *held
             .downcast::<(Vec<u8>, i64)>()
             .map_err(|_| "not an etcd lock")?;
-        let mut client = self.client.clone();
+        let client = &self.client;
         client.unlock(key).await?;
         if self.shared.is_none() {
             client.lease_revoke(lease).await?;

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub(crate) mod raw;
+
 use std::fs::File;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -40,23 +42,16 @@ pub(crate) async fn backend(endpoints: &[String], prefix: &str) -> EtcdBackend {
 }
 
 /// A raw etcd client, for acting as an operator or another client would.
-pub(crate) async fn raw(endpoints: &[String]) -> etcd_client::Client {
-    etcd_client::Client::connect(endpoints, None)
-        .await
-        .expect("raw etcd client")
+pub(crate) async fn raw(endpoints: &[String]) -> raw::Raw {
+    raw::Raw::connect(endpoints)
 }
 
 /// Every key (and value) under `prefix`, lowest create revision first.
 pub(crate) async fn keys_under(
-    raw: &mut etcd_client::Client,
+    raw: &mut raw::Raw,
     prefix: &str,
-) -> Vec<etcd_client::KeyValue> {
-    let options = etcd_client::GetOptions::new().with_prefix().with_sort(
-        etcd_client::SortTarget::Create,
-        etcd_client::SortOrder::Ascend,
-    );
-    let mut resp = raw.get(prefix, Some(options)).await.expect("range");
-    resp.take_kvs()
+) -> Vec<anylock_etcd_proto::mvccpb::KeyValue> {
+    raw.by_creation(prefix, 0, false).await.expect("range")
 }
 
 /// Polls `check` every 50 ms until it holds (`true`) or `limit` passes (`false`).
@@ -246,7 +241,7 @@ impl PrivateCluster {
                 }
                 let mut one = raw(&[self.endpoint(index)]).await;
                 if let Ok(status) = one.status().await
-                    && status.leader() == status.header().map_or(0, |h| h.member_id())
+                    && status.leader == status.header.map_or(0, |h| h.member_id)
                 {
                     return index;
                 }
