@@ -121,17 +121,32 @@ pub(crate) fn guarantees(json: bool) {
     }
 }
 
-/// `anylock check [URL]`.
-pub(crate) async fn check(url: Option<String>, config: &Config) -> Result<(), Error> {
+/// `anylock check [URL]`: line by line as each step passes, or (`json`) one object at
+/// the end.
+pub(crate) async fn check(url: Option<String>, json: bool, config: &Config) -> Result<(), Error> {
     let url = match url {
         Some(url) => BackendUrl::new(url),
         None => crate::select::backend_url(config)?,
     };
-    out!("backend:      {url}");
+    let say = |line: String| {
+        if !json {
+            out!("{line}");
+        }
+    };
+    let mut report = serde_json::Map::new();
+    say(format!("backend:      {url}"));
+    report.insert("backend".into(), url.redacted().into());
     let started = Instant::now();
     let backend = crate::select::connect(&url).await?;
-    out!("connect:      ok in {:?}", started.elapsed());
-    security(&*backend).await?;
+    let connect = started.elapsed();
+    say(format!("connect:      ok in {connect:?}"));
+    report.insert("connect_ms".into(), millis(connect).into());
+    let security = backend.connection_security().await?;
+    say_security(&*backend, &security, &say);
+    report.insert(
+        "security".into(),
+        security.iter().map(security_json).collect(),
+    );
     let name = LockName::new(format!("anylock-check-{:016x}", rand::random::<u64>()))?;
     let mut samples = Vec::new();
     for _ in 0..5 {
@@ -140,7 +155,11 @@ pub(crate) async fn check(url: Option<String>, config: &Config) -> Result<(), Er
         samples.push(t.elapsed());
     }
     samples.sort();
-    out!("round trip:   {:?} (median of 5 inspect calls)", samples[2]);
+    say(format!(
+        "round trip:   {:?} (median of 5 inspect calls)",
+        samples[2]
+    ));
+    report.insert("round_trip_ms".into(), millis(samples[2]).into());
     let options = LockOptions::new(Duration::from_secs(30)).with_wait(WaitMode::TryOnce);
     let t = Instant::now();
     let guard = Locker::new(backend.clone())
@@ -148,69 +167,123 @@ pub(crate) async fn check(url: Option<String>, config: &Config) -> Result<(), Er
         .acquire(name.as_str())
         .await?;
     guard.release().await?;
-    out!(
-        "permissions:  ok (probe lock {name} acquired and released in {:?})",
-        t.elapsed()
-    );
-    out!("clock skew:   {}", skew(&*backend).await?);
+    let probe = t.elapsed();
+    say(format!(
+        "permissions:  ok (probe lock {name} acquired and released in {probe:?})"
+    ));
+    report.insert("probe_lock_ms".into(), millis(probe).into());
+    let skew = measure_skew(&*backend).await?;
+    say(format!("clock skew:   {}", describe_skew(&*backend, skew)));
+    if let Some((skew_ms, within)) = skew {
+        report.insert("clock_skew_ms".into(), skew_ms.into());
+        report.insert("clock_skew_uncertainty_ms".into(), millis(within).into());
+    }
     let g = backend.guarantees();
-    out!(
+    say(format!(
         "guarantees:   {}, fencing {:?}, waiters {:?}",
-        g.exclusion,
-        g.fencing,
-        g.waiting
-    );
+        g.exclusion, g.fencing, g.waiting
+    ));
+    if json {
+        out!("{}", serde_json::Value::Object(report));
+    }
     Ok(())
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// One connection's report as JSON: no secret is in any field.
+fn security_json(report: &lockcore::ConnectionSecurity) -> serde_json::Value {
+    let mut object = serde_json::json!({
+        "endpoint": report.endpoint,
+        "identity": report.identity,
+        "summary": report.to_string(),
+    });
+    match &report.transport {
+        lockcore::Transport::Local => object["transport"] = "local".into(),
+        lockcore::Transport::Plaintext => object["transport"] = "plaintext".into(),
+        lockcore::Transport::NotConnected(why) => {
+            object["transport"] = "not_connected".into();
+            object["error"] = why.as_str().into();
+        }
+        lockcore::Transport::Tls(tls) => {
+            object["transport"] = "tls".into();
+            object["tls_version"] = tls.version.clone().into();
+            object["cipher"] = tls.cipher.clone().into();
+            object["verification"] = match tls.verification {
+                lockcore::Verification::Full => "full",
+                lockcore::Verification::ChainOnly => "chain_only",
+                _ => "none",
+            }
+            .into();
+            object["client_certificate"] = tls.client_certificate.into();
+            object["roots"] = tls.roots.clone().into();
+        }
+        _ => object["transport"] = "unknown".into(),
+    }
+    object
 }
 
 /// One `security:` line per connection: TLS version and what was verified, and who we
 /// authenticated as; a warning when credentials travel in plaintext.
-async fn security(backend: &dyn lockcore::LockBackend) -> Result<(), Error> {
-    let reports = backend.connection_security().await?;
+fn say_security(
+    backend: &dyn lockcore::LockBackend,
+    reports: &[lockcore::ConnectionSecurity],
+    say: &impl Fn(String),
+) {
     if reports.is_empty() {
-        out!(
+        say(format!(
             "security:     not reported by the {} backend",
             backend.backend_name()
-        );
+        ));
     }
-    for report in &reports {
-        out!("security:     {report}");
+    for report in reports {
+        say(format!("security:     {report}"));
         // Redis reports `user "default" (no password)` for a connection that sends none.
         let sends_secret = report
             .identity
             .as_deref()
             .is_some_and(|who| !who.contains("(no password)"));
         if report.transport == lockcore::Transport::Plaintext && sends_secret {
-            out!(
+            say(format!(
                 "WARNING:      credentials for {} travel unencrypted; use the backend's TLS \
                  scheme (docs/tls-and-auth.md)",
                 report.endpoint
-            );
+            ));
         }
     }
-    Ok(())
 }
 
-/// The server clock minus ours, bracketed by the round trip: `+12ms ± 1ms`.
-async fn skew(backend: &dyn lockcore::LockBackend) -> Result<String, Error> {
+/// The server clock minus ours in milliseconds (positive: the server is ahead), and the
+/// uncertainty (half the round trip); `None` when the backend has no clock to report.
+async fn measure_skew(
+    backend: &dyn lockcore::LockBackend,
+) -> Result<Option<(f64, Duration)>, Error> {
     let before = std::time::SystemTime::now();
     let t = Instant::now();
     let Some(server) = backend.server_time().await? else {
-        return Ok(format!(
-            "not exposed by the {} backend",
-            backend.backend_name()
-        ));
+        return Ok(None);
     };
     let rtt = t.elapsed();
     let midpoint = before + rtt / 2;
-    let (sign, skew) = match server.duration_since(midpoint) {
-        Ok(ahead) => ('+', ahead),
-        Err(behind) => ('-', behind.duration()),
+    let skew_ms = match server.duration_since(midpoint) {
+        Ok(ahead) => millis(ahead),
+        Err(behind) => -millis(behind.duration()),
     };
-    Ok(format!(
-        "server clock {sign}{skew:?} ± {:?} relative to this machine",
-        rtt / 2
-    ))
+    Ok(Some((skew_ms, rtt / 2)))
+}
+
+/// `server clock +12ms ± 1ms relative to this machine`.
+fn describe_skew(backend: &dyn lockcore::LockBackend, skew: Option<(f64, Duration)>) -> String {
+    match skew {
+        None => format!("not exposed by the {} backend", backend.backend_name()),
+        Some((ms, within)) => {
+            let sign = if ms < 0.0 { '-' } else { '+' };
+            let skew = Duration::from_secs_f64(ms.abs() / 1000.0);
+            format!("server clock {sign}{skew:?} ± {within:?} relative to this machine")
+        }
+    }
 }
 
 /// Maps a missing-operation error to a helpful message.

@@ -86,6 +86,10 @@ pub(crate) enum Command {
     Check {
         /// Backend URL to check (default: the selected backend).
         url: Option<String>,
+        /// One JSON object on stdout: backend (redacted), connect_ms, security (one object
+        /// per connection), round_trip_ms, probe_lock_ms, clock_skew_ms.
+        #[arg(long)]
+        json: bool,
     },
     /// Print shell completions.
     Completions {

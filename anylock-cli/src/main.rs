@@ -141,7 +141,7 @@ async fn dispatch(cli: Cli) -> u8 {
             admin::guarantees(json);
             Ok(())
         }
-        Command::Check { url } => admin::check(url, &config).await,
+        Command::Check { url, json } => admin::check(url, json, &config).await,
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,

@@ -395,6 +395,30 @@ fn check_reports_tls_and_identity_and_the_command_never_sees_the_password() {
             }
             assert!(!line.contains("NOT"), "{backend:?}: {line}");
         }
+
+        let json = clean(Command::new(BIN))
+            .args(["check", "--json", &url])
+            .stdin(Stdio::null())
+            .output()
+            .expect("anylock check --json");
+        assert_no_secret("check --json", &json, &s.password);
+        assert_eq!(json.status.code(), Some(OK), "{backend:?}: {}", text(&json));
+        let report: serde_json::Value =
+            serde_json::from_slice(&json.stdout).expect("check --json prints one object");
+        let connections = report["security"].as_array().expect("a security array");
+        assert!(!connections.is_empty(), "{report}");
+        for c in connections {
+            assert_eq!(c["transport"], "tls", "{c}");
+            assert_eq!(c["verification"], "full", "{c}");
+            assert_eq!(c["client_certificate"], true, "{c}");
+            assert!(
+                c["tls_version"]
+                    .as_str()
+                    .is_some_and(|v| v.starts_with("TLSv1.")),
+                "{c}"
+            );
+        }
+        assert!(report["round_trip_ms"].as_f64().is_some(), "{report}");
     }
 }
 
