@@ -1,7 +1,7 @@
 //! Prints a Markdown table of the latest result of every conformance case per backend, from
 //! `target/conformance/*.jsonl` (or `$ANYLOCK_RESULTS_DIR`).
 //!
-//! `cargo run -q -p conformance --bin conformance-report`
+//! `cargo run -q -p anylock-conformance --bin conformance-report`
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
