@@ -26,7 +26,8 @@ use crate::liveness::{Held, HolderDir, Probe};
 ///   is gone (in any PID namespace) and takes the lock over at once instead of waiting
 ///   for the TTL. Nothing else (an unreadable `/proc`, a pid it cannot see) counts as
 ///   death. The descriptor is inherited by commands started while the lease is held, so
-///   the lease is not taken over while such a command still runs.
+///   the lease is not taken over while such a command still runs. A lease left to outlive
+///   its holder (`LockBackend::detach`) names no file and lasts until its TTL.
 /// - Rows are kept on release, so fence tokens only grow, across restarts and reboots.
 /// - Waiters poll (there is no cross-process notification).
 #[derive(Debug, Clone)]
@@ -277,6 +278,20 @@ impl LockBackend for LocalBackend {
                 .with_backend("local")
                 .with_lock(lease.name()),
         )
+    }
+
+    async fn detach(&self, lease: &Lease) -> Result<()> {
+        let token = token_of(lease)?;
+        let claim = self.claim(lease.name(), lease.owner(), lease.ttl(), None);
+        let detached = self.client.detach(&claim, token).await;
+        if !detached.map_err(|e| e.with_lock(lease.name()))? {
+            return Err(Error::lost("the lease expired, was broken, or was taken over")
+                .with_backend("local")
+                .with_lock(lease.name()));
+        }
+        // The row names our liveness file no more: unlock and remove it.
+        self.forget(lease.name(), token);
+        Ok(())
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
