@@ -66,8 +66,9 @@ pub(crate) enum Command {
     Release(oneshot::Sender<Result<()>>),
     /// The guard was dropped: release best-effort.
     Abandon,
-    /// Refresh once with this TTL, detach, stop without releasing; report the lease.
-    Leave(Duration, oneshot::Sender<Result<Lease>>),
+    /// Refresh once with this TTL (none: keep the TTL), detach, stop without releasing;
+    /// report the lease.
+    Leave(Option<Duration>, oneshot::Sender<Result<Lease>>),
 }
 
 /// The refresher task's state.
@@ -213,7 +214,8 @@ impl Driver {
     /// [`LockGuard::leave_for`](crate::LockGuard::leave_for): one refresh with `ttl`, raced
     /// against the validity deadline and bounded like every refresh, then the backend's
     /// [`detach`](LockBackend::detach); stops without releasing in every case.
-    async fn leave(mut self, ttl: Duration, reply: oneshot::Sender<Result<Lease>>) {
+    /// [`LockGuard::detach`](crate::LockGuard::detach): the same without the refresh.
+    async fn leave(mut self, ttl: Option<Duration>, reply: oneshot::Sender<Result<Lease>>) {
         let result = self.leave_once(ttl).await;
         let name = self.shared.lease().name().clone();
         let result = result.map_err(|e| e.in_context(self.backend.backend_name(), &name));
@@ -224,18 +226,39 @@ impl Driver {
         let _ = reply.send(result);
     }
 
-    async fn leave_once(&mut self, ttl: Duration) -> Result<Lease> {
+    async fn leave_once(&mut self, ttl: Option<Duration>) -> Result<Lease> {
         let old = self.shared.lease();
         let validity = self.shared.validity();
-        let clock = self.shared.clock.clone();
-        let sent = clock.now();
-        if sent >= validity {
+        if self.shared.clock.now() >= validity {
             self.apply(Event::ValidityExpired);
             return Err(Error::lost(format!(
                 "the lease was lost before it could be left: {}",
                 LostReason::ValidityExpired
             )));
         }
+        let lease = match ttl {
+            Some(ttl) => self.refresh_with(old, validity, ttl).await?,
+            None => old,
+        };
+        let detach = timeout(self.options.refresh_timeout(), self.backend.detach(&lease)).await;
+        match detach {
+            Ok(result) => result.map(|()| lease),
+            Err(_) => Err(Error::new(
+                ErrorKind::OutcomeUnknown,
+                "detach got no reply in time; the lease may end when this process exits",
+            )),
+        }
+    }
+
+    /// One refresh of `old` with `ttl`; the lease as the server set it.
+    async fn refresh_with(
+        &mut self,
+        old: Lease,
+        validity: Instant,
+        ttl: Duration,
+    ) -> Result<Lease> {
+        let clock = self.shared.clock.clone();
+        let sent = clock.now();
         let limit = sent + self.options.refresh_timeout();
         let asked = old.clone().with_ttl(ttl);
         let result = tokio::select! {
@@ -254,7 +277,9 @@ impl Driver {
             Ok(lease) if lease.token() != old.token() => {
                 let event = Event::PermanentFailure("backend changed the fence token".into());
                 self.apply(event);
-                return Err(Error::lost("the backend changed the fence token on refresh"));
+                return Err(Error::lost(
+                    "the backend changed the fence token on refresh",
+                ));
             }
             Ok(lease) => lease,
             Err(err) => {
@@ -274,16 +299,11 @@ impl Driver {
                 ),
             ));
         }
-        let validity = (sent + lease.ttl()).checked_sub(self.options.drift()).unwrap_or(sent);
+        let validity = (sent + lease.ttl())
+            .checked_sub(self.options.drift())
+            .unwrap_or(sent);
         self.shared.update(lease.clone(), validity);
-        let detach = timeout(self.options.refresh_timeout(), self.backend.detach(&lease)).await;
-        match detach {
-            Ok(result) => result.map(|()| lease),
-            Err(_) => Err(Error::new(
-                ErrorKind::OutcomeUnknown,
-                "detach got no reply in time; the lease may end when this process exits",
-            )),
-        }
+        Ok(lease)
     }
 
     /// After `Lost`, never releases on the holder's behalf: the application may still be

@@ -188,7 +188,7 @@ impl LockGuard {
     ///
     /// # Cancel safety
     /// Dropping the future does not stop it: the work is handed to the refresher task.
-    pub async fn leave_for(mut self, ttl: Duration) -> Result<Lease> {
+    pub async fn leave_for(self, ttl: Duration) -> Result<Lease> {
         if ttl > crate::MAX_TTL {
             // Dropping `self` now releases the lease best-effort, as any dropped guard.
             return Err(Error::invalid_input(format!(
@@ -197,9 +197,31 @@ impl LockGuard {
             ))
             .with_lock(&self.name));
         }
+        self.leave(Some(ttl.max(crate::MIN_TTL))).await
+    }
+
+    /// Stops refreshing without releasing: the lease expires by the TTL of its last grant
+    /// or refresh. [`leave_for`](Self::leave_for) without the refresh (one call less, for
+    /// a lease just granted with the TTL wanted).
+    ///
+    /// # Contract
+    /// As [`leave_for`](Self::leave_for), except that no refresh is sent: `Ok(lease)`
+    /// once [`LockBackend::detach`](crate::LockBackend::detach) succeeded, the lease
+    /// expiring `lease.ttl()` after its last grant or refresh was sent.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Lost`](crate::ErrorKind::Lost) when the lease had been lost; the
+    /// backend's error when the detach failed.
+    ///
+    /// # Cancel safety
+    /// As [`leave_for`](Self::leave_for).
+    pub async fn detach(self) -> Result<Lease> {
+        self.leave(None).await
+    }
+
+    async fn leave(mut self, ttl: Option<Duration>) -> Result<Lease> {
         self.released = true;
         let (reply, outcome) = oneshot::channel();
-        let ttl = ttl.max(crate::MIN_TTL);
         if self.commands.send(Command::Leave(ttl, reply)).is_err() {
             return Err(self.stopped());
         }

@@ -5,7 +5,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 
 use super::{Rig, ms};
 use crate::testing::{Fault, Op};
-use crate::{ErrorKind, Health, LockOptions, LockName, LockBackend};
+use crate::{ErrorKind, Health, LockBackend, LockName, LockOptions};
 
 /// TTL 800 ms: refresh every 100 ms, drift 10 ms.
 fn rig() -> Rig {
@@ -15,7 +15,11 @@ fn rig() -> Rig {
 /// Whether a rival could take the lock right now.
 async fn free(rig: &Rig) -> bool {
     let name = LockName::new("job").expect("valid");
-    rig.memory.inspect(&name).await.expect("memory answers").is_none()
+    rig.memory
+        .inspect(&name)
+        .await
+        .expect("memory answers")
+        .is_none()
 }
 
 #[test]
@@ -42,11 +46,18 @@ async fn a_left_lease_lasts_exactly_the_ttl_asked_body() {
     assert!(!free(&rig).await, "held until the TTL asked");
     assert!(rig.rival().try_acquire("job").await.expect("ok").is_none());
     sleep_until(left_at + ms(300)).await;
-    assert!(free(&rig).await, "expired at the TTL asked, shorter than the lease's 800 ms");
+    assert!(
+        free(&rig).await,
+        "expired at the TTL asked, shorter than the lease's 800 ms"
+    );
     assert!(rig.rival().try_acquire("job").await.expect("ok").is_some());
     sleep(ms(2000)).await;
     assert_eq!(rig.faulty.calls(Op::Release), 0, "never released");
-    assert_eq!(rig.faulty.calls(Op::Refresh), refreshes, "no refresh after leaving");
+    assert_eq!(
+        rig.faulty.calls(Op::Refresh),
+        refreshes,
+        "no refresh after leaving"
+    );
 }
 
 #[test]
@@ -60,7 +71,10 @@ async fn a_lease_can_be_left_for_longer_than_its_ttl_body() {
     let left_at = Instant::now();
     guard.leave_for(ms(5000)).await.expect("left");
     sleep_until(left_at + ms(4999)).await;
-    assert!(!free(&rig).await, "held for the 5 s asked, not the 800 ms TTL");
+    assert!(
+        !free(&rig).await,
+        "held for the 5 s asked, not the 800 ms TTL"
+    );
     sleep_until(left_at + ms(5000)).await;
     assert!(free(&rig).await);
     assert_eq!(rig.faulty.calls(Op::Release), 0);
@@ -77,7 +91,10 @@ async fn a_failed_leaving_refresh_is_reported_body() {
     let granted = Instant::now();
     rig.faulty
         .set(Op::Refresh, Fault::Fail(ErrorKind::Unavailable));
-    let err = guard.leave_for(ms(5000)).await.expect_err("the refresh failed");
+    let err = guard
+        .leave_for(ms(5000))
+        .await
+        .expect_err("the refresh failed");
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert_eq!(err.lock().map(LockName::as_str), Some("job"), "{err}");
     assert_eq!(rig.faulty.calls(Op::Release), 0, "not released");
@@ -86,7 +103,11 @@ async fn a_failed_leaving_refresh_is_reported_body() {
     assert!(!free(&rig).await);
     sleep_until(granted + ms(800)).await;
     assert!(free(&rig).await);
-    assert_eq!(rig.faulty.calls(Op::Refresh), 1, "one try, no refresher left");
+    assert_eq!(
+        rig.faulty.calls(Op::Refresh),
+        1,
+        "one try, no refresher left"
+    );
 }
 
 #[test]
@@ -99,7 +120,11 @@ async fn leaving_a_lost_lease_says_lost_body() {
     let guard = rig.locker.acquire("job").await.expect("free");
     let name = LockName::new("job").expect("valid");
     rig.memory.break_lock(&name).await.expect("broken");
-    let rival = rig.rival().acquire("job").await.expect("free after the break");
+    let rival = rig
+        .rival()
+        .acquire("job")
+        .await
+        .expect("free after the break");
     let err = guard.leave_for(ms(5000)).await.expect_err("not ours");
     assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
     assert!(rival.is_held(), "the rival's lease is untouched");
@@ -120,5 +145,28 @@ async fn leaving_after_the_validity_ran_out_body() {
     let refreshes = rig.faulty.calls(Op::Refresh);
     let err = guard.leave_for(ms(5000)).await.expect_err("expired");
     assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
-    assert_eq!(rig.faulty.calls(Op::Refresh), refreshes, "no leaving refresh");
+    assert_eq!(
+        rig.faulty.calls(Op::Refresh),
+        refreshes,
+        "no leaving refresh"
+    );
+}
+
+#[test]
+fn a_detached_lease_keeps_its_ttl_with_no_refresh_and_no_release() {
+    crate::tests::bounded(a_detached_lease_keeps_its_ttl_body);
+}
+
+async fn a_detached_lease_keeps_its_ttl_body() {
+    let rig = rig();
+    let guard = rig.locker.acquire("job").await.expect("free");
+    let granted = Instant::now();
+    let lease = guard.detach().await.expect("detached");
+    assert_eq!(lease.ttl(), ms(800));
+    sleep_until(granted + ms(799)).await;
+    assert!(!free(&rig).await, "held for its TTL");
+    sleep_until(granted + ms(800)).await;
+    assert!(free(&rig).await);
+    assert_eq!(rig.faulty.calls(Op::Refresh), 0);
+    assert_eq!(rig.faulty.calls(Op::Release), 0);
 }
