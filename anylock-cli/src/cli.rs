@@ -14,6 +14,10 @@ Examples:
   anylock run deploy --wait 5m --ttl 1m -- ./deploy    # give up after 5 minutes
   anylock run build --leftovers wait -- sh -c 'make &'  # hold until background work ends
   ANYLOCK_BACKEND=redis://redis:6379/0 anylock run publish-repo -- ./publish.sh
+  anylock run nightly -n --hold-at-least 10m -- ./report # no second run for 10 minutes
+  anylock acquire deploy --owner \"$RUN_ID\" --ttl 30m >> \"$GITHUB_ENV\"  # later steps:
+  anylock verify deploy    # ANYLOCK_OWNER from $GITHUB_ENV; exit 0 held, 122 not
+  anylock release deploy   # only if ANYLOCK_OWNER holds it; 122 (nothing done) if not
   anylock status publish-repo                           # exit 0 held, 1 free; --json
   anylock break publish-repo --yes
   anylock guarantees
@@ -21,10 +25,12 @@ Examples:
 
 Exit codes of `run`: the command's own code (128+N if a signal N killed it);
   122 the lock was lost while the command ran, or ran out while anylock was stopped
-      (the command was stopped)
+      (the command was stopped); `verify`, `release`: the owner does not hold the lock
+      (expired, released, broken or taken over; nothing was changed)
   123 the lock is held and --no-wait was given (or --conflict-exit-code)
   124 timed out waiting for the lock (--wait) (or --conflict-exit-code)
-  125 anylock failed (backend unreachable, permission denied)
+  125 anylock failed (backend unreachable, permission denied), or --hold-at-least
+      could not leave the lease held (the command had exited)
   126 the command is not executable; 127 the command was not found
   2   bad usage, URL, duration or configuration";
 
@@ -58,6 +64,22 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// Acquire NAME, run the command while refreshing the lease, release at the end.
     Run(RunArgs),
+    /// Acquire NAME for the owner ID and exit, leaving the lease to last its TTL with no
+    /// process keeping it alive: one lock across several CI steps. Prints
+    /// ANYLOCK_NAME, ANYLOCK_OWNER, ANYLOCK_FENCE_TOKEN and ANYLOCK_EXPIRES_AT lines for
+    /// `>> "$GITHUB_ENV"`. Run it again with the same owner to renew (new TTL, new token).
+    Acquire(AcquireArgs),
+    /// Exit 0 if the owner ID holds NAME (prints the time left and the fence token), 122
+    /// if it does not (expired, released, broken or taken over). Changes nothing.
+    Verify {
+        #[command(flatten)]
+        held: OwnerArgs,
+        /// One JSON object on stdout: name, owner, held, expires_in_ms, fence_token.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Release NAME if the owner ID holds it; exit 122, changing nothing, if it does not.
+    Release(OwnerArgs),
     /// Show who holds NAME: identity, since when, expiry and fence token. Exit 0 when it
     /// is held, 1 when it is free.
     Status {
@@ -98,6 +120,52 @@ pub(crate) enum Command {
     },
 }
 
+/// A lock and the owner chosen for it.
+#[derive(Debug, Args)]
+pub(crate) struct OwnerArgs {
+    /// The lock name.
+    pub(crate) name: String,
+
+    /// The owner: an id of your choosing (1 to 128 bytes, no whitespace), the same in
+    /// every step and on every runner, unique to one pipeline run (a CI run id).
+    #[arg(long, env = "ANYLOCK_OWNER", value_name = "ID")]
+    pub(crate) owner: String,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct AcquireArgs {
+    #[command(flatten)]
+    pub(crate) held: OwnerArgs,
+
+    /// How long the lease lasts: nothing refreshes it, so choose more than the steps take
+    /// [default: 30m]. Not read from ANYLOCK_TTL or the config (those are for `run`).
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) ttl: Option<Duration>,
+
+    /// Give up waiting for the lock after this long (default: wait forever).
+    #[arg(
+        short,
+        long,
+        env = "ANYLOCK_WAIT",
+        value_parser = parse_duration,
+        conflicts_with = "no_wait"
+    )]
+    pub(crate) wait: Option<Duration>,
+
+    /// Do not wait: exit with code 123 (or --conflict-exit-code) if the lock is held.
+    #[arg(short, long)]
+    pub(crate) no_wait: bool,
+
+    /// The exit code when the lock is held (--no-wait) or the wait timed out (--wait).
+    #[arg(short = 'E', long, value_name = "CODE")]
+    pub(crate) conflict_exit_code: Option<u8>,
+
+    /// One JSON object on stdout instead of the ANYLOCK_* lines: name, owner, fence_token
+    /// (absent when the backend has none), ttl_ms, expires_at (RFC 3339).
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct RunArgs {
     /// The lock name.
@@ -132,6 +200,12 @@ pub(crate) struct RunArgs {
     /// skipped when the lease is already gone (taken over, broken, expired).
     #[arg(long, env = "ANYLOCK_GRACE", value_parser = parse_duration)]
     pub(crate) grace: Option<Duration>,
+
+    /// Hold the lock at least this long after it was acquired (ShedLock's lockAtLeastFor):
+    /// if the command finishes sooner, the lease is left to expire then instead of being
+    /// released, so a late run elsewhere does not repeat the job. At most the TTL.
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub(crate) hold_at_least: Option<Duration>,
 
     /// What to do with processes the command leaves in its group when it exits: `kill`
     /// them (SIGTERM, SIGKILL after the grace) or `wait` for them, holding the lock either

@@ -29,6 +29,7 @@ mod prop_tests;
 mod run;
 mod select;
 mod signals;
+mod steps;
 mod supervisor;
 mod watch;
 
@@ -125,6 +126,9 @@ async fn dispatch(cli: Cli) -> u8 {
     };
     let result = match cli.command {
         Command::Run(args) => return run::run(args, &config, cli.quiet).await,
+        Command::Acquire(args) => return steps::acquire(args, &config, cli.quiet).await,
+        Command::Verify { held, json } => steps::verify(&held, json, &config).await,
+        Command::Release(held) => steps::release(&held, &config).await,
         Command::Status { name, json } => {
             return match admin::status(&name, json, &config).await {
                 Ok(true) => 0,

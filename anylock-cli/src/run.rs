@@ -23,19 +23,22 @@ pub(crate) async fn run(mut args: RunArgs, config: &Config, quiet: bool) -> u8 {
     let conflict = args.conflict_exit_code;
     match run_inner(args, config, quiet).await {
         Ok(code) => code,
-        Err(err) => {
-            let code = exit::code_for(&err);
-            match conflict {
-                // A skipped run is the expected outcome: no error line.
-                Some(code) if matches!(err.kind(), ErrorKind::Held | ErrorKind::Timeout) => {
-                    tracing::info!(%err, code, "not run: --conflict-exit-code");
-                    code
-                }
-                _ => {
-                    exit::report(&err);
-                    code
-                }
-            }
+        Err(err) => failed(&err, conflict),
+    }
+}
+
+/// The exit code for `err`, reported on stderr unless it is a conflict (held, timed out)
+/// that `--conflict-exit-code` turns into an expected outcome.
+pub(crate) fn failed(err: &Error, conflict: Option<u8>) -> u8 {
+    match conflict {
+        // A skipped run is the expected outcome: no error line.
+        Some(code) if matches!(err.kind(), ErrorKind::Held | ErrorKind::Timeout) => {
+            tracing::info!(%err, code, "not run: --conflict-exit-code");
+            code
+        }
+        _ => {
+            exit::report(err);
+            exit::code_for(err)
         }
     }
 }
@@ -43,15 +46,33 @@ pub(crate) async fn run(mut args: RunArgs, config: &Config, quiet: bool) -> u8 {
 async fn run_inner(args: RunArgs, config: &Config, quiet: bool) -> Result<u8, Error> {
     let options = options(&args, config)?;
     let grace = grace(&args, config)?;
+    let hold_at_least = hold_at_least(&args, options.ttl())?;
     let backend = crate::select::connect(&crate::select::backend_url(config)?).await?;
     let locker = Locker::new(backend).with_options(options);
     let guard = acquire_with_status(&locker, &args.name, quiet).await?;
+    // Measured after the grant: the lease is left until no earlier than grant + DUR.
+    let hold_until = hold_at_least.map(|d| tokio::time::Instant::now() + d);
     // Before the command starts: from here on a signal is forwarded, never fatal.
     let signals = Signals::install(&watch::SIGNALS).map_err(|e| {
         Error::new(ErrorKind::Unavailable, "cannot install signal handlers").with_source(e)
     })?;
     tracing::info!(lock = %args.name, token = ?guard.fence_token(), "acquired");
-    Ok(watch::supervise(guard, &args, grace, signals).await)
+    Ok(watch::supervise(guard, &args, grace, hold_until, signals).await)
+}
+
+/// `--hold-at-least`, which may not exceed the TTL (as ShedLock's lockAtLeastFor may not
+/// exceed lockAtMostFor): the lease is then never left for longer than it was granted,
+/// which every backend can honour (etcd renews a lease only for its granted TTL).
+fn hold_at_least(args: &RunArgs, ttl: Duration) -> Result<Option<Duration>, Error> {
+    match args.hold_at_least {
+        Some(hold) if hold > ttl => Err(Error::invalid_input(format!(
+            "--hold-at-least {} is longer than the lease TTL {}; pass a --ttl at least as long",
+            humantime::format_duration(hold),
+            humantime::format_duration(ttl)
+        ))),
+        Some(hold) if hold.is_zero() => Ok(None),
+        hold => Ok(hold),
+    }
 }
 
 fn duration(text: &str, what: &str) -> Result<Duration, Error> {
@@ -95,20 +116,33 @@ fn grace(args: &RunArgs, config: &Config) -> Result<Duration, Error> {
 pub(crate) fn options(args: &RunArgs, config: &Config) -> Result<LockOptions, Error> {
     let ttl = ttl(args, config)?;
     grace(args, config)?;
-    let wait = match (args.no_wait, args.wait, config.wait.as_deref()) {
-        (true, _, _) => WaitMode::TryOnce,
-        (false, Some(wait), _) => WaitMode::Timeout(wait),
-        (false, None, Some("forever") | None) => WaitMode::Forever,
-        (false, None, Some(text)) => WaitMode::Timeout(duration(text, "wait")?),
-    };
+    let wait = wait_mode(args.no_wait, args.wait, config)?;
     let options = LockOptions::new(ttl).with_wait(wait);
     options.validate()?;
     Ok(options)
 }
 
+/// `-n`, then `-w` (or `ANYLOCK_WAIT`), then the config's `wait`, else forever.
+pub(crate) fn wait_mode(
+    no_wait: bool,
+    wait: Option<Duration>,
+    config: &Config,
+) -> Result<WaitMode, Error> {
+    Ok(match (no_wait, wait, config.wait.as_deref()) {
+        (true, _, _) => WaitMode::TryOnce,
+        (false, Some(wait), _) => WaitMode::Timeout(wait),
+        (false, None, Some("forever") | None) => WaitMode::Forever,
+        (false, None, Some(text)) => WaitMode::Timeout(duration(text, "wait")?),
+    })
+}
+
 /// Acquires, showing who holds the lock meanwhile: a live line on a terminal, one log line
 /// otherwise.
-async fn acquire_with_status(locker: &Locker, name: &str, quiet: bool) -> Result<LockGuard, Error> {
+pub(crate) async fn acquire_with_status(
+    locker: &Locker,
+    name: &str,
+    quiet: bool,
+) -> Result<LockGuard, Error> {
     if quiet {
         return locker.acquire(name).await;
     }

@@ -34,11 +34,13 @@ enum Event {
 }
 
 /// Runs the command under `guard` until it exits or the lock is lost; returns the exit
-/// code. `signals` must handle [`SIGNALS`].
+/// code. `signals` must handle [`SIGNALS`]. If the command exits before `hold_until`, the
+/// lease is left to expire then instead of being released (`--hold-at-least`).
 pub(crate) async fn supervise(
     guard: LockGuard,
     args: &RunArgs,
     grace: Duration,
+    hold_until: Option<Instant>,
     mut signals: Signals,
 ) -> u8 {
     let mut child = match start(&guard, args, grace) {
@@ -65,7 +67,9 @@ pub(crate) async fn supervise(
                 Err(reason) => reason,
             },
             Event::Lost(reason) => reason,
-            Event::Exited(status) => return finish(child, guard, &args.name, status).await,
+            Event::Exited(status) => {
+                return finish(child, guard, &args.name, status, hold_until).await;
+            }
         };
         let left = valid_until.saturating_duration_since(Instant::now());
         let grace = effective_grace(grace, &reason, left);
@@ -186,6 +190,7 @@ async fn finish(
     guard: LockGuard,
     name: &str,
     status: std::io::Result<std::process::ExitStatus>,
+    hold_until: Option<Instant>,
 ) -> u8 {
     // The supervisor clears the group before it exits; if it was killed, do it here.
     child.kill_group().await;
@@ -196,10 +201,38 @@ async fn finish(
             exit::FAILED
         }
     };
+    let left = hold_until.map(|until| until.saturating_duration_since(Instant::now()));
+    if let Some(left) = left.filter(|left| !left.is_zero()) {
+        return leave(guard, name, left, code).await;
+    }
     if release(guard, name).await {
         code
     } else {
         exit::LOST
+    }
+}
+
+/// `--hold-at-least`: the command finished `left` too early; the lease is refreshed once
+/// to expire `left` from now and not released. Returns the command's `code`, or 122 if
+/// the lease had been lost, 125 if it could not be left held (reported either way).
+async fn leave(guard: LockGuard, name: &str, left: Duration, code: u8) -> u8 {
+    match guard.leave_for(left).await {
+        Ok(lease) => {
+            tracing::info!(lock = name, ttl = ?lease.ttl(), "left held for --hold-at-least");
+            code
+        }
+        Err(err) => {
+            note!(
+                "anylock: the command finished (exit code {code}), but lock {name} could not \
+                 be left held for the rest of --hold-at-least ({}): {err}",
+                humantime::format_duration(round_ms(left))
+            );
+            if err.kind() == ErrorKind::Lost {
+                exit::LOST
+            } else {
+                exit::FAILED
+            }
+        }
     }
 }
 

@@ -319,6 +319,15 @@ fn help_lists_examples_and_exit_codes_and_completions_generate() {
         help.contains("Examples:") && help.contains("124 timed out waiting"),
         "{help}"
     );
+    for shown in [
+        "anylock acquire deploy --owner",
+        "anylock verify",
+        "anylock release",
+        "--hold-at-least",
+        "`verify`, `release`: the owner does not hold",
+    ] {
+        assert!(help.contains(shown), "{shown:?} missing: {help}");
+    }
     let version = String::from_utf8_lossy(&scene.output(&["--version"]).stdout).to_string();
     assert!(
         version.starts_with(&format!(

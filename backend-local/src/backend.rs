@@ -26,7 +26,8 @@ use crate::liveness::{Held, HolderDir, Probe};
 ///   is gone (in any PID namespace) and takes the lock over at once instead of waiting
 ///   for the TTL. Nothing else (an unreadable `/proc`, a pid it cannot see) counts as
 ///   death. The descriptor is inherited by commands started while the lease is held, so
-///   the lease is not taken over while such a command still runs.
+///   the lease is not taken over while such a command still runs. A lease left to outlive
+///   its holder (`LockBackend::detach`) names no file and lasts until its TTL.
 /// - Rows are kept on release, so fence tokens only grow, across restarts and reboots.
 /// - Waiters poll (there is no cross-process notification).
 #[derive(Debug, Clone)]
@@ -279,6 +280,22 @@ impl LockBackend for LocalBackend {
         )
     }
 
+    async fn detach(&self, lease: &Lease) -> Result<()> {
+        let token = token_of(lease)?;
+        let claim = self.claim(lease.name(), lease.owner(), lease.ttl(), None);
+        let detached = self.client.detach(&claim, token).await;
+        if !detached.map_err(|e| e.with_lock(lease.name()))? {
+            return Err(
+                Error::lost("the lease expired, was broken, or was taken over")
+                    .with_backend("local")
+                    .with_lock(lease.name()),
+            );
+        }
+        // The row names our liveness file no more: unlock and remove it.
+        self.forget(lease.name(), token);
+        Ok(())
+    }
+
     async fn release(&self, lease: &Lease) -> Result<()> {
         let token = token_of(lease)?;
         let name = lease.name();
@@ -356,4 +373,63 @@ pub fn guarantees() -> Guarantees {
              in any PID namespace; nothing else ends a lease early. Leases end with a \
              reboot; fence counters survive it.",
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use lockcore::{Acquire, AcquireRequest, Identity, LockBackend, LockName};
+
+    use super::*;
+
+    /// This process dies the hard way (SIGKILL: no destructor runs): its liveness files
+    /// stay on disk, unlocked.
+    fn die(backend: &LocalBackend) {
+        for (_, held) in backend.held().drain() {
+            held.unlock_only();
+        }
+    }
+
+    async fn acquire(backend: &LocalBackend, owner: &Identity) -> Acquire {
+        let name = LockName::new("job").expect("valid");
+        let request = AcquireRequest::new(name, owner.clone(), Duration::from_secs(60));
+        backend.acquire(&request).await.expect("one attempt")
+    }
+
+    /// `anylock acquire` leaves a lease for later CI steps and exits; a SIGKILL at that
+    /// moment (a cancelled job) must not hand the lock to the next contender at once.
+    #[tokio::test]
+    async fn a_detached_lease_outlives_the_holders_death_until_its_ttl() {
+        let dir =
+            std::env::temp_dir().join(format!("anylock-detach-{:016x}", rand::random::<u64>()));
+        let config = LocalConfig::new(dir.join("locks.sqlite3"));
+        let contender = LocalBackend::open(config.clone()).await.expect("open");
+        let (a, b) = (
+            Identity::named("a").expect("ok"),
+            Identity::named("b").expect("ok"),
+        );
+
+        // The control: without detach, a dead holder is taken over at once.
+        let holder = LocalBackend::open(config.clone()).await.expect("open");
+        let Acquire::Acquired(lease) = acquire(&holder, &a).await else {
+            panic!("free")
+        };
+        die(&holder);
+        let Acquire::Acquired(taken) = acquire(&contender, &b).await else {
+            panic!("a dead holder's lock is taken over at once")
+        };
+        assert!(taken.token() > lease.token());
+        contender.release(&taken).await.expect("released");
+
+        let holder = LocalBackend::open(config).await.expect("open");
+        let Acquire::Acquired(lease) = acquire(&holder, &a).await else {
+            panic!("free")
+        };
+        holder.detach(&lease).await.expect("detached");
+        die(&holder);
+        assert!(
+            matches!(acquire(&contender, &b).await, Acquire::Held(_)),
+            "held for its TTL"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

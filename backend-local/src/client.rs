@@ -65,6 +65,12 @@ const EXTEND: &str = "UPDATE anylock_leases SET expires_ms = ?5
     WHERE name = ?1 AND owner = ?2 AND token = ?3 AND boot_id = ?4 AND expires_ms > ?6
     RETURNING token";
 
+/// Unties a live grant from its holder's liveness file, so that the holder may exit and the
+/// lease last until its TTL (`LockBackend::detach`).
+const DETACH: &str = "UPDATE anylock_leases SET liveness = NULL
+    WHERE name = ?1 AND owner = ?2 AND token = ?3 AND boot_id = ?4 AND expires_ms > ?5
+    RETURNING token";
+
 const CLEAR: &str = "UPDATE anylock_leases
     SET owner = NULL, pid = NULL, pid_start = NULL, liveness = NULL, expires_ms = NULL
     WHERE name = ?1 AND owner = ?2 AND token = ?3";
@@ -232,6 +238,20 @@ impl Client {
             .bind(token)
             .bind(claim.boot_id)
             .bind(claim.expires_ms())
+            .bind(claim.now_ms)
+            .fetch_optional(&self.pool)
+            .await
+            .map_err(map_error)?;
+        Ok(row.is_some())
+    }
+
+    /// Forgets the liveness file of this grant if it is still live; `true` when it was.
+    pub(crate) async fn detach(&self, claim: &Claim<'_>, token: i64) -> Result<bool, Error> {
+        let row = sqlx::query(DETACH)
+            .bind(claim.name)
+            .bind(claim.owner)
+            .bind(token)
+            .bind(claim.boot_id)
             .bind(claim.now_ms)
             .fetch_optional(&self.pool)
             .await

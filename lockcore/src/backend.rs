@@ -109,6 +109,23 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// - Wakes waiters where the backend supports notification.
     async fn release(&self, lease: &Lease) -> Result<()>;
 
+    /// Lets `lease` outlive this process: its holder has stopped refreshing it and may
+    /// exit, and the lease must last until it expires by its TTL
+    /// ([`LockGuard::leave_for`](crate::LockGuard::leave_for) calls it after its refresh).
+    ///
+    /// # Contract
+    /// - Never shortens, releases or re-creates the lease.
+    /// - Afterwards nothing about this process (its exit included) ends the lease before
+    ///   its TTL: a backend that lets contenders take over from a holder it sees dead (the
+    ///   embedded one) unties the lease from this process.
+    /// - `Ok(())` (the default) when the lease never depends on the process that holds it.
+    /// - Fails with [`ErrorKind::Lost`](crate::ErrorKind::Lost) when the lock no longer
+    ///   holds exactly this grant.
+    async fn detach(&self, lease: &Lease) -> Result<()> {
+        let _ = lease;
+        Ok(())
+    }
+
     /// The fencing token of `lease`.
     ///
     /// # Contract
@@ -234,6 +251,9 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
     }
     async fn release(&self, lease: &Lease) -> Result<()> {
         (**self).release(lease).await
+    }
+    async fn detach(&self, lease: &Lease) -> Result<()> {
+        (**self).detach(lease).await
     }
     fn fence_token(&self, lease: &Lease) -> Option<FenceToken> {
         (**self).fence_token(lease)

@@ -66,6 +66,9 @@ pub(crate) enum Command {
     Release(oneshot::Sender<Result<()>>),
     /// The guard was dropped: release best-effort.
     Abandon,
+    /// Refresh once with this TTL (none: keep the TTL), detach, stop without releasing;
+    /// report the lease.
+    Leave(Option<Duration>, oneshot::Sender<Result<Lease>>),
 }
 
 /// The refresher task's state.
@@ -182,6 +185,9 @@ impl Driver {
     }
 
     async fn finish(mut self, cmd: Option<Command>) {
+        if let Some(Command::Leave(ttl, reply)) = cmd {
+            return self.leave(ttl, reply).await;
+        }
         let lease = self.shared.lease();
         // A starved refresher may see the command only after the validity ran out: then
         // the critical section was not protected to the end, and release says so.
@@ -196,12 +202,108 @@ impl Driver {
             Some(Command::Release(reply)) => {
                 let _ = reply.send(result);
             }
-            Some(Command::Abandon) | None => {
+            // `Leave` returned above.
+            Some(Command::Abandon | Command::Leave(..)) | None => {
                 if let Err(err) = result {
                     tracing::debug!(error = %err, "best-effort release on drop failed");
                 }
             }
         }
+    }
+
+    /// [`LockGuard::leave_for`](crate::LockGuard::leave_for): one refresh with `ttl`, raced
+    /// against the validity deadline and bounded like every refresh, then the backend's
+    /// [`detach`](LockBackend::detach); stops without releasing in every case.
+    /// [`LockGuard::detach`](crate::LockGuard::detach): the same without the refresh.
+    async fn leave(mut self, ttl: Option<Duration>, reply: oneshot::Sender<Result<Lease>>) {
+        let result = self.leave_once(ttl).await;
+        let name = self.shared.lease().name().clone();
+        let result = result.map_err(|e| e.in_context(self.backend.backend_name(), &name));
+        if result.is_ok() {
+            self.apply(Event::Released);
+        }
+        self.shared.cancel.cancel();
+        let _ = reply.send(result);
+    }
+
+    async fn leave_once(&mut self, ttl: Option<Duration>) -> Result<Lease> {
+        let old = self.shared.lease();
+        let validity = self.shared.validity();
+        if self.shared.clock.now() >= validity {
+            self.apply(Event::ValidityExpired);
+            return Err(Error::lost(format!(
+                "the lease was lost before it could be left: {}",
+                LostReason::ValidityExpired
+            )));
+        }
+        let lease = match ttl {
+            Some(ttl) => self.refresh_with(old, validity, ttl).await?,
+            None => old,
+        };
+        let detach = timeout(self.options.refresh_timeout(), self.backend.detach(&lease)).await;
+        match detach {
+            Ok(result) => result.map(|()| lease),
+            Err(_) => Err(Error::new(
+                ErrorKind::OutcomeUnknown,
+                "detach got no reply in time; the lease may end when this process exits",
+            )),
+        }
+    }
+
+    /// One refresh of `old` with `ttl`; the lease as the server set it.
+    async fn refresh_with(
+        &mut self,
+        old: Lease,
+        validity: Instant,
+        ttl: Duration,
+    ) -> Result<Lease> {
+        let clock = self.shared.clock.clone();
+        let sent = clock.now();
+        let limit = sent + self.options.refresh_timeout();
+        let asked = old.clone().with_ttl(ttl);
+        let result = tokio::select! {
+            biased;
+            () = clock.sleep_until(validity) => Err(Error::lost(format!(
+                "the lease was lost while leaving it: {}",
+                LostReason::ValidityExpired
+            ))),
+            result = self.backend.refresh(&asked) => result,
+            () = clock.sleep_until(limit) => Err(Error::new(
+                ErrorKind::OutcomeUnknown,
+                format!("refresh got no reply within {:?}", self.options.refresh_timeout()),
+            )),
+        };
+        let lease = match result {
+            Ok(lease) if lease.token() != old.token() => {
+                let event = Event::PermanentFailure("backend changed the fence token".into());
+                self.apply(event);
+                return Err(Error::lost(
+                    "the backend changed the fence token on refresh",
+                ));
+            }
+            Ok(lease) => lease,
+            Err(err) => {
+                if err.kind() == ErrorKind::Lost {
+                    self.apply(Event::from_refresh_error(&err));
+                }
+                return Err(err);
+            }
+        };
+        if lease.ttl() < ttl {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "the backend set a TTL of {:?}, shorter than the {ttl:?} asked; the lease \
+                     expires then",
+                    lease.ttl()
+                ),
+            ));
+        }
+        let validity = (sent + lease.ttl())
+            .checked_sub(self.options.drift())
+            .unwrap_or(sent);
+        self.shared.update(lease.clone(), validity);
+        Ok(lease)
     }
 
     /// After `Lost`, never releases on the holder's behalf: the application may still be
@@ -229,13 +331,23 @@ impl Driver {
         if let Err(err) = &released {
             tracing::debug!(error = %err, "release after a lost lease failed; it expires by its TTL");
         }
-        if let Some(Command::Release(reply)) = cmd {
-            let mut err = Error::lost(format!("the lease was lost before release: {reason}"))
+        let lost = |what: &str| {
+            let err = Error::lost(format!("the lease was lost before {what}: {reason}"))
                 .in_context(self.backend.backend_name(), lease.name());
             if matches!(reason, LostReason::TooManyFailures { .. }) {
-                err = err.with_status(RetryStatus::Persistent);
+                err.with_status(RetryStatus::Persistent)
+            } else {
+                err
             }
-            let _ = reply.send(Err(err));
+        };
+        match cmd {
+            Some(Command::Release(reply)) => {
+                let _ = reply.send(Err(lost("release")));
+            }
+            Some(Command::Leave(_, reply)) => {
+                let _ = reply.send(Err(lost("it could be left to expire")));
+            }
+            Some(Command::Abandon) | None => {}
         }
     }
 

@@ -158,6 +158,76 @@ impl LockGuard {
         outcome.await.unwrap_or_else(|_| Err(self.stopped()))
     }
 
+    /// Stops refreshing and leaves the lease to expire `ttl` from now, without releasing
+    /// it: the lock stays held after this guard, and this process, are gone. For a lock
+    /// that must outlive its holder (held across several CI steps) or be held for at least
+    /// a while (ShedLock's `lockAtLeastFor`: a job that finished early still keeps a late
+    /// run elsewhere from starting it again).
+    ///
+    /// # Contract
+    /// - Sends one refresh whose TTL is `ttl` (at least [`MIN_TTL`](crate::MIN_TTL)), then
+    ///   [`LockBackend::detach`](crate::LockBackend::detach); never releases, whatever
+    ///   happens.
+    /// - `Ok(lease)` only when both succeeded: the lease, as the server set it, expires no
+    ///   earlier than `ttl` after this call began, on the server's clock. It may last
+    ///   longer where the backend's TTL has a coarser granularity (etcd renews its lease's
+    ///   granted TTL, in whole seconds); a backend that set a shorter TTL than asked is an
+    ///   error. `ttl` may be shorter or longer than the TTL the lease had.
+    /// - The health becomes [`Health::Released`](crate::Health::Released) on success; the
+    ///   cancellation token is cancelled either way.
+    /// - On error the lease is not released: it expires by the TTL it had before (or by
+    ///   `ttl` if the refresh took effect but its reply was lost), so it may end earlier
+    ///   than asked. Do not assume it is still held.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Lost`](crate::ErrorKind::Lost) when the lease had been lost, or the
+    /// refresh found it gone; [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput)
+    /// when `ttl` is above [`MAX_TTL`](crate::MAX_TTL); the backend's error when the refresh
+    /// or the detach failed, [`ErrorKind::OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown)
+    /// when either got no reply within the refresh timeout.
+    ///
+    /// # Cancel safety
+    /// Dropping the future does not stop it: the work is handed to the refresher task.
+    pub async fn leave_for(self, ttl: Duration) -> Result<Lease> {
+        if ttl > crate::MAX_TTL {
+            // Dropping `self` now releases the lease best-effort, as any dropped guard.
+            return Err(Error::invalid_input(format!(
+                "leave_for: TTL {ttl:?} is above the maximum {:?}",
+                crate::MAX_TTL
+            ))
+            .with_lock(&self.name));
+        }
+        self.leave(Some(ttl.max(crate::MIN_TTL))).await
+    }
+
+    /// Stops refreshing without releasing: the lease expires by the TTL of its last grant
+    /// or refresh. [`leave_for`](Self::leave_for) without the refresh (one call less, for
+    /// a lease just granted with the TTL wanted).
+    ///
+    /// # Contract
+    /// As [`leave_for`](Self::leave_for), except that no refresh is sent: `Ok(lease)`
+    /// once [`LockBackend::detach`](crate::LockBackend::detach) succeeded, the lease
+    /// expiring `lease.ttl()` after its last grant or refresh was sent.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Lost`](crate::ErrorKind::Lost) when the lease had been lost; the
+    /// backend's error when the detach failed.
+    ///
+    /// # Cancel safety
+    /// As [`leave_for`](Self::leave_for).
+    pub async fn detach(self) -> Result<Lease> {
+        self.leave(None).await
+    }
+
+    async fn leave(mut self, ttl: Option<Duration>) -> Result<Lease> {
+        self.released = true;
+        let (reply, outcome) = oneshot::channel();
+        if self.commands.send(Command::Leave(ttl, reply)).is_err() {
+            return Err(self.stopped());
+        }
+        outcome.await.unwrap_or_else(|_| Err(self.stopped()))
+    }
+
     fn stopped(&self) -> Error {
         Error::lost(format!(
             "the lease was lost before release: {}",

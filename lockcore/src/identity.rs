@@ -29,6 +29,13 @@ pub const AUTO_PREFIX: &str = "~auto-";
 /// The longest task suffix accepted, in bytes.
 pub const MAX_TASK_LEN: usize = 128;
 
+/// The prefix of every identity [`Identity::named`] builds. Process identities start with a
+/// host name, which never contains `~`, so a named identity never equals one of them.
+pub const NAMED_PREFIX: &str = "~owner/";
+
+/// The longest owner id [`Identity::named`] accepts, in bytes.
+pub const MAX_NAMED_LEN: usize = 128;
+
 /// The identity of a lease owner. Cheap to clone.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct Identity(Arc<str>);
@@ -87,6 +94,45 @@ impl Identity {
         Ok(Identity(Arc::from(format!("{}/{task}", self.0))))
     }
 
+    /// An identity chosen by the user, the same in every process on every machine that
+    /// names the same `id`: `~owner/ID`. For a lock held across processes (one CI step
+    /// acquires, a later step on another runner verifies or releases).
+    ///
+    /// Same-owner retake makes every holder of the same id the same owner: two jobs that
+    /// pick the same id both get the lock. Choose an id unique to one job run (a CI run id
+    /// and attempt).
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) when `id` is empty,
+    /// longer than [`MAX_NAMED_LEN`] bytes, starts with [`AUTO_PREFIX`], or contains
+    /// whitespace or a control character.
+    pub fn named(id: &str) -> Result<Identity, Error> {
+        if id.is_empty() || id.len() > MAX_NAMED_LEN {
+            return Err(Error::invalid_input(format!(
+                "owner id must be 1 to {MAX_NAMED_LEN} bytes, got {}",
+                id.len()
+            )));
+        }
+        if id.starts_with(AUTO_PREFIX) {
+            return Err(Error::invalid_input(format!(
+                "owner id must not start with {AUTO_PREFIX:?}: that prefix marks generated \
+                 identities"
+            )));
+        }
+        if id.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err(Error::invalid_input(
+                "owner id contains whitespace or a control character; use letters, digits \
+                 and punctuation such as `-`, `_`, `.`, `:`",
+            ));
+        }
+        Ok(Identity(Arc::from(format!("{NAMED_PREFIX}{id}"))))
+    }
+
+    /// The id given to [`Identity::named`], when this identity was built by it.
+    pub fn named_id(&self) -> Option<&str> {
+        self.0.strip_prefix(NAMED_PREFIX)
+    }
+
     /// Rebuilds an identity from its stored string form (as read back from a backend).
     pub fn from_stored(stored: impl Into<Arc<str>>) -> Identity {
         Identity(stored.into())
@@ -97,8 +143,11 @@ impl Identity {
         &self.0
     }
 
-    /// The `host/pid` part, for people.
+    /// The `host/pid` part, for people; a [named](Identity::named) identity whole.
     pub fn host_pid(&self) -> &str {
+        if self.named_id().is_some() {
+            return &self.0;
+        }
         let mut cut = self.0.match_indices('/').map(|(i, _)| i);
         match (cut.next(), cut.next()) {
             (Some(_), Some(second)) => &self.0[..second],
@@ -204,6 +253,32 @@ mod tests {
             random(&parent),
             "the random part is drawn again"
         );
+    }
+
+    #[test]
+    fn a_named_identity_is_the_same_in_every_process_and_never_a_process_one() {
+        let a = Identity::named("ci-run-42:1").expect("valid");
+        assert_eq!(a.as_str(), "~owner/ci-run-42:1");
+        assert_eq!(a, Identity::named("ci-run-42:1").expect("valid"));
+        assert_eq!(a, Identity::from_stored("~owner/ci-run-42:1"));
+        assert_eq!(a.named_id(), Some("ci-run-42:1"));
+        assert_eq!(a.host_pid(), "~owner/ci-run-42:1");
+        assert!(!a.as_str().contains(&std::process::id().to_string()));
+        assert_eq!(Identity::process().named_id(), None);
+        assert_ne!(Identity::named("x").expect("valid"), Identity::unique());
+        assert!(!Identity::process().as_str().starts_with('~'));
+    }
+
+    #[test]
+    fn a_named_identity_is_validated() {
+        assert!(Identity::named("a/b@c.d+e").is_ok());
+        assert!(Identity::named(&"x".repeat(MAX_NAMED_LEN)).is_ok());
+        for bad in ["", "a b", "a\tb", "a\nb", "\u{7f}", "\u{a0}x"] {
+            let err = Identity::named(bad).expect_err(bad);
+            assert_eq!(err.kind(), crate::ErrorKind::InvalidInput, "{bad:?}");
+        }
+        assert!(Identity::named(&"x".repeat(MAX_NAMED_LEN + 1)).is_err());
+        assert!(Identity::named(&format!("{AUTO_PREFIX}1")).is_err());
     }
 
     #[test]

@@ -58,7 +58,7 @@ pub use clock::{Clock, ClockControl};
 pub use error::{Error, ErrorKind, Result, RetryStatus};
 pub use guarantees::{Durability, Exclusion, ExpiryClock, Fairness, Fencing, Guarantees, Waiting};
 pub use guard::LockGuard;
-pub use identity::{AUTO_PREFIX, Identity, MAX_TASK_LEN};
+pub use identity::{AUTO_PREFIX, Identity, MAX_NAMED_LEN, MAX_TASK_LEN, NAMED_PREFIX};
 pub use locker::Locker;
 pub use memory::{Defect, MemoryBackend};
 pub use name::{LockName, MAX_NAME_LEN};

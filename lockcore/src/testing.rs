@@ -175,6 +175,9 @@ impl LockBackend for FaultyBackend {
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.run(Op::Release, self.inner.release(lease)).await
     }
+    async fn detach(&self, lease: &Lease) -> Result<()> {
+        self.inner.detach(lease).await
+    }
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         self.run(Op::Inspect, self.inner.inspect(name)).await
     }

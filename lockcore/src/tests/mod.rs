@@ -8,6 +8,7 @@
 mod acquire;
 mod arithmetic;
 mod clock;
+mod leave;
 mod orphan;
 mod poll;
 mod queue;
