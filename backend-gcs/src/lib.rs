@@ -38,7 +38,11 @@ mod auth;
 mod backend;
 mod client;
 mod config;
+#[cfg(feature = "auth")]
+mod external_account;
 mod object;
+mod renew;
+mod token_command;
 #[cfg(test)]
 mod prop_tests;
 
@@ -46,8 +50,9 @@ pub use auth::{GcsAuth, STORAGE_SCOPE};
 pub use backend::{GcsBackend, default_options, guarantees, validate_options};
 pub use config::{
     DEFAULT_ENDPOINT, DEFAULT_TIMEOUT, EMULATOR_ENV, GcsConfig, MAX_OBJECT_NAME_LEN,
-    MIN_REFRESH_INTERVAL, TOKEN_ENV,
+    MIN_REFRESH_INTERVAL, TOKEN_COMMAND_ENV, TOKEN_ENV,
 };
+pub use token_command::PLAIN_TOKEN_LIFE;
 pub use lockcore;
 
 /// The URL scheme of this backend.
