@@ -95,7 +95,10 @@ impl Authorizer {
                 .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .map_err(|e| {
-                    Error::new(ErrorKind::Config, format!("cannot build the HTTP client: {e}"))
+                    Error::new(
+                        ErrorKind::Config,
+                        format!("cannot build the HTTP client: {e}"),
+                    )
                 })?;
             authorizer.renewing = Some(Renewing::new(source, http, timeout));
         }

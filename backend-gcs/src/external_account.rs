@@ -65,7 +65,10 @@ impl ExternalAccount {
         let client = match field.optional_str("client_id")? {
             Some(id) => Some((
                 id.to_owned(),
-                field.optional_str("client_secret")?.unwrap_or_default().to_owned(),
+                field
+                    .optional_str("client_secret")?
+                    .unwrap_or_default()
+                    .to_owned(),
             )),
             None => None,
         };
@@ -74,13 +77,17 @@ impl ExternalAccount {
             subject_token_type: field.required_str("subject_token_type")?.to_owned(),
             token_url: field.endpoint(
                 "token_url",
-                field.optional_str("token_url")?.unwrap_or(DEFAULT_TOKEN_URL),
+                field
+                    .optional_str("token_url")?
+                    .unwrap_or(DEFAULT_TOKEN_URL),
             )?,
             source: field.source(source)?,
             json_field: field.json_field(source)?,
             impersonation,
             client,
-            user_project: field.optional_str("workforce_pool_user_project")?.map(str::to_owned),
+            user_project: field
+                .optional_str("workforce_pool_user_project")?
+                .map(str::to_owned),
         })
     }
 
@@ -107,8 +114,8 @@ impl ExternalAccount {
             })?,
             SubjectSource::Url { url, headers } => {
                 let reply = http.get(url.clone()).headers(headers.clone()).send().await;
-                let body = answer(reply, "the subject token URL (credential_source.url)", &[])
-                    .await?;
+                let body =
+                    answer(reply, "the subject token URL (credential_source.url)", &[]).await?;
                 String::from_utf8_lossy(&body).into_owned()
             }
         };
@@ -179,7 +186,10 @@ impl ExternalAccount {
                 token: token.to_owned(),
                 life: Duration::from_secs(life),
             }),
-            _ => Err(protocol("the STS token exchange", "access_token and expires_in")),
+            _ => Err(protocol(
+                "the STS token exchange",
+                "access_token and expires_in",
+            )),
         }
     }
 }
@@ -213,7 +223,10 @@ async fn impersonate(
                 .unwrap_or_default()
                 .min(Duration::from_secs(lifetime)),
         }),
-        _ => Err(protocol("generateAccessToken", "accessToken and expireTime")),
+        _ => Err(protocol(
+            "generateAccessToken",
+            "accessToken and expireTime",
+        )),
     }
 }
 
@@ -342,7 +355,12 @@ impl<'a> Fields<'a> {
     }
 
     fn source(&self, source: &Map<String, Value>) -> Result<SubjectSource> {
-        let text = |key: &str| source.get(key).and_then(Value::as_str).filter(|s| !s.is_empty());
+        let text = |key: &str| {
+            source
+                .get(key)
+                .and_then(Value::as_str)
+                .filter(|s| !s.is_empty())
+        };
         for unsupported in ["executable", "environment_id", "aws"] {
             if source.contains_key(unsupported) {
                 return Err(self.error(
@@ -453,12 +471,36 @@ mod tests {
         let cases: [(&str, Value, &str); 8] = [
             ("audience", Value::Null, "field audience"),
             ("subject_token_type", json!(3), "field subject_token_type"),
-            ("token_url", json!("http://sts.example.com/v1/token"), "field token_url"),
-            ("credential_source", json!({"executable": {"command": "x"}}), "credential_source.executable"),
-            ("credential_source", json!({"file": "a", "url": "https://b"}), "credential_source must"),
-            ("credential_source", json!({"file": "a", "format": {"type": "json"}}), "subject_token_field_name"),
-            ("service_account_impersonation", json!({"token_lifetime_seconds": 5}), "token_lifetime_seconds"),
-            ("service_account_impersonation_url", json!("ftp://x"), "service_account_impersonation_url"),
+            (
+                "token_url",
+                json!("http://sts.example.com/v1/token"),
+                "field token_url",
+            ),
+            (
+                "credential_source",
+                json!({"executable": {"command": "x"}}),
+                "credential_source.executable",
+            ),
+            (
+                "credential_source",
+                json!({"file": "a", "url": "https://b"}),
+                "credential_source must",
+            ),
+            (
+                "credential_source",
+                json!({"file": "a", "format": {"type": "json"}}),
+                "subject_token_field_name",
+            ),
+            (
+                "service_account_impersonation",
+                json!({"token_lifetime_seconds": 5}),
+                "token_lifetime_seconds",
+            ),
+            (
+                "service_account_impersonation_url",
+                json!("ftp://x"),
+                "service_account_impersonation_url",
+            ),
         ];
         for (key, value, expected) in cases {
             let mut broken = good();

@@ -41,10 +41,10 @@ mod config;
 #[cfg(feature = "auth")]
 mod external_account;
 mod object;
-mod renew;
-mod token_command;
 #[cfg(test)]
 mod prop_tests;
+mod renew;
+mod token_command;
 
 pub use auth::{GcsAuth, STORAGE_SCOPE};
 pub use backend::{GcsBackend, default_options, guarantees, validate_options};
@@ -52,8 +52,8 @@ pub use config::{
     DEFAULT_ENDPOINT, DEFAULT_TIMEOUT, EMULATOR_ENV, GcsConfig, MAX_OBJECT_NAME_LEN,
     MIN_REFRESH_INTERVAL, TOKEN_COMMAND_ENV, TOKEN_ENV,
 };
-pub use token_command::PLAIN_TOKEN_LIFE;
 pub use lockcore;
+pub use token_command::PLAIN_TOKEN_LIFE;
 
 /// The URL scheme of this backend.
 pub const SCHEMES: &[&str] = &["gs"];

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use lockcore::{Error, Result};
+use lockcore::Result;
 use tokio::sync::Mutex;
 
 /// The most a token is renewed ahead of its expiry: a quarter of its life, at most this.
@@ -25,22 +25,23 @@ pub(crate) enum Source {
 }
 
 impl Source {
+    /// A fresh token within `timeout` (a command that overruns is killed, with what it
+    /// started).
     async fn fetch(&self, http: &reqwest::Client, timeout: Duration) -> Result<Fresh> {
         match self {
             #[cfg(feature = "auth")]
-            Self::External(account) => account.fetch(http).await,
+            Self::External(account) => tokio::time::timeout(timeout, account.fetch(http))
+                .await
+                .map_err(|_| {
+                    lockcore::Error::unavailable(format!(
+                        "getting a workload identity federation token took longer than \
+                         {timeout:?}"
+                    ))
+                })?,
             Self::Command(command) => {
                 let _ = http;
                 crate::token_command::run(command, timeout).await
             }
-        }
-    }
-
-    fn describe(&self) -> &'static str {
-        match self {
-            #[cfg(feature = "auth")]
-            Self::External(_) => "a workload identity federation token",
-            Self::Command(_) => "a token from GCS_TOKEN_COMMAND",
         }
     }
 }
@@ -73,21 +74,16 @@ impl Renewing {
     /// # Errors
     /// The source's errors; [`Unavailable`](lockcore::ErrorKind::Unavailable) when getting
     /// a token takes longer than the request timeout.
+    ///
+    /// # Cancel safety
+    /// Cancelling leaves the cache as it was (a command being run is killed).
     pub(crate) async fn token(&self) -> Result<String> {
         let mut cached = self.cached.lock().await;
         if let Some(c) = cached.as_ref().filter(|c| Instant::now() < c.renew_at) {
             return Ok(c.token.clone());
         }
         let sent = Instant::now();
-        let fresh = tokio::time::timeout(self.timeout, self.source.fetch(&self.http, self.timeout))
-            .await
-            .map_err(|_| {
-                Error::unavailable(format!(
-                    "getting {} took longer than {:?}",
-                    self.source.describe(),
-                    self.timeout
-                ))
-            })??;
+        let fresh = self.source.fetch(&self.http, self.timeout).await?;
         let margin = (fresh.life / 4).min(MAX_RENEW_MARGIN);
         *cached = Some(Cached {
             token: fresh.token.clone(),

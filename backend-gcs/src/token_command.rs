@@ -82,7 +82,9 @@ fn parse_output(stdout: &[u8]) -> Result<Fresh> {
     let bad = |why: &str| {
         Error::new(
             ErrorKind::Config,
-            format!("GCS_TOKEN_COMMAND {why} (expected a token, or JSON {{\"access_token\", \"expires_in\"}}, on stdout)"),
+            format!(
+                "GCS_TOKEN_COMMAND {why} (expected a token, or JSON {{\"access_token\", \"expires_in\"}}, on stdout)"
+            ),
         )
     };
     if stdout.len() > MAX_OUTPUT {
@@ -141,9 +143,15 @@ mod tests {
     #[test]
     fn reads_a_plain_token_or_json() {
         let plain = parse_output(b"  ya29.abc\n").expect("plain");
-        assert_eq!((plain.token.as_str(), plain.life), ("ya29.abc", PLAIN_TOKEN_LIFE));
+        assert_eq!(
+            (plain.token.as_str(), plain.life),
+            ("ya29.abc", PLAIN_TOKEN_LIFE)
+        );
         let json = parse_output(br#"{"access_token":"t1","expires_in":42}"#).expect("json");
-        assert_eq!((json.token.as_str(), json.life), ("t1", Duration::from_secs(42)));
+        assert_eq!(
+            (json.token.as_str(), json.life),
+            ("t1", Duration::from_secs(42))
+        );
     }
 
     #[test]
