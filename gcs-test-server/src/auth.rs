@@ -117,7 +117,12 @@ impl AuthState {
             .and_then(|v| v.to_str().ok());
         match header.and_then(|h| h.strip_prefix("Bearer ")) {
             None => Err(ApiError::anonymous_caller()),
-            Some(token) if self.tokens.get(token).is_some_and(|g| g.storage && g.is_live()) => {
+            Some(token)
+                if self
+                    .tokens
+                    .get(token)
+                    .is_some_and(|g| g.storage && g.is_live()) =>
+            {
                 Ok(())
             }
             Some(_) => Err(ApiError::invalid_credentials()),

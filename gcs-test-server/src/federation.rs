@@ -127,7 +127,10 @@ fn check_exchange<'a>(
     }
     let scope = field("scope");
     if !scope.contains("devstorage") && !scope.contains("cloud-platform") {
-        return Err(("invalid_scope", format!("scope {scope:?} grants no storage access")));
+        return Err((
+            "invalid_scope",
+            format!("scope {scope:?} grants no storage access"),
+        ));
     }
     let audience = field("audience");
     if federation.audience.as_deref() != Some(audience) {

@@ -12,8 +12,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
 use crate::auth::{AuthState, Grant, TOKEN_PATH};
-use crate::federation::{IAM_PREFIX, OIDC_PATH, STS_PATH};
 use crate::fault::{Clock, ClockOffset, Fault, RequestFaults};
+use crate::federation::{IAM_PREFIX, OIDC_PATH, STS_PATH};
 use crate::handler;
 use crate::store::Store;
 
