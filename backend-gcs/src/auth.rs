@@ -158,7 +158,7 @@ impl Authorizer {
         match file.get("type").and_then(serde_json::Value::as_str) {
             Some("external_account") => {
                 crate::external_account::ExternalAccount::parse(&path, &file)
-                    .map(|account| Some(Source::External(account)))
+                    .map(|account| Some(Source::External(Box::new(account))))
             }
             Some("service_account") if given => self.load_service_account(&path).map(|()| None),
             Some("service_account") => Ok(None),

@@ -19,7 +19,7 @@ pub(crate) struct Fresh {
 pub(crate) enum Source {
     /// An `external_account` credential file (workload identity federation).
     #[cfg(feature = "auth")]
-    External(crate::external_account::ExternalAccount),
+    External(Box<crate::external_account::ExternalAccount>),
     /// `sh -c COMMAND`, whose stdout is the token.
     Command(String),
 }
