@@ -143,3 +143,42 @@ fn no_credentials_anywhere_is_one_actionable_line() {
     assert!(text.contains("GOOGLE_APPLICATION_CREDENTIALS"), "{text}");
     assert!(scene.server.requests().is_empty());
 }
+
+/// Issue #17 item 8: `GOOGLE_APPLICATION_CREDENTIALS` names an `external_account` file (as
+/// `google-github-actions/auth` writes it): the CLI reads the subject token file, exchanges
+/// it at the STS endpoint, and runs the command under the lock. No key, no gcloud.
+#[test]
+fn workload_identity_federation_authenticates_the_cli() {
+    let scene = Scene::new();
+    let audience =
+        "//iam.googleapis.com/projects/1/locations/global/workloadIdentityPools/ci/providers/gh";
+    scene
+        .server
+        .trust_workload_identity(audience, "subject-from-ci");
+    let token = scene.home.join("oidc-token");
+    std::fs::write(&token, "subject-from-ci").expect("write token");
+    let file = scene
+        .server
+        .external_account_json(serde_json::json!({ "file": token }));
+    let path = scene.home.join("wif.json");
+    std::fs::write(&path, file.to_string()).expect("write credentials");
+    let out = scene.run(&[(
+        "GOOGLE_APPLICATION_CREDENTIALS",
+        path.to_str().expect("utf-8"),
+    )]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert_eq!(scene.server.token_exchanges(), 1);
+    assert_eq!(
+        scene.server.tokens_granted(),
+        0,
+        "no service-account JWT flow"
+    );
+    let requests = scene.server.requests();
+    assert!(
+        requests
+            .iter()
+            .any(|r| r.method == "DELETE" && r.status == 204),
+        "{requests:?}"
+    );
+    assert!(requests.iter().all(|r| r.status != 401), "{requests:?}");
+}

@@ -1,5 +1,7 @@
-//! How requests authenticate: not at all (emulators), with a bearer token given as is, or
-//! with Google credentials through the `gcp_auth` crate, which caches and renews tokens.
+//! How requests authenticate: not at all (emulators), with a bearer token given as is, with
+//! a token printed by a command (renewed), with workload identity federation (an
+//! `external_account` file; renewed), or with Google credentials through the `gcp_auth`
+//! crate, which caches and renews tokens.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -8,6 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::{Error, ErrorKind, Result};
+
+use crate::renew::{Renewing, Source};
 
 /// The OAuth2 scope the lock needs: read and write objects.
 pub const STORAGE_SCOPE: &str = "https://www.googleapis.com/auth/devstorage.read_write";
@@ -26,8 +30,16 @@ pub enum GcsAuth {
     /// (`gcloud auth application-default login`), the metadata server (on Google Cloud),
     /// and the `gcloud` CLI on `PATH`. Tokens are cached and renewed before they expire.
     Google,
-    /// A service-account JSON key file. Its tokens are cached and renewed.
+    /// A credentials file, read when the backend is built; its `type` decides: a
+    /// service-account key (`service_account`) or a workload identity federation
+    /// configuration (`external_account`, as `google-github-actions/auth` writes it). The
+    /// same detection applies to `GOOGLE_APPLICATION_CREDENTIALS` under
+    /// [`Google`](Self::Google). Tokens are cached and renewed.
     ServiceAccountKey(PathBuf),
+    /// `sh -c COMMAND` prints the token (or JSON `{"access_token","expires_in"}`); it runs
+    /// again before the token is due (every 5 minutes for a plain token) and after GCS
+    /// answered 401. `Debug` does not show the command.
+    TokenCommand(String),
 }
 
 impl fmt::Debug for GcsAuth {
@@ -39,6 +51,7 @@ impl fmt::Debug for GcsAuth {
             Self::ServiceAccountKey(path) => {
                 f.debug_tuple("ServiceAccountKey").field(path).finish()
             }
+            Self::TokenCommand(_) => f.write_str("TokenCommand(***)"),
         }
     }
 }
@@ -50,23 +63,58 @@ pub(crate) struct Authorizer {
     timeout: Duration,
     #[cfg(feature = "auth")]
     provider: tokio::sync::OnceCell<Arc<dyn gcp_auth::TokenProvider>>,
+    /// Tokens this crate renews itself: a token command or an `external_account` file.
+    renewing: Option<Renewing>,
 }
 
 impl Authorizer {
-    /// Reads a key file at once, so a missing or malformed key fails at construction.
+    /// Reads a credentials file at once (the one given, or the one
+    /// `GOOGLE_APPLICATION_CREDENTIALS` names), so a missing or malformed file fails at
+    /// construction.
     ///
     /// # Errors
-    /// [`ErrorKind::Config`] for an unreadable key file, or Google auth in a build without
-    /// the `auth` feature.
+    /// [`ErrorKind::Config`] for an unreadable or malformed credentials file (naming the
+    /// field, never a value), an unsupported credential `type`, or Google auth in a build
+    /// without the `auth` feature.
     pub(crate) fn new(auth: GcsAuth, timeout: Duration) -> Result<Self> {
-        let authorizer = Self {
+        let mut authorizer = Self {
             auth,
             timeout,
             #[cfg(feature = "auth")]
             provider: tokio::sync::OnceCell::new(),
+            renewing: None,
         };
-        authorizer.load_key_file()?;
+        let source = match &authorizer.auth {
+            GcsAuth::TokenCommand(command) => Some(Source::Command(command.clone())),
+            _ => authorizer.load_key_file()?,
+        };
+        if let Some(source) = source {
+            let http = reqwest::Client::builder()
+                .timeout(timeout)
+                .connect_timeout(timeout)
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .map_err(|e| {
+                    Error::new(
+                        ErrorKind::Config,
+                        format!("cannot build the HTTP client: {e}"),
+                    )
+                })?;
+            authorizer.renewing = Some(Renewing::new(source, http, timeout));
+        }
         Ok(authorizer)
+    }
+
+    /// Whether a refused token can be replaced by another (so a 401 is worth one resend).
+    pub(crate) fn renews(&self) -> bool {
+        self.renewing.is_some()
+    }
+
+    /// Drops `token` from the cache after GCS refused it.
+    pub(crate) async fn forget(&self, token: &str) {
+        if let Some(renewing) = &self.renewing {
+            renewing.forget(token).await;
+        }
     }
 
     /// The token to send, or `None` without auth.
@@ -76,18 +124,58 @@ impl Authorizer {
     /// [`ErrorKind::Unavailable`] when the token endpoint fails or does not answer within
     /// the request timeout (temporary: no write was sent).
     pub(crate) async fn bearer(&self) -> Result<Option<String>> {
+        if let Some(renewing) = &self.renewing {
+            return renewing.token().await.map(Some);
+        }
         match &self.auth {
             GcsAuth::None => Ok(None),
             GcsAuth::AccessToken(token) => Ok(Some(token.clone())),
-            GcsAuth::Google | GcsAuth::ServiceAccountKey(_) => self.fetch().await.map(Some),
+            GcsAuth::Google | GcsAuth::ServiceAccountKey(_) | GcsAuth::TokenCommand(_) => {
+                self.fetch().await.map(Some)
+            }
+        }
+    }
+
+    /// Reads the credentials file and decides by its `type`: a service-account key goes
+    /// to gcp_auth, an `external_account` file becomes a source this crate renews.
+    /// Under [`GcsAuth::Google`] an unreadable `GOOGLE_APPLICATION_CREDENTIALS` file is
+    /// left to gcp_auth's chain, which reports it.
+    #[cfg(feature = "auth")]
+    fn load_key_file(&self) -> Result<Option<Source>> {
+        let (path, given) = match &self.auth {
+            GcsAuth::ServiceAccountKey(path) => (path.clone(), true),
+            GcsAuth::Google => match std::env::var_os("GOOGLE_APPLICATION_CREDENTIALS") {
+                Some(path) if !path.is_empty() => (PathBuf::from(path), false),
+                _ => return Ok(None),
+            },
+            _ => return Ok(None),
+        };
+        let file = match read_credentials(&path) {
+            Ok(file) => file,
+            Err(_) if !given => return Ok(None),
+            Err(e) => return Err(e),
+        };
+        match file.get("type").and_then(serde_json::Value::as_str) {
+            Some("external_account") => {
+                crate::external_account::ExternalAccount::parse(&path, &file)
+                    .map(|account| Some(Source::External(Box::new(account))))
+            }
+            Some("service_account") if given => self.load_service_account(&path).map(|()| None),
+            Some("service_account") => Ok(None),
+            other => Err(Error::new(
+                ErrorKind::Config,
+                format!(
+                    "the credentials file {}: field type is {:?}; supported: service_account \
+                     (a key), external_account (workload identity federation)",
+                    path.display(),
+                    crate::renew::shorten(other.unwrap_or("missing"), 40)
+                ),
+            )),
         }
     }
 
     #[cfg(feature = "auth")]
-    fn load_key_file(&self) -> Result<()> {
-        let GcsAuth::ServiceAccountKey(path) = &self.auth else {
-            return Ok(());
-        };
+    fn load_service_account(&self, path: &std::path::Path) -> Result<()> {
         let account = gcp_auth::CustomServiceAccount::from_file(path).map_err(|e| {
             Error::new(
                 ErrorKind::Config,
@@ -104,9 +192,9 @@ impl Authorizer {
     }
 
     #[cfg(not(feature = "auth"))]
-    fn load_key_file(&self) -> Result<()> {
+    fn load_key_file(&self) -> Result<Option<Source>> {
         match self.auth {
-            GcsAuth::None | GcsAuth::AccessToken(_) => Ok(()),
+            GcsAuth::None | GcsAuth::AccessToken(_) | GcsAuth::TokenCommand(_) => Ok(None),
             _ => Err(no_auth_feature()),
         }
     }
@@ -143,6 +231,24 @@ impl Authorizer {
     #[cfg(not(feature = "auth"))]
     async fn fetch(&self) -> Result<String> {
         Err(no_auth_feature())
+    }
+}
+
+/// A credentials file as a JSON object.
+#[cfg(feature = "auth")]
+fn read_credentials(path: &std::path::Path) -> Result<serde_json::Map<String, serde_json::Value>> {
+    let config = |why: String| {
+        Error::new(
+            ErrorKind::Config,
+            format!("cannot use the credentials file {}: {why}", path.display()),
+        )
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| config(e.to_string()))?;
+    match serde_json::from_str(&text) {
+        Ok(serde_json::Value::Object(file)) => Ok(file),
+        // serde_json's message names a line and column, never the text.
+        Ok(_) => Err(config("it is not a JSON object".to_owned())),
+        Err(e) => Err(config(format!("it is not JSON ({e})"))),
     }
 }
 

@@ -375,8 +375,13 @@ fn identity(auth: &crate::GcsAuth) -> Option<String> {
         crate::GcsAuth::None => None,
         crate::GcsAuth::AccessToken(_) => Some("an OAuth access token (bearer)".to_owned()),
         crate::GcsAuth::Google => Some("Google application-default credentials".to_owned()),
-        crate::GcsAuth::ServiceAccountKey(path) => {
-            Some(format!("the service account in {} (OAuth)", path.display()))
+        crate::GcsAuth::ServiceAccountKey(path) => Some(format!(
+            "the credentials in {} (a service-account key or workload identity federation; \
+             OAuth)",
+            path.display()
+        )),
+        crate::GcsAuth::TokenCommand(_) => {
+            Some("an OAuth access token from GCS_TOKEN_COMMAND (bearer, renewed)".to_owned())
         }
     }
 }

@@ -185,14 +185,42 @@ impl GcsClient {
         )
     }
 
-    async fn send(&self, mut request: RequestBuilder, call: Call) -> Result<Answer> {
-        if let Some(token) = self.auth.bearer().await? {
+    async fn send(&self, request: RequestBuilder, call: Call) -> Result<Answer> {
+        // A renewable token GCS refuses (revoked, or expired early) is replaced and the
+        // call sent once more: a 401 changed nothing, so resending is safe.
+        let resend = if self.auth.renews() {
+            request.try_clone()
+        } else {
+            None
+        };
+        let (mut response, token) = self.dispatch(request, call).await?;
+        if response.status() == StatusCode::UNAUTHORIZED
+            && let (Some(resend), Some(token)) = (resend, token)
+        {
+            self.auth.forget(&token).await;
+            response = self.dispatch(resend, call).await?.0;
+        }
+        self.answer(response, call).await
+    }
+
+    /// Sends `request` with the current token; returns the reply and the token sent.
+    async fn dispatch(
+        &self,
+        mut request: RequestBuilder,
+        call: Call,
+    ) -> Result<(reqwest::Response, Option<String>)> {
+        let token = self.auth.bearer().await?;
+        if let Some(token) = &token {
             request = request.bearer_auth(token);
         }
         let response = request
             .send()
             .await
             .map_err(|e| map_error(Failure::Transport(e), call))?;
+        Ok((response, token))
+    }
+
+    async fn answer(&self, response: reqwest::Response, call: Call) -> Result<Answer> {
         let date = response
             .headers()
             .get(reqwest::header::DATE)

@@ -17,6 +17,9 @@ pub const MAX_OBJECT_NAME_LEN: usize = 1024;
 pub const EMULATOR_ENV: &str = "STORAGE_EMULATOR_HOST";
 /// Environment variable holding an OAuth2 bearer token for real GCS.
 pub const TOKEN_ENV: &str = "GCS_ACCESS_TOKEN";
+/// Environment variable holding a shell command that prints a bearer token, run again to
+/// renew it ([`GcsAuth::TokenCommand`]).
+pub const TOKEN_COMMAND_ENV: &str = "GCS_TOKEN_COMMAND";
 /// The shortest refresh interval real GCS sustains: about one mutation per second per
 /// object.
 pub const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
@@ -36,8 +39,10 @@ pub struct GcsConfig {
 
 impl GcsConfig {
     /// A configuration for `bucket` on real GCS with an empty prefix, reading
-    /// [`EMULATOR_ENV`] and [`TOKEN_ENV`] from the environment. Auth: none with an
-    /// emulator, else the token in [`TOKEN_ENV`] when set, else [`GcsAuth::Google`].
+    /// [`EMULATOR_ENV`], [`TOKEN_COMMAND_ENV`] and [`TOKEN_ENV`] from the environment.
+    /// Auth: none with an emulator, else the command in [`TOKEN_COMMAND_ENV`] when set (it
+    /// renews, so it wins), else the token in [`TOKEN_ENV`] when set, else
+    /// [`GcsAuth::Google`].
     ///
     /// # Errors
     /// [`InvalidInput`](lockcore::ErrorKind::InvalidInput) for a bad bucket name.
@@ -46,12 +51,18 @@ impl GcsConfig {
         validate_bucket(&bucket)?;
         let emulator = std::env::var(EMULATOR_ENV).ok().filter(|v| !v.is_empty());
         let token = std::env::var(TOKEN_ENV).ok().filter(|v| !v.is_empty());
+        let command = token_command();
+        let auth = match (command, token) {
+            (Some(command), _) => GcsAuth::TokenCommand(command),
+            (None, Some(token)) => GcsAuth::AccessToken(token),
+            (None, None) => GcsAuth::Google,
+        };
         let config = Self {
             endpoint: DEFAULT_ENDPOINT.to_owned(),
             bucket,
             prefix: String::new(),
             timeout: DEFAULT_TIMEOUT,
-            auth: token.map_or(GcsAuth::Google, GcsAuth::AccessToken),
+            auth,
             min_refresh: MIN_REFRESH_INTERVAL,
         };
         match emulator {
@@ -64,13 +75,16 @@ impl GcsConfig {
     ///
     /// The object of lock `name` is `prefix + name` (`gs://b/locks/` gives `locks/NAME`).
     /// An `endpoint` parameter (or [`EMULATOR_ENV`]) points at an emulator, without auth.
-    /// `auth` overrides the auth mode: `none`, `google` (the credential chain), or `token`
-    /// (the token in [`TOKEN_ENV`]); `credentials=PATH` uses a service-account key file.
+    /// `auth` overrides the auth mode: `none`, `google` (the credential chain), `token`
+    /// (the token in [`TOKEN_ENV`]) or `command` (the command in [`TOKEN_COMMAND_ENV`]: a
+    /// command never goes in the URL, which is shown in logs); `credentials=PATH` uses a
+    /// credentials file (a service-account key or an `external_account` file).
     /// Unknown parameters are rejected.
     ///
     /// # Errors
     /// [`InvalidInput`](lockcore::ErrorKind::InvalidInput) for another scheme, a bad bucket,
-    /// prefix or parameter, or `auth=token` without [`TOKEN_ENV`].
+    /// prefix or parameter, `auth=token` without [`TOKEN_ENV`], or `auth=command` without
+    /// [`TOKEN_COMMAND_ENV`].
     pub fn from_url(url: &str) -> Result<Self> {
         let rest = url
             .trim()
@@ -243,10 +257,23 @@ fn parse_auth(value: &str) -> Result<GcsAuth> {
             .filter(|t| !t.is_empty())
             .map(GcsAuth::AccessToken)
             .ok_or_else(|| Error::invalid_input(format!("auth=token needs {TOKEN_ENV} set"))),
+        "command" => token_command().map(GcsAuth::TokenCommand).ok_or_else(|| {
+            Error::invalid_input(format!(
+                "auth=command needs {TOKEN_COMMAND_ENV} set to a command that prints a token"
+            ))
+        }),
         other => Err(Error::invalid_input(format!(
-            "unknown GCS auth mode {other:?} (known: none, google, token; or credentials=PATH)"
+            "unknown GCS auth mode {other:?} (known: none, google, token, command; or \
+             credentials=PATH)"
         ))),
     }
+}
+
+/// The command in [`TOKEN_COMMAND_ENV`], when set and not blank.
+fn token_command() -> Option<String> {
+    std::env::var(TOKEN_COMMAND_ENV)
+        .ok()
+        .filter(|c| !c.trim().is_empty())
 }
 
 /// GCS object naming rules (cloud.google.com/storage/docs/objects#naming).

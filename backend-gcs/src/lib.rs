@@ -10,12 +10,16 @@
 //! See `docs/gcs.md` for the algorithm, costs, auth and limits.
 //!
 //! # URLs and auth
-//! `gs://bucket/prefix[?endpoint=URL&auth=none|google|token&credentials=PATH&timeout_ms=N]`.
+//! `gs://bucket/prefix[?endpoint=URL&auth=none|google|token|command&credentials=PATH&timeout_ms=N]`.
 //! `endpoint` (or `STORAGE_EMULATOR_HOST`) names an emulator, talked to without auth.
 //! Otherwise requests go to `https://storage.googleapis.com` authenticated by
-//! [`GcsAuth`]: the token in `GCS_ACCESS_TOKEN` if set, else Google's credential chain
+//! [`GcsAuth`]: the command in `GCS_TOKEN_COMMAND` if set (renewed), else the token in
+//! `GCS_ACCESS_TOKEN` if set, else Google's credential chain
 //! through `gcp_auth` (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud application-default
-//! credentials, the metadata server, the gcloud CLI; feature `auth`, on by default).
+//! credentials, the metadata server, the gcloud CLI; feature `auth`, on by default). A
+//! credentials file of `type` `external_account` (workload identity federation, as
+//! `google-github-actions/auth` writes it) is handled by this crate: STS exchange, optional
+//! service-account impersonation, renewal.
 //! `Debug`/`Display` never show a token.
 //!
 //! # Example
@@ -38,17 +42,22 @@ mod auth;
 mod backend;
 mod client;
 mod config;
+#[cfg(feature = "auth")]
+mod external_account;
 mod object;
 #[cfg(test)]
 mod prop_tests;
+mod renew;
+mod token_command;
 
 pub use auth::{GcsAuth, STORAGE_SCOPE};
 pub use backend::{GcsBackend, default_options, guarantees, validate_options};
 pub use config::{
     DEFAULT_ENDPOINT, DEFAULT_TIMEOUT, EMULATOR_ENV, GcsConfig, MAX_OBJECT_NAME_LEN,
-    MIN_REFRESH_INTERVAL, TOKEN_ENV,
+    MIN_REFRESH_INTERVAL, TOKEN_COMMAND_ENV, TOKEN_ENV,
 };
 pub use lockcore;
+pub use token_command::PLAIN_TOKEN_LIFE;
 
 /// The URL scheme of this backend.
 pub const SCHEMES: &[&str] = &["gs"];

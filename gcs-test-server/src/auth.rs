@@ -8,9 +8,12 @@
 //! `scope`, `aud` equal to this endpoint's URL, and `iat < exp <= iat + 1 h`.
 //! It does not verify the signature: the server never sees the public key.
 //! With auth required, API requests without a granted (or allowed) bearer
-//! token get GCS's 401.
+//! token get GCS's 401, and so do requests with a token past its lifetime
+//! (see [`AuthState::lifetime`]). Workload identity federation's endpoints
+//! live in `federation.rs` and grant tokens through [`AuthState::grant`].
 
-use std::collections::HashSet;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -22,19 +25,87 @@ use crate::handler::{Body, ReadRequest, json_response};
 
 /// The token endpoint's path.
 pub(crate) const TOKEN_PATH: &str = "/token";
-/// How long a granted token lives, as Google reports it.
-const EXPIRES_IN: u64 = 3599;
+/// How long a granted token lives by default, as Google reports it.
+pub(crate) const DEFAULT_LIFETIME: Duration = Duration::from_secs(3599);
 const JWT_BEARER: &str = "urn:ietf:params:oauth:grant-type:jwt-bearer";
 
+/// What a bearer token is good for, and until when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Grant {
+    /// `None`: never expires (a token passed to `allow_token`).
+    pub(crate) expires: Option<Instant>,
+    /// Whether the storage API accepts it; a federated token of a pool whose
+    /// principal must impersonate a service account is good only for that.
+    pub(crate) storage: bool,
+    /// Whether it may call the IAM credentials API (a federated token).
+    pub(crate) federated: bool,
+}
+
+impl Grant {
+    pub(crate) fn is_live(&self) -> bool {
+        self.expires.is_none_or(|at| Instant::now() < at)
+    }
+}
+
 /// Which bearer tokens the server accepts, and whether it asks for one.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct AuthState {
     pub(crate) required: bool,
-    pub(crate) tokens: HashSet<String>,
+    pub(crate) tokens: HashMap<String, Grant>,
+    /// Tokens granted by `POST /token` (service-account keys).
     pub(crate) granted: u64,
+    /// Every token granted by any endpoint, for unique names.
+    pub(crate) sequence: u64,
+    /// The lifetime of tokens granted from now on.
+    pub(crate) lifetime: Duration,
+    pub(crate) federation: crate::federation::Federation,
+}
+
+impl Default for AuthState {
+    fn default() -> Self {
+        Self {
+            required: false,
+            tokens: HashMap::new(),
+            granted: 0,
+            sequence: 0,
+            lifetime: DEFAULT_LIFETIME,
+            federation: crate::federation::Federation::default(),
+        }
+    }
 }
 
 impl AuthState {
+    /// Grants a fresh token named `kind-N` living `lifetime` (capped by the
+    /// server's), and returns it with that lifetime.
+    pub(crate) fn grant(
+        &mut self,
+        kind: &str,
+        lifetime: Option<Duration>,
+        storage: bool,
+        federated: bool,
+    ) -> (String, Duration) {
+        self.sequence += 1;
+        let token = format!("gcs-test-{kind}-{}", self.sequence);
+        let lifetime = lifetime.map_or(self.lifetime, |l| l.min(self.lifetime));
+        let grant = Grant {
+            expires: Some(Instant::now() + lifetime),
+            storage,
+            federated,
+        };
+        self.tokens.insert(token.clone(), grant);
+        (token, lifetime)
+    }
+
+    /// The live grant of `Authorization: Bearer <token>`, if any.
+    pub(crate) fn bearer(&self, request: &ReadRequest) -> Option<Grant> {
+        let token = request
+            .headers
+            .get(hyper::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|h| h.strip_prefix("Bearer "))?;
+        self.tokens.get(token).copied().filter(Grant::is_live)
+    }
+
     /// `Ok` when the request may proceed; GCS's 401 otherwise.
     pub(crate) fn check(&self, request: &ReadRequest) -> Result<(), ApiError> {
         if !self.required {
@@ -46,7 +117,14 @@ impl AuthState {
             .and_then(|v| v.to_str().ok());
         match header.and_then(|h| h.strip_prefix("Bearer ")) {
             None => Err(ApiError::anonymous_caller()),
-            Some(token) if self.tokens.contains(token) => Ok(()),
+            Some(token)
+                if self
+                    .tokens
+                    .get(token)
+                    .is_some_and(|g| g.storage && g.is_live()) =>
+            {
+                Ok(())
+            }
             Some(_) => Err(ApiError::invalid_credentials()),
         }
     }
@@ -88,11 +166,10 @@ impl AuthState {
             }
         }
         self.granted += 1;
-        let token = format!("gcs-test-token-{}", self.granted);
-        self.tokens.insert(token.clone());
+        let (token, lifetime) = self.grant("token", None, true, false);
         json_response(
             StatusCode::OK,
-            &json!({ "access_token": token, "expires_in": EXPIRES_IN, "token_type": "Bearer" }),
+            &json!({ "access_token": token, "expires_in": whole_seconds(lifetime), "token_type": "Bearer" }),
         )
     }
 }
@@ -128,7 +205,13 @@ fn check_claims(assertion: &str, token_url: &str) -> Result<(), String> {
     }
 }
 
-fn oauth_error(status: StatusCode, error: &str, description: &str) -> Response<Body> {
+/// A lifetime as OAuth2's `expires_in`: whole seconds, at least 1.
+pub(crate) fn whole_seconds(lifetime: Duration) -> u64 {
+    lifetime.as_secs().max(1)
+}
+
+/// An OAuth2 error reply: `{"error","error_description"}`.
+pub(crate) fn oauth_error(status: StatusCode, error: &str, description: &str) -> Response<Body> {
     json_response(
         status,
         &json!({ "error": error, "error_description": description }),

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::error::ApiError;
 use crate::server::{RequestRecord, Shared};
-use crate::{admin, api, auth};
+use crate::{admin, api, auth, federation};
 
 /// A response body.
 pub(crate) type Body = Full<Bytes>;
@@ -62,6 +62,8 @@ pub(crate) async fn handle(
     } else if request.path == auth::TOKEN_PATH {
         let url = format!("{}{}", shared.base_url, auth::TOKEN_PATH);
         shared.auth().token(&request, &url)
+    } else if let Some(response) = federation::handle(&mut shared.auth(), &request) {
+        response
     } else {
         let response = api_request(&shared, &request).await;
         if shared.faults().take_lost_reply() {

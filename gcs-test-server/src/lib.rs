@@ -8,7 +8,9 @@
 //! (`ifGenerationMatch`, `ifGenerationNotMatch`, `ifMetagenerationMatch`,
 //! `ifMetagenerationNotMatch`) with GCS's 412 and 404 behaviour; strictly
 //! increasing string-typed generations; a `Date` header on every response;
-//! optionally, OAuth2 bearer tokens granted by its own token endpoint.
+//! optionally, OAuth2 bearer tokens granted by its own token endpoint, with
+//! workload identity federation's STS exchange and service-account
+//! impersonation, and a token lifetime tests can shorten.
 //! See `docs/gcs-test-server.md` for what it leaves out and how it differs
 //! from fake-gcs-server.
 //!
@@ -29,6 +31,7 @@ mod api;
 mod auth;
 mod error;
 mod fault;
+mod federation;
 mod handler;
 mod multipart;
 mod precondition;

@@ -11,8 +11,9 @@ use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::auth::{AuthState, TOKEN_PATH};
+use crate::auth::{AuthState, Grant, TOKEN_PATH};
 use crate::fault::{Clock, ClockOffset, Fault, RequestFaults};
+use crate::federation::{IAM_PREFIX, OIDC_PATH, STS_PATH};
 use crate::handler;
 use crate::store::Store;
 
@@ -188,7 +189,12 @@ impl GcsTestServer {
     /// Accepts `token` as a bearer token (a static token, as from
     /// `gcloud auth print-access-token`).
     pub fn allow_token(&self, token: &str) {
-        self.shared.auth().tokens.insert(token.to_owned());
+        let grant = Grant {
+            expires: None,
+            storage: true,
+            federated: false,
+        };
+        self.shared.auth().tokens.insert(token.to_owned(), grant);
     }
 
     /// The OAuth2 token endpoint's URL, for a service-account key's
@@ -231,6 +237,93 @@ impl GcsTestServer {
     /// How many tokens the token endpoint has granted.
     pub fn tokens_granted(&self) -> u64 {
         self.shared.auth().granted
+    }
+
+    /// Grants every token from now on (service-account, STS and impersonated)
+    /// with this lifetime, reported in whole seconds (default 3599 s), so a
+    /// test can watch a client renew a token within seconds. A token past its
+    /// lifetime gets GCS's 401.
+    pub fn set_token_lifetime(&self, lifetime: Duration) {
+        self.shared.auth().lifetime = lifetime;
+    }
+
+    /// Forgets every token granted or allowed so far: the next API call with
+    /// one gets 401, as after a revocation.
+    pub fn revoke_tokens(&self) {
+        self.shared.auth().tokens.clear();
+    }
+
+    /// Trusts a workload identity pool provider: the STS endpoint exchanges
+    /// `subject_token` for `audience`, and its tokens work on the storage API
+    /// unless [`require_impersonation`](Self::require_impersonation) is set.
+    /// Calling it again rotates the subject token: the old one is refused.
+    pub fn trust_workload_identity(&self, audience: &str, subject_token: &str) {
+        let mut auth = self.shared.auth();
+        auth.federation.audience = Some(audience.to_owned());
+        auth.federation.subject_token = Some(subject_token.to_owned());
+    }
+
+    /// Makes federated tokens good only for impersonating `service_account`
+    /// (an email) through [`impersonation_url`](Self::impersonation_url), as
+    /// when the pool's principal has no bucket role of its own.
+    pub fn require_impersonation(&self, service_account: &str) {
+        self.shared.auth().federation.service_account = Some(service_account.to_owned());
+    }
+
+    /// Serves the current subject token at [`oidc_url`](Self::oidc_url) to
+    /// callers with `Authorization: Bearer <request_token>`, as GitHub's
+    /// `ACTIONS_ID_TOKEN_REQUEST_URL` does.
+    pub fn serve_subject_token(&self, request_token: &str) {
+        self.shared.auth().federation.oidc_request_token = Some(request_token.to_owned());
+    }
+
+    /// The STS token-exchange endpoint's URL (an `external_account` file's
+    /// `token_url`).
+    pub fn sts_url(&self) -> String {
+        format!("{}{STS_PATH}", self.shared.base_url)
+    }
+
+    /// The generateAccessToken URL for `service_account` (an
+    /// `external_account` file's `service_account_impersonation_url`).
+    pub fn impersonation_url(&self, service_account: &str) -> String {
+        format!(
+            "{}{IAM_PREFIX}{service_account}:generateAccessToken",
+            self.shared.base_url
+        )
+    }
+
+    /// The OIDC endpoint's URL (a `url` credential source).
+    pub fn oidc_url(&self) -> String {
+        format!("{}{OIDC_PATH}", self.shared.base_url)
+    }
+
+    /// An `external_account` credential file for the trusted provider (see
+    /// [`trust_workload_identity`](Self::trust_workload_identity)) with this
+    /// `credential_source`, impersonating the required service account if
+    /// any, as `google-github-actions/auth` writes it.
+    pub fn external_account_json(&self, credential_source: Value) -> Value {
+        let auth = self.shared.auth();
+        let mut file = json!({
+            "type": "external_account",
+            "audience": auth.federation.audience.clone().unwrap_or_default(),
+            "subject_token_type": "urn:ietf:params:oauth:token-type:jwt",
+            "token_url": self.sts_url(),
+            "credential_source": credential_source,
+        });
+        if let Some(account) = &auth.federation.service_account {
+            file["service_account_impersonation_url"] = json!(self.impersonation_url(account));
+        }
+        file
+    }
+
+    /// How many subject tokens the STS endpoint has exchanged.
+    pub fn token_exchanges(&self) -> u64 {
+        self.shared.auth().federation.exchanges
+    }
+
+    /// How many service-account tokens generateAccessToken has issued.
+    pub fn impersonations(&self) -> u64 {
+        self.shared.auth().federation.impersonations
     }
 
     /// Every API request so far, in the order they completed.

@@ -1,0 +1,373 @@
+//! Workload identity federation and the token command, end to end against the test server
+//! with auth required: its STS endpoint exchanges the subject token, its IAM endpoint
+//! impersonates a service account, and tokens it grants expire within seconds here, so
+//! renewal during a held lock is exercised. Issue #17 item 8.
+
+#![cfg(feature = "auth")]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backend_gcs::{GcsAuth, GcsBackend, GcsConfig};
+use common::Gcs;
+use lockcore::{ErrorKind, Health, LockOptions, Locker};
+use serde_json::{Value, json};
+
+const AUDIENCE: &str =
+    "//iam.googleapis.com/projects/1/locations/global/workloadIdentityPools/ci/providers/github";
+const SUBJECT: &str = "eyJhbGciOiJSUzI1NiJ9.c3ViamVjdC1vbmU.U0lHTkFUVVJF";
+const SA: &str = "locks@anylock-test.iam.gserviceaccount.com";
+
+/// A scratch directory removed on drop.
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(tag: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "anylock-gcs-wif-{tag}-{}-{}",
+            std::process::id(),
+            lockcore::Identity::unique().as_str().replace('/', "_")
+        ));
+        std::fs::create_dir_all(&dir).expect("scratch dir");
+        Self(dir)
+    }
+
+    fn write(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.join(name);
+        // Written beside and renamed over, as a rotating token file is.
+        let tmp = self.0.join(format!(".{name}.tmp"));
+        std::fs::write(&tmp, text).expect("write");
+        std::fs::rename(&tmp, &path).expect("rename");
+        path
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn backend(gcs: &Gcs, auth: GcsAuth, timeout: Duration) -> lockcore::Result<GcsBackend> {
+    let config = GcsConfig::new(&gcs.bucket)?
+        .with_endpoint(&gcs.server.url())?
+        .with_prefix(&gcs.prefix)?
+        .with_timeout(timeout)
+        .with_min_refresh_interval(Duration::from_millis(100))
+        .with_auth(auth);
+    GcsBackend::new(config)
+}
+
+/// A locker whose leases refresh every 375 ms (TTL 3 s).
+fn locker(backend: GcsBackend) -> Locker {
+    Locker::new(Arc::new(backend)).with_options(LockOptions::new(Duration::from_secs(3)))
+}
+
+/// A server trusting the provider, with auth required, and a credential file for it.
+async fn federated(scratch: &Scratch, source: Value) -> (Gcs, PathBuf) {
+    let gcs = Gcs::start().await;
+    gcs.server.require_auth();
+    gcs.server.trust_workload_identity(AUDIENCE, SUBJECT);
+    let file = gcs.server.external_account_json(source);
+    let path = scratch.write("wif.json", &file.to_string());
+    (gcs, path)
+}
+
+async fn one_cycle(gcs: &Gcs, path: &Path) {
+    let auth = GcsAuth::ServiceAccountKey(path.to_owned());
+    let locker = locker(backend(gcs, auth, Duration::from_secs(5)).expect("credentials"));
+    let guard = locker.acquire("wif").await.expect("authorised");
+    guard.release().await.expect("released");
+    let statuses: Vec<u16> = gcs.server.requests().iter().map(|r| r.status).collect();
+    assert_eq!(statuses, [200, 204]);
+}
+
+/// A file source in text format (the subject token as is) and in json format.
+#[tokio::test]
+async fn a_file_source_in_text_and_json_format_authenticates() {
+    let scratch = Scratch::new("file");
+    let token = scratch.write("token", &format!("{SUBJECT}\n"));
+    let (gcs, path) = federated(&scratch, json!({ "file": token })).await;
+    one_cycle(&gcs, &path).await;
+    assert_eq!(gcs.server.token_exchanges(), 1, "one exchange, cached");
+
+    let token = scratch.write("token.json", &json!({ "value": SUBJECT }).to_string());
+    let source =
+        json!({ "file": token, "format": { "type": "json", "subject_token_field_name": "value" } });
+    let (gcs, path) = federated(&scratch, source).await;
+    one_cycle(&gcs, &path).await;
+    assert_eq!(gcs.server.token_exchanges(), 1);
+}
+
+/// GitHub's shape: the subject token comes from a URL that needs its own bearer header.
+#[tokio::test]
+async fn a_url_source_with_headers_authenticates() {
+    let scratch = Scratch::new("url");
+    let (gcs, _) = federated(&scratch, Value::Null).await;
+    gcs.server.serve_subject_token("gh-request-token");
+    let file = gcs.server.external_account_json(json!({
+        "url": gcs.server.oidc_url(),
+        "headers": { "Authorization": "Bearer gh-request-token" },
+        "format": { "type": "json", "subject_token_field_name": "value" },
+    }));
+    let path = scratch.write("wif.json", &file.to_string());
+    one_cycle(&gcs, &path).await;
+    assert_eq!(gcs.server.token_exchanges(), 1);
+}
+
+/// With `service_account_impersonation_url` the federated token (refused by the storage
+/// API here) buys a service account's token, which authorises the calls.
+#[tokio::test]
+async fn impersonation_turns_the_federated_token_into_the_service_accounts() {
+    let scratch = Scratch::new("sa");
+    let token = scratch.write("token", SUBJECT);
+    let gcs = Gcs::start().await;
+    gcs.server.require_auth();
+    gcs.server.trust_workload_identity(AUDIENCE, SUBJECT);
+    gcs.server.require_impersonation(SA);
+    let mut file = gcs.server.external_account_json(json!({ "file": token }));
+    file["service_account_impersonation"] = json!({ "token_lifetime_seconds": 600 });
+    let path = scratch.write("wif.json", &file.to_string());
+    one_cycle(&gcs, &path).await;
+    assert_eq!(
+        (gcs.server.token_exchanges(), gcs.server.impersonations()),
+        (1, 1)
+    );
+}
+
+/// Tokens living 2 s expire several times while a lease is held: each is renewed before
+/// it lapses (no 401), the rotated subject token file is read again at renewal, and the
+/// lease stays healthy throughout.
+#[tokio::test]
+async fn tokens_expiring_during_a_held_lock_are_renewed_and_the_rotated_file_reread() {
+    let scratch = Scratch::new("renew");
+    let token = scratch.write("token", SUBJECT);
+    let (gcs, _) = federated(&scratch, Value::Null).await;
+    gcs.server.require_impersonation(SA);
+    let mut file = gcs.server.external_account_json(json!({ "file": token }));
+    file["service_account_impersonation"] = json!({ "token_lifetime_seconds": 600 });
+    let path = scratch.write("wif.json", &file.to_string());
+    gcs.server.set_token_lifetime(Duration::from_secs(2));
+    let auth = GcsAuth::ServiceAccountKey(path);
+    let locker = locker(backend(&gcs, auth, Duration::from_secs(5)).expect("credentials"));
+    let guard = locker.acquire("long-deploy").await.expect("acquired");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // The CI platform rotates the subject token; the old one is refused from now on.
+    gcs.server
+        .trust_workload_identity(AUDIENCE, "rotated-subject-token");
+    scratch.write("token", "rotated-subject-token");
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    assert_eq!(guard.state(), Health::Healthy);
+    guard.release().await.expect("released");
+    let requests = gcs.server.requests();
+    assert!(requests.iter().all(|r| r.status < 300), "{requests:?}");
+    let patches = requests.iter().filter(|r| r.method == "PATCH").count();
+    assert!(patches >= 10, "{patches} refreshes");
+    // 6 s of 2 s tokens renewed at 1.5 s: at least 3 renewals after the first token.
+    assert!(
+        gcs.server.token_exchanges() >= 4,
+        "{}",
+        gcs.server.token_exchanges()
+    );
+    assert_eq!(gcs.server.token_exchanges(), gcs.server.impersonations());
+}
+
+/// A token the server stops accepting before its time (revoked) is replaced at the
+/// first 401 and the call sent once more, so the refresh succeeds and the lease lives.
+#[tokio::test]
+async fn a_revoked_token_is_replaced_at_the_first_401() {
+    let scratch = Scratch::new("revoke");
+    let token = scratch.write("token", SUBJECT);
+    let (gcs, path) = federated(&scratch, json!({ "file": token })).await;
+    let auth = GcsAuth::ServiceAccountKey(path);
+    let locker = locker(backend(&gcs, auth, Duration::from_secs(5)).expect("credentials"));
+    let guard = locker.acquire("revoked").await.expect("acquired");
+    gcs.server.revoke_tokens();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(guard.state(), Health::Healthy);
+    guard.release().await.expect("released");
+    let statuses: Vec<u16> = gcs.server.requests().iter().map(|r| r.status).collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 401).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(gcs.server.token_exchanges(), 2);
+}
+
+/// The wrong audience is refused by STS: a permanent `PermissionDenied` that names the
+/// audience and what to check, never the subject token, and nothing is written.
+#[tokio::test]
+async fn a_wrong_audience_is_permission_denied_naming_it() {
+    let scratch = Scratch::new("aud");
+    let token = scratch.write("token", SUBJECT);
+    let (gcs, _) = federated(&scratch, json!({ "file": token })).await;
+    let mut file = gcs.server.external_account_json(json!({ "file": token }));
+    file["audience"] = json!(
+        "//iam.googleapis.com/projects/1/locations/global/workloadIdentityPools/ci/providers/wrong"
+    );
+    let path = scratch.write("wrong.json", &file.to_string());
+    let locker = locker(
+        backend(
+            &gcs,
+            GcsAuth::ServiceAccountKey(path),
+            Duration::from_secs(5),
+        )
+        .expect("parses"),
+    );
+    let err = locker.acquire("aud").await.expect_err("refused");
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    assert!(!err.is_temporary());
+    let text = format!("{err} {err:?}");
+    assert!(
+        text.contains("providers/wrong") && text.contains("invalid_target"),
+        "{text}"
+    );
+    assert!(!text.contains(SUBJECT), "{text}");
+    assert!(gcs.server.requests().is_empty());
+}
+
+/// Malformed files, unknown credential types and plain-http endpoints off loopback are
+/// refused when the backend is built, as `Config` naming the field and never a value.
+#[tokio::test]
+async fn bad_credential_files_are_config_errors_naming_the_field() {
+    let scratch = Scratch::new("bad");
+    let gcs = Gcs::start().await;
+    gcs.server.trust_workload_identity(AUDIENCE, SUBJECT);
+    let good = gcs
+        .server
+        .external_account_json(json!({ "file": "/dev/null", "headers": { "X": "s3cret" } }));
+    let mut cases = Vec::new();
+    let mut no_audience = good.clone();
+    no_audience
+        .as_object_mut()
+        .expect("object")
+        .remove("audience");
+    cases.push((no_audience.to_string(), "field audience is missing"));
+    let mut http = good.clone();
+    http["token_url"] = json!("http://sts.example.com/v1/token");
+    cases.push((http.to_string(), "field token_url is plain http"));
+    let mut impersonation = good.clone();
+    impersonation["service_account_impersonation_url"] = json!("http://10.1.2.3/x");
+    cases.push((
+        impersonation.to_string(),
+        "service_account_impersonation_url is plain http",
+    ));
+    let mut unknown = good.clone();
+    unknown["type"] = json!("impersonated_service_account");
+    cases.push((
+        unknown.to_string(),
+        "field type is \"impersonated_service_account\"",
+    ));
+    cases.push(("[1]".to_owned(), "not a JSON object"));
+    for (text, expected) in cases {
+        let path = scratch.write("bad.json", &text);
+        let err = backend(
+            &gcs,
+            GcsAuth::ServiceAccountKey(path.clone()),
+            Duration::from_secs(5),
+        )
+        .expect_err(expected);
+        assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+        let shown = format!("{err} {err:?}");
+        assert!(
+            shown.contains(expected) && shown.contains(&path.display().to_string()),
+            "{shown}"
+        );
+        assert!(!shown.contains("s3cret"), "{shown}");
+    }
+}
+
+/// The token command runs again when its token is due (JSON `expires_in`), and at a 401
+/// for a plain token; the lease stays healthy through both.
+#[tokio::test]
+async fn the_token_command_renews_by_expiry_and_at_a_401() {
+    let scratch = Scratch::new("cmd");
+    let gcs = Gcs::start().await;
+    gcs.server.require_auth();
+    let runs = scratch.0.join("runs");
+    for n in 1..=40 {
+        gcs.server.allow_token(&format!("cmd-token-{n}"));
+    }
+    // Each run prints the next token, living 1 s.
+    let command = format!(
+        "echo x >> '{0}'; n=$(wc -l < '{0}'); printf '{{\"access_token\":\"cmd-token-%d\",\"expires_in\":1}}' $n",
+        runs.display()
+    );
+    let counted =
+        locker(backend(&gcs, GcsAuth::TokenCommand(command), Duration::from_secs(5)).expect("ok"));
+    let guard = counted.acquire("cmd").await.expect("acquired");
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(guard.state(), Health::Healthy);
+    guard.release().await.expect("released");
+    let count = std::fs::read_to_string(&runs)
+        .expect("runs")
+        .lines()
+        .count();
+    assert!(count >= 3, "the command ran {count} times");
+
+    // A plain token lives 5 minutes; a 401 makes the command run at once.
+    let file = scratch.write("plain", "plain-token-a");
+    gcs.server.allow_token("plain-token-a");
+    let command = format!("cat '{}'", file.display());
+    let plain =
+        locker(backend(&gcs, GcsAuth::TokenCommand(command), Duration::from_secs(5)).expect("ok"));
+    let guard = plain.acquire("plain").await.expect("acquired");
+    gcs.server.revoke_tokens();
+    gcs.server.allow_token("plain-token-b");
+    scratch.write("plain", "plain-token-b\n");
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(guard.state(), Health::Healthy);
+    guard.release().await.expect("released");
+}
+
+/// A failing, silent-for-too-long or babbling command is a clear error that shows no
+/// token: stdout never, stderr only its last line with token-like words hidden.
+#[tokio::test]
+async fn a_failing_token_command_is_a_clear_error_without_secrets() {
+    let gcs = Gcs::start().await;
+    gcs.server.require_auth();
+    let failing = "echo ya29.stdoutsecretstdoutsecret; echo 'auth: token ya29.a0stderrsecretstderrsecret expired' >&2; exit 3";
+    let cases = [
+        (
+            failing,
+            Duration::from_secs(5),
+            ErrorKind::Unavailable,
+            "exit status: 3",
+        ),
+        (
+            "sleep 30",
+            Duration::from_millis(500),
+            ErrorKind::Unavailable,
+            "was killed",
+        ),
+        (
+            "echo two ya29.stdoutsecret words",
+            Duration::from_secs(5),
+            ErrorKind::Config,
+            "more than one word",
+        ),
+    ];
+    for (command, timeout, kind, expected) in cases {
+        let auth = GcsAuth::TokenCommand(command.to_owned());
+        let locker = locker(backend(&gcs, auth, timeout).expect("ok"));
+        let started = Instant::now();
+        let err = locker.try_acquire("cmd").await.expect_err(command);
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "{:?}",
+            started.elapsed()
+        );
+        assert_eq!(err.kind(), kind, "{err}");
+        let text = format!("{err} {err:?}");
+        assert!(
+            text.contains("GCS_TOKEN_COMMAND") && text.contains(expected),
+            "{text}"
+        );
+        assert!(!text.contains("secret"), "{text}");
+    }
+    assert!(gcs.server.requests().is_empty());
+}
