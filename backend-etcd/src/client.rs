@@ -11,7 +11,7 @@ use anylock_etcd_proto::etcdserverpb::watch_create_request::FilterType;
 use anylock_etcd_proto::etcdserverpb::watch_request::RequestUnion;
 use anylock_etcd_proto::etcdserverpb::{
     LeaseGrantRequest, LeaseRevokeRequest, LeaseTimeToLiveRequest, RangeRequest, RangeResponse,
-    ResponseHeader, TxnRequest, TxnResponse, WatchCreateRequest, WatchRequest,
+    ResponseHeader, TxnRequest, TxnResponse, WatchCreateRequest, WatchRequest, WatchResponse,
 };
 use anylock_etcd_proto::mvccpb::KeyValue;
 use lockcore::{Error, ErrorKind, Result};
@@ -485,12 +485,29 @@ impl EtcdClient {
         };
         let start = |c: Connection, r| async move {
             let mut stream = c.watch(r).await?;
-            match stream.message().await? {
-                Some(resp) if resp.created && !resp.canceled => Ok(stream),
-                _ => Err(RpcError::Watch("watch not created".into())),
-            }
+            let first = stream.message().await?;
+            watch_started(first.as_ref())?;
+            Ok(stream)
         };
         self.call(Op::Watch, request, start).await
+    }
+}
+
+/// Whether a watch's first reply confirms it. etcd refuses a watch with a stale token not
+/// by failing the RPC but by a cancel whose reason names the token: that becomes the
+/// status it stands for, so [`Connection::call`](crate::grpc::Connection::call)
+/// re-authenticates and repeats it once, as for any other RPC.
+fn watch_started(first: Option<&WatchResponse>) -> Result<(), RpcError> {
+    match first {
+        Some(resp) if resp.created && !resp.canceled => Ok(()),
+        Some(resp) if resp.cancel_reason.contains("invalid auth token") => Err(RpcError::Status(
+            tonic::Status::unauthenticated(resp.cancel_reason.clone()),
+        )),
+        Some(resp) if !resp.cancel_reason.is_empty() => Err(RpcError::Watch(format!(
+            "watch not created: {}",
+            resp.cancel_reason
+        ))),
+        _ => Err(RpcError::Watch("watch not created".into())),
     }
 }
 
@@ -575,6 +592,39 @@ mod tests {
 
     fn status(code: Code) -> Failure {
         Failure::Etcd(E::Status(tonic::Status::new(code, "x")))
+    }
+
+    /// etcd answers a watch with a stale token by a cancel, not a failed RPC: that must
+    /// read as the invalid token it is, so the call re-authenticates and repeats it.
+    #[test]
+    fn a_watch_cancelled_for_its_token_asks_for_a_new_token() {
+        let created = WatchResponse {
+            created: true,
+            ..WatchResponse::default()
+        };
+        assert!(watch_started(Some(&created)).is_ok());
+        let stale = WatchResponse {
+            created: true,
+            canceled: true,
+            cancel_reason:
+                "rpc error: code = Unauthenticated desc = etcdserver: invalid auth token".into(),
+            ..WatchResponse::default()
+        };
+        match watch_started(Some(&stale)) {
+            Err(E::Status(s)) => assert!(crate::grpc::is_invalid_token(&s), "{s:?}"),
+            other => panic!("expected an invalid-token status: {other:?}"),
+        }
+        let denied = WatchResponse {
+            created: true,
+            canceled: true,
+            cancel_reason: "etcdserver: permission denied".into(),
+            ..WatchResponse::default()
+        };
+        match watch_started(Some(&denied)) {
+            Err(E::Watch(why)) => assert!(why.contains("permission denied"), "{why}"),
+            other => panic!("expected the reason in the error: {other:?}"),
+        }
+        assert!(matches!(watch_started(None), Err(E::Watch(_))));
     }
 
     fn kind(op: Op, failure: Failure) -> ErrorKind {

@@ -33,6 +33,10 @@ type Token = MetadataValue<Ascii>;
 /// The message etcd answers an invalid or expired token with (etcd's
 /// `api/v3rpc/rpctypes/error.go`). Lock and Election lose the status code (`Unknown`).
 const INVALID_AUTH_TOKEN: &str = "etcdserver: invalid auth token";
+/// etcd's answer to a JWT minted before the latest change to users or roles.
+const AUTH_REVISION_OLD: &str = "etcdserver: revision of auth store is old";
+/// etcd's answer to a request whose token it could not map to a user.
+const USER_EMPTY: &str = "etcdserver: user name is empty";
 
 /// Why an etcd call failed, short of our own timeout. Worded as etcd-client worded them,
 /// so messages stay what users have seen.
@@ -299,11 +303,17 @@ fn request_stream<T: Send + 'static>() -> (
     (sender, stream)
 }
 
-/// Whether etcd refused the token (not the user): it expired or the member forgot it.
-fn is_invalid_token(status: &Status) -> bool {
+/// Whether etcd refused the token (not the user): it expired, the member forgot it, or
+/// (JWT tokens) it names an auth-store revision older than the store's after any user or
+/// role change. Go's clientv3 re-authenticates on the same three. A request refused so
+/// was not applied, so repeating it once is safe.
+pub(crate) fn is_invalid_token(status: &Status) -> bool {
     match status.code() {
         Code::Unauthenticated => true,
         Code::Unknown => status.message() == INVALID_AUTH_TOKEN,
+        Code::InvalidArgument => {
+            status.message() == AUTH_REVISION_OLD || status.message() == USER_EMPTY
+        }
         _ => false,
     }
 }
@@ -379,6 +389,13 @@ mod tests {
             "etcdserver: invalid auth token"
         )));
         assert!(is_invalid_token(&Status::unknown(INVALID_AUTH_TOKEN)));
+        assert!(is_invalid_token(&Status::invalid_argument(
+            AUTH_REVISION_OLD
+        )));
+        assert!(is_invalid_token(&Status::invalid_argument(USER_EMPTY)));
+        assert!(!is_invalid_token(&Status::invalid_argument(
+            "etcdserver: authentication failed, invalid user ID or password"
+        )));
         assert!(!is_invalid_token(&Status::invalid_argument(
             "etcdserver: authentication failed, invalid user ID or password"
         )));
