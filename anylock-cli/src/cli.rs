@@ -143,16 +143,11 @@ pub(crate) struct AcquireArgs {
     pub(crate) ttl: Option<Duration>,
 
     /// Give up waiting for the lock after this long (default: wait forever).
-    #[arg(
-        short,
-        long,
-        env = "ANYLOCK_WAIT",
-        value_parser = parse_duration,
-        conflicts_with = "no_wait"
-    )]
+    #[arg(short, long, env = "ANYLOCK_WAIT", value_parser = parse_duration)]
     pub(crate) wait: Option<Duration>,
 
     /// Do not wait: exit with code 123 (or --conflict-exit-code) if the lock is held.
+    /// Wins over --wait and ANYLOCK_WAIT, so a job-wide ANYLOCK_WAIT leaves `-n` usable.
     #[arg(short, long)]
     pub(crate) no_wait: bool,
 
@@ -177,16 +172,11 @@ pub(crate) struct RunArgs {
     pub(crate) ttl: Option<Duration>,
 
     /// Give up waiting for the lock after this long (default: wait forever).
-    #[arg(
-        short,
-        long,
-        env = "ANYLOCK_WAIT",
-        value_parser = parse_duration,
-        conflicts_with = "no_wait"
-    )]
+    #[arg(short, long, env = "ANYLOCK_WAIT", value_parser = parse_duration)]
     pub(crate) wait: Option<Duration>,
 
     /// Do not wait: exit with code 123 (or --conflict-exit-code) if the lock is held.
+    /// Wins over --wait and ANYLOCK_WAIT, so a job-wide ANYLOCK_WAIT leaves `-n` usable.
     #[arg(short, long)]
     pub(crate) no_wait: bool,
 

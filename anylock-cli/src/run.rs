@@ -31,8 +31,13 @@ pub(crate) async fn run(mut args: RunArgs, config: &Config, quiet: bool) -> u8 {
 /// that `--conflict-exit-code` turns into an expected outcome.
 pub(crate) fn failed(err: &Error, conflict: Option<u8>) -> u8 {
     match conflict {
-        // A skipped run is the expected outcome: no error line.
-        Some(code) if matches!(err.kind(), ErrorKind::Held | ErrorKind::Timeout) => {
+        // A skipped run is the expected outcome: no error line. Only when someone was
+        // seen holding the lock: a wait that ran out while every attempt failed (the lock
+        // service is down) is an error, not a conflict.
+        Some(code)
+            if err.kind() == ErrorKind::Held
+                || (err.kind() == ErrorKind::Timeout && err.holder().is_some()) =>
+        {
             tracing::info!(%err, code, "not run: --conflict-exit-code");
             code
         }

@@ -115,9 +115,20 @@ pub(crate) async fn release(args: &OwnerArgs, config: &Config) -> Result<(), Err
         .with_options(options);
     let guard = match locker.acquire(name.as_str()).await {
         Ok(guard) => guard,
-        // Expired and taken by someone else since the check: theirs, left alone.
+        // Someone else holds it now: theirs, left alone. Either the owner's lease expired
+        // and was taken since the check, or the retake itself gave the owner's lease up
+        // (GCS deletes then re-creates; etcd hands it to the first queued waiter) and a
+        // contender won: either way the owner no longer holds it.
         Err(err) if err.kind() == ErrorKind::Held => {
-            return Err(not_held(&*backend, &name, &args.owner, err.holder()));
+            let now = err
+                .holder()
+                .map_or_else(|| "someone else".to_owned(), |h| h.owner().to_string());
+            return Err(Error::lost(format!(
+                "owner {} no longer holds it: it is held by {now}, whose lease was not touched",
+                args.owner
+            ))
+            .with_backend(backend.backend_name().to_owned())
+            .with_lock(&name));
         }
         Err(err) => return Err(err),
     };

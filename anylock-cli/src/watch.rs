@@ -73,7 +73,7 @@ pub(crate) async fn supervise(
         };
         let left = valid_until.saturating_duration_since(Instant::now());
         let grace = effective_grace(grace, &reason, left);
-        return stop_on_loss(child, guard, &args.name, &reason, grace).await;
+        return stop_on_loss(child, guard, &args.name, &reason, grace, hold_until).await;
     }
 }
 
@@ -166,6 +166,7 @@ async fn stop_on_loss(
     name: &str,
     reason: &LostReason,
     grace: Duration,
+    hold_until: Option<Instant>,
 ) -> u8 {
     let how = if grace.is_zero() {
         "SIGKILL at once: the lease is gone".to_owned()
@@ -177,7 +178,13 @@ async fn stop_on_loss(
     };
     note!("anylock: lock {name} lost ({reason}); stopping the command ({how})");
     child.stop(grace).await;
-    drop(guard);
+    if hold_until.is_some_and(|until| until > Instant::now()) {
+        // `--hold-at-least`: a lease lost to failed refreshes may still be held by the
+        // server; releasing it could free the lock before the time asked. Let it expire.
+        let _ = guard.detach().await;
+    } else {
+        drop(guard);
+    }
     exit::LOST
 }
 

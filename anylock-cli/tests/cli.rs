@@ -117,7 +117,11 @@ fn pipeline_habits_skip_with_a_chosen_code_and_run_shell_lines(scene: &Scene) {
     wait_until(Duration::from_secs(20), "the holder to start", || {
         marker.exists()
     });
-    let skipped = scene.output(&["run", "job", "-n", "-E", "0", "--", "false"]);
+    let skipped = scene
+        .command(&["run", "job", "-n", "-E", "0", "--", "false"])
+        .env("ANYLOCK_WAIT", "5m")
+        .output()
+        .expect("run");
     assert_eq!(code(&skipped), 0, "{:?}", stderr_lines(&skipped));
     assert!(
         stderr_lines(&skipped).is_empty(),
@@ -245,6 +249,25 @@ fn bad_input_gets_one_clear_line() {
         );
         assert!(!lines[0].contains("hunter2"), "password leaked: {lines:?}");
     }
+}
+
+/// `-E` turns a conflict into an expected outcome, never an outage: with nothing to
+/// reach, the wait runs out with no holder seen and that is reported as the failure it is.
+#[test]
+fn the_conflict_exit_code_never_hides_an_unreachable_backend() {
+    let scene = Scene::local();
+    let mut command = scene.command(&["run", "job", "-w", "1", "-E", "0", "--", "echo", "RAN"]);
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = closed.local_addr().expect("addr").port();
+    drop(closed);
+    command.env(
+        "ANYLOCK_BACKEND",
+        format!("gs://bkt/?endpoint=http://127.0.0.1:{port}"),
+    );
+    let out = command.output().expect("run");
+    assert_eq!(code(&out), 124, "{:?}", stderr_lines(&out));
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("RAN"));
+    assert_eq!(stderr_lines(&out).len(), 1, "{:?}", stderr_lines(&out));
 }
 
 #[test]

@@ -84,6 +84,7 @@ pub(crate) struct GcsClient {
 
 impl GcsClient {
     pub(crate) fn new(config: GcsConfig) -> Result<Self> {
+        refuse_credentials_in_clear(&config)?;
         #[cfg(feature = "tls")]
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = reqwest::Client::builder()
@@ -323,10 +324,47 @@ pub(crate) fn map_error(failure: Failure, call: Call) -> Error {
     error.with_backend("gcs").with_status(status)
 }
 
+/// Credentials travel only over https, or plain http to this machine (emulators and test
+/// servers): a token sent in clear to another host could be read and replayed.
+fn refuse_credentials_in_clear(config: &GcsConfig) -> Result<()> {
+    if matches!(config.auth(), crate::GcsAuth::None) {
+        return Ok(());
+    }
+    let Ok(endpoint) = url::Url::parse(config.endpoint()) else {
+        return Ok(());
+    };
+    if endpoint.scheme() == "http" && !crate::config::is_loopback(&endpoint) {
+        return Err(Error::new(
+            ErrorKind::Config,
+            "GCS credentials would be sent unencrypted: the endpoint is plain http to \
+             another machine; use https, or auth=none for an emulator",
+        ));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use lockcore::RetryStatus;
+
+    #[test]
+    fn credentials_never_travel_in_clear_to_another_machine() {
+        let config = |endpoint: &str, auth: crate::GcsAuth| {
+            GcsConfig::new("bucket")
+                .and_then(|c| c.with_endpoint(endpoint))
+                .map(|c| c.with_auth(auth))
+                .expect("a valid config")
+        };
+        let token = || crate::GcsAuth::AccessToken("ya29.secret".to_owned());
+        let err = GcsClient::new(config("http://192.0.2.1:80", token())).expect_err("in clear");
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(!err.to_string().contains("ya29"), "{err}");
+        GcsClient::new(config("http://127.0.0.1:4443", token())).expect("loopback");
+        GcsClient::new(config("http://[::1]:4443", token())).expect("loopback");
+        GcsClient::new(config("http://192.0.2.1:80", crate::GcsAuth::None)).expect("no auth");
+        GcsClient::new(config("https://storage.example", token())).expect("https");
+    }
 
     #[test]
     fn statuses_map_to_kinds_and_retry() {

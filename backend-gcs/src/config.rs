@@ -348,6 +348,17 @@ impl fmt::Debug for GcsConfig {
     }
 }
 
+/// Whether `url` names this machine (`localhost`, 127.0.0.0/8, ::1): the only place
+/// credentials may travel over plain http.
+pub(crate) fn is_loopback(url: &url::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Domain(host)) => host == "localhost",
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -329,7 +329,7 @@ impl<'a> Fields<'a> {
         let url = Url::parse(text).map_err(|_| self.error(field, "is not a URL"))?;
         match url.scheme() {
             "https" => Ok(url),
-            "http" if is_loopback(&url) => Ok(url),
+            "http" if crate::config::is_loopback(&url) => Ok(url),
             "http" => Err(self.error(
                 field,
                 "is plain http to a host that is not loopback; use https (a token must not \
@@ -425,15 +425,6 @@ impl<'a> Fields<'a> {
                 }),
             _ => Err(self.error("credential_source.format.type", "must be text or json")),
         }
-    }
-}
-
-fn is_loopback(url: &Url) -> bool {
-    match url.host() {
-        Some(url::Host::Domain(host)) => host == "localhost",
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => false,
     }
 }
 

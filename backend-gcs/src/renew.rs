@@ -8,6 +8,9 @@ use tokio::sync::Mutex;
 
 /// The most a token is renewed ahead of its expiry: a quarter of its life, at most this.
 const MAX_RENEW_MARGIN: Duration = Duration::from_secs(300);
+/// The longest life a token is trusted for, whatever its issuer says (Google's access
+/// tokens live at most 12 hours).
+const MAX_TOKEN_LIFE: Duration = Duration::from_secs(12 * 3600);
 
 /// A token and how long it lives, counted from when its request was sent.
 pub(crate) struct Fresh {
@@ -84,10 +87,13 @@ impl Renewing {
         }
         let sent = Instant::now();
         let fresh = self.source.fetch(&self.http, self.timeout).await?;
-        let margin = (fresh.life / 4).min(MAX_RENEW_MARGIN);
+        // A token's claimed life is the issuer's word: capped, so a huge `expires_in`
+        // cannot overflow the instant (or keep a token past any sane lifetime).
+        let life = fresh.life.min(MAX_TOKEN_LIFE);
+        let margin = (life / 4).min(MAX_RENEW_MARGIN);
         *cached = Some(Cached {
             token: fresh.token.clone(),
-            renew_at: sent + fresh.life.saturating_sub(margin),
+            renew_at: sent + life.saturating_sub(margin),
         });
         Ok(fresh.token)
     }

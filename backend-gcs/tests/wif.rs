@@ -324,6 +324,27 @@ async fn the_token_command_renews_by_expiry_and_at_a_401() {
     guard.release().await.expect("released");
 }
 
+/// An issuer's claim of an absurd lifetime is capped, not added to the clock (which
+/// overflowed and panicked).
+#[tokio::test]
+async fn an_absurd_token_lifetime_is_capped_not_a_panic() {
+    let gcs = Gcs::start().await;
+    gcs.server.require_auth();
+    gcs.server.allow_token("long-token");
+    let command =
+        "printf '{\"access_token\":\"long-token\",\"expires_in\":18446744073709551615}'".to_owned();
+    let long =
+        locker(backend(&gcs, GcsAuth::TokenCommand(command), Duration::from_secs(5)).expect("ok"));
+    // Bounded: the panic it used to cause left the acquire waiting forever.
+    let cycle = async {
+        let guard = long.acquire("long").await.expect("acquired");
+        guard.release().await.expect("released");
+    };
+    tokio::time::timeout(Duration::from_secs(30), cycle)
+        .await
+        .expect("one lock cycle within 30 s");
+}
+
 /// A failing, silent-for-too-long or babbling command is a clear error that shows no
 /// token: stdout never, stderr only its last line with token-like words hidden.
 #[tokio::test]

@@ -323,7 +323,10 @@ impl Driver {
     async fn after_lost_with(self, reason: LostReason, cmd: Option<Command>) {
         self.shared.cancel.cancel();
         let lease = self.shared.lease();
-        let released = if reason.may_still_be_held() {
+        // Leaving promises never to release: the caller wants the lease to outlive it
+        // (`--hold-at-least`), and a lease that may still be held must stay so.
+        let leaving = matches!(cmd, Some(Command::Leave(..)));
+        let released = if reason.may_still_be_held() && !leaving {
             self.release_bounded(&lease).await
         } else {
             Ok(())

@@ -170,3 +170,26 @@ async fn a_detached_lease_keeps_its_ttl_body() {
     assert_eq!(rig.faulty.calls(Op::Refresh), 0);
     assert_eq!(rig.faulty.calls(Op::Release), 0);
 }
+
+#[test]
+fn leaving_a_lease_lost_to_failed_refreshes_releases_nothing() {
+    crate::tests::bounded(leaving_a_lease_lost_to_failed_refreshes_body);
+}
+
+/// Three failed refreshes mark the lease lost while the server may still hold it: a
+/// release would free the lock before the time the caller asked to keep it.
+async fn leaving_a_lease_lost_to_failed_refreshes_body() {
+    let rig = rig();
+    rig.faulty
+        .set(Op::Refresh, Fault::Fail(ErrorKind::Unavailable));
+    let guard = rig.locker.acquire("job").await.expect("free");
+    let granted = Instant::now();
+    while !matches!(guard.state(), Health::Lost(_)) {
+        sleep(ms(10)).await;
+    }
+    let err = guard.leave_for(ms(5000)).await.expect_err("lost");
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+    assert_eq!(rig.faulty.calls(Op::Release), 0, "leaving never releases");
+    sleep_until(granted + ms(799)).await;
+    assert!(!free(&rig).await, "still held by its TTL on the server");
+}
