@@ -152,7 +152,7 @@ pub(crate) struct AcquireArgs {
     pub(crate) no_wait: bool,
 
     /// The exit code when the lock is held (--no-wait) or the wait timed out (--wait).
-    #[arg(short = 'E', long, value_name = "CODE")]
+    #[arg(short = 'E', long, value_name = "CODE", value_parser = parse_conflict_code)]
     pub(crate) conflict_exit_code: Option<u8>,
 
     /// One JSON object on stdout instead of the ANYLOCK_* lines: name, owner, fence_token
@@ -182,7 +182,7 @@ pub(crate) struct RunArgs {
 
     /// The exit code when the lock is held (--no-wait) or the wait timed out (--wait),
     /// instead of 123 and 124; `-E 0` makes a skipped run a success, as flock's -E does.
-    #[arg(short = 'E', long, value_name = "CODE")]
+    #[arg(short = 'E', long, value_name = "CODE", value_parser = parse_conflict_code)]
     pub(crate) conflict_exit_code: Option<u8>,
 
     /// After SIGTERM on a lost lock, wait this long before SIGKILL [default: 10s]. Must be
@@ -224,6 +224,21 @@ impl RunArgs {
             self.command = vec!["/bin/sh".into(), "-c".into(), line.into()];
         }
     }
+}
+
+/// An exit code for a skipped run that cannot be mistaken for one of anylock's own.
+pub(crate) fn parse_conflict_code(text: &str) -> Result<u8, String> {
+    let code: u8 = text
+        .trim()
+        .parse()
+        .map_err(|_| format!("{text:?} is not an exit code (0-255)"))?;
+    if code == 2 || (122..=127).contains(&code) {
+        return Err(format!(
+            "{code} is one of anylock's own exit codes (2, 122-127), so a pipeline could not \
+             tell a skipped run from a failure; pick 0, 1 or 3-121"
+        ));
+    }
+    Ok(code)
 }
 
 /// A duration as `humantime` reads it (`90s`, `5m`, `1h 30m`), or bare seconds (`90`,

@@ -42,8 +42,25 @@ pub(crate) fn backend_url(config: &Config) -> Result<BackendUrl, Error> {
     Ok(config.backend_url())
 }
 
-/// `CI` is set to anything but empty, `0` or `false`.
+/// Variables CI systems set that `CI` alone misses (Azure Pipelines, Jenkins, AWS
+/// CodeBuild, TeamCity, Buildkite); GitHub Actions and GitLab CI set `CI` too.
+const CI_MARKERS: &[&str] = &[
+    "TF_BUILD",
+    "JENKINS_URL",
+    "CODEBUILD_BUILD_ID",
+    "TEAMCITY_VERSION",
+    "BUILDKITE",
+];
+
+/// `CI` is set to anything but empty, `0` or `false`, or another CI system's marker is set.
 fn in_ci() -> bool {
+    CI_MARKERS
+        .iter()
+        .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
+        || ci_variable()
+}
+
+fn ci_variable() -> bool {
     std::env::var("CI")
         .is_ok_and(|v| !matches!(v.trim().to_ascii_lowercase().as_str(), "" | "0" | "false"))
 }

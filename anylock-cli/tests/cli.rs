@@ -280,6 +280,13 @@ fn a_usage_error_keeps_clap_hints() {
     for hint in ["<CMD>", "Usage:", "--help"] {
         assert!(text.contains(hint), "{hint:?} missing: {text}");
     }
+    let clash = scene.output(&["run", "job", "-n", "-E", "124", "--", "true"]);
+    assert_eq!(code(&clash), 2);
+    assert!(
+        String::from_utf8_lossy(&clash.stderr).contains("anylock's own exit codes"),
+        "{:?}",
+        stderr_lines(&clash)
+    );
 }
 
 /// In CI the embedded default would lock one runner only: refused unless chosen.
@@ -292,6 +299,15 @@ fn ci_refuses_the_implicit_local_backend_but_not_an_explicit_one() {
             if name.starts_with("ANYLOCK_") {
                 cmd.env_remove(name);
             }
+        }
+        for marker in [
+            "TF_BUILD",
+            "JENKINS_URL",
+            "CODEBUILD_BUILD_ID",
+            "TEAMCITY_VERSION",
+            "BUILDKITE",
+        ] {
+            cmd.env_remove(marker);
         }
         cmd.env("CI", ci)
             .env("XDG_CONFIG_HOME", &dir)
@@ -315,6 +331,28 @@ fn ci_refuses_the_implicit_local_backend_but_not_an_explicit_one() {
     assert_eq!(code(&chosen), 0, "{:?}", stderr_lines(&chosen));
     let not_ci = run("false", &[]);
     assert_eq!(code(&not_ci), 0, "{:?}", stderr_lines(&not_ci));
+    let jenkins = {
+        let mut cmd = Command::new(support::BIN);
+        for (name, _) in std::env::vars() {
+            if name.starts_with("ANYLOCK_") || name == "CI" {
+                cmd.env_remove(name);
+            }
+        }
+        cmd.env("JENKINS_URL", "https://jenkins.example/")
+            .env("XDG_CONFIG_HOME", &dir)
+            .env("XDG_STATE_HOME", &dir)
+            .env("HOME", &dir)
+            .args(["run", "ci-job", "--", "true"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run anylock")
+    };
+    assert_eq!(
+        code(&jenkins),
+        2,
+        "Jenkins sets no CI: {:?}",
+        stderr_lines(&jenkins)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
