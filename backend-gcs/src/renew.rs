@@ -1,6 +1,8 @@
 //! Tokens this crate obtains and renews itself (workload identity federation, a token
 //! command): one cached token, renewed before it expires and after GCS refused it.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use lockcore::Result;
@@ -51,60 +53,109 @@ impl Source {
 
 struct Cached {
     token: String,
+    /// From here on the token is renewed in the background while it is still used.
     renew_at: Instant,
+    /// From here on it is not used.
+    expires_at: Instant,
 }
 
-/// One renewable token, fetched by one caller at a time (the others wait for it).
+/// One renewable token. Renewal starts a quarter of the token's life (at most 5 min)
+/// before it expires, in a task of its own, while callers go on with the still-valid
+/// token: a slow source (gcloud, a vault CLI, a slow STS) never delays a lease refresh,
+/// whose budget is only TTL/8. Only a missing or expired token is waited for, and even
+/// then the fetch runs in its own task, so a caller that gives up (a refresh past its
+/// budget) does not kill it: its token serves the next call.
 pub(crate) struct Renewing {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
     source: Source,
     http: reqwest::Client,
     timeout: Duration,
     cached: Mutex<Option<Cached>>,
+    /// A background renewal is running.
+    renewing: AtomicBool,
 }
 
 impl Renewing {
     pub(crate) fn new(source: Source, http: reqwest::Client, timeout: Duration) -> Self {
         Self {
-            source,
-            http,
-            timeout,
-            cached: Mutex::new(None),
+            inner: Arc::new(Inner {
+                source,
+                http,
+                timeout,
+                cached: Mutex::new(None),
+                renewing: AtomicBool::new(false),
+            }),
         }
     }
 
-    /// The cached token, or a fresh one when it is due for renewal.
+    /// The cached token (renewed in the background once due), or a fresh one when there
+    /// is none or it expired.
     ///
     /// # Errors
     /// The source's errors; [`Unavailable`](lockcore::ErrorKind::Unavailable) when getting
     /// a token takes longer than the request timeout.
     ///
     /// # Cancel safety
-    /// Cancelling leaves the cache as it was (a command being run is killed).
+    /// Cancelling leaves the fetch running in its task; its token is cached for the next
+    /// call.
     pub(crate) async fn token(&self) -> Result<String> {
-        let mut cached = self.cached.lock().await;
-        if let Some(c) = cached.as_ref().filter(|c| Instant::now() < c.renew_at) {
-            return Ok(c.token.clone());
+        let now = Instant::now();
+        if let Some(c) = self.inner.cached.lock().await.as_ref() {
+            if now < c.renew_at {
+                return Ok(c.token.clone());
+            }
+            if now < c.expires_at {
+                self.renew_in_background();
+                return Ok(c.token.clone());
+            }
         }
+        let inner = Arc::clone(&self.inner);
+        tokio::spawn(async move { inner.renew().await })
+            .await
+            .map_err(|e| lockcore::Error::unavailable(format!("the token fetch failed: {e}")))?
+    }
+
+    fn renew_in_background(&self) {
+        if self.inner.renewing.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let inner = Arc::clone(&self.inner);
+        tokio::spawn(async move {
+            // A failure leaves the still-valid token serving; the next call past the
+            // renewal point tries again, and an expired token is waited for (and its
+            // error reported) by the caller.
+            let _ = inner.renew().await;
+            inner.renewing.store(false, Ordering::Release);
+        });
+    }
+
+    /// Forgets `token` if it is still the cached one (GCS refused it), so the next call
+    /// fetches another.
+    pub(crate) async fn forget(&self, token: &str) {
+        let mut cached = self.inner.cached.lock().await;
+        if cached.as_ref().is_some_and(|c| c.token == token) {
+            *cached = None;
+        }
+    }
+}
+
+impl Inner {
+    async fn renew(&self) -> Result<String> {
         let sent = Instant::now();
         let fresh = self.source.fetch(&self.http, self.timeout).await?;
         // A token's claimed life is the issuer's word: capped, so a huge `expires_in`
         // cannot overflow the instant (or keep a token past any sane lifetime).
         let life = fresh.life.min(MAX_TOKEN_LIFE);
         let margin = (life / 4).min(MAX_RENEW_MARGIN);
-        *cached = Some(Cached {
+        *self.cached.lock().await = Some(Cached {
             token: fresh.token.clone(),
             renew_at: sent + life.saturating_sub(margin),
+            expires_at: sent + life,
         });
         Ok(fresh.token)
-    }
-
-    /// Forgets `token` if it is still the cached one (GCS refused it), so the next call
-    /// fetches another.
-    pub(crate) async fn forget(&self, token: &str) {
-        let mut cached = self.cached.lock().await;
-        if cached.as_ref().is_some_and(|c| c.token == token) {
-            *cached = None;
-        }
     }
 }
 

@@ -324,6 +324,36 @@ async fn the_token_command_renews_by_expiry_and_at_a_401() {
     guard.release().await.expect("released");
 }
 
+/// A token source slower than a refresh's budget (TTL/8 = 375 ms here; a command that
+/// takes 1 s, like a gcloud or vault call) never fails a refresh: renewal runs in the
+/// background while the still-valid token serves. (It used to run inside the refresh,
+/// which gave up, killed it and after three tries reported the lease lost.)
+#[tokio::test]
+async fn a_slow_token_command_renews_in_the_background_and_the_lease_stays_healthy() {
+    let scratch = Scratch::new("slow");
+    let gcs = Gcs::start().await;
+    gcs.server.require_auth();
+    for n in 1..=40 {
+        gcs.server.allow_token(&format!("slow-token-{n}"));
+    }
+    let runs = scratch.0.join("runs");
+    let command = format!(
+        "sleep 1; echo x >> '{0}'; n=$(wc -l < '{0}'); printf '{{\"access_token\":\"slow-token-%d\",\"expires_in\":3}}' $n",
+        runs.display()
+    );
+    let slow =
+        locker(backend(&gcs, GcsAuth::TokenCommand(command), Duration::from_secs(5)).expect("ok"));
+    let guard = slow.acquire("slow").await.expect("acquired");
+    tokio::time::sleep(Duration::from_secs(7)).await;
+    assert_eq!(guard.state(), Health::Healthy, "refreshes kept the lease");
+    guard.release().await.expect("released");
+    let count = std::fs::read_to_string(&runs)
+        .expect("runs")
+        .lines()
+        .count();
+    assert!(count >= 3, "the command was renewed {count} times");
+}
+
 /// An issuer's claim of an absurd lifetime is capped, not added to the clock (which
 /// overflowed and panicked).
 #[tokio::test]
