@@ -132,6 +132,24 @@ pub(crate) struct OwnerArgs {
     pub(crate) owner: String,
 }
 
+/// How `run` and `acquire` wait for a held lock.
+#[derive(Debug, Args)]
+pub(crate) struct WaitArgs {
+    /// Give up waiting for the lock after this long (default: wait forever).
+    #[arg(short, long, env = "ANYLOCK_WAIT", value_parser = parse_duration)]
+    pub(crate) wait: Option<Duration>,
+
+    /// Do not wait: exit with code 123 (or --conflict-exit-code) if the lock is held.
+    /// Wins over --wait and ANYLOCK_WAIT, so a job-wide ANYLOCK_WAIT leaves `-n` usable.
+    #[arg(short, long)]
+    pub(crate) no_wait: bool,
+
+    /// The exit code when the lock is held (--no-wait) or the wait timed out (--wait),
+    /// instead of 123 and 124; `-E 0` makes a skipped run a success, as flock's -E does.
+    #[arg(short = 'E', long, value_name = "CODE", value_parser = parse_conflict_code)]
+    pub(crate) conflict_exit_code: Option<u8>,
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct AcquireArgs {
     #[command(flatten)]
@@ -142,18 +160,8 @@ pub(crate) struct AcquireArgs {
     #[arg(long, value_parser = parse_duration)]
     pub(crate) ttl: Option<Duration>,
 
-    /// Give up waiting for the lock after this long (default: wait forever).
-    #[arg(short, long, env = "ANYLOCK_WAIT", value_parser = parse_duration)]
-    pub(crate) wait: Option<Duration>,
-
-    /// Do not wait: exit with code 123 (or --conflict-exit-code) if the lock is held.
-    /// Wins over --wait and ANYLOCK_WAIT, so a job-wide ANYLOCK_WAIT leaves `-n` usable.
-    #[arg(short, long)]
-    pub(crate) no_wait: bool,
-
-    /// The exit code when the lock is held (--no-wait) or the wait timed out (--wait).
-    #[arg(short = 'E', long, value_name = "CODE", value_parser = parse_conflict_code)]
-    pub(crate) conflict_exit_code: Option<u8>,
+    #[command(flatten)]
+    pub(crate) waiting: WaitArgs,
 
     /// One JSON object on stdout instead of the ANYLOCK_* lines: name, owner, fence_token
     /// (absent when the backend has none), ttl_ms, expires_at (RFC 3339).
@@ -171,19 +179,8 @@ pub(crate) struct RunArgs {
     #[arg(long, env = "ANYLOCK_TTL", value_parser = parse_duration)]
     pub(crate) ttl: Option<Duration>,
 
-    /// Give up waiting for the lock after this long (default: wait forever).
-    #[arg(short, long, env = "ANYLOCK_WAIT", value_parser = parse_duration)]
-    pub(crate) wait: Option<Duration>,
-
-    /// Do not wait: exit with code 123 (or --conflict-exit-code) if the lock is held.
-    /// Wins over --wait and ANYLOCK_WAIT, so a job-wide ANYLOCK_WAIT leaves `-n` usable.
-    #[arg(short, long)]
-    pub(crate) no_wait: bool,
-
-    /// The exit code when the lock is held (--no-wait) or the wait timed out (--wait),
-    /// instead of 123 and 124; `-E 0` makes a skipped run a success, as flock's -E does.
-    #[arg(short = 'E', long, value_name = "CODE", value_parser = parse_conflict_code)]
-    pub(crate) conflict_exit_code: Option<u8>,
+    #[command(flatten)]
+    pub(crate) waiting: WaitArgs,
 
     /// After SIGTERM on a lost lock, wait this long before SIGKILL [default: 10s]. Must be
     /// shorter than the TTL; cut to what the lease has left when the loss is detected, and

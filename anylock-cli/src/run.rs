@@ -20,7 +20,7 @@ const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 /// Runs `anylock run`; returns the process exit code.
 pub(crate) async fn run(mut args: RunArgs, config: &Config, quiet: bool) -> u8 {
     args.resolve_shell();
-    let conflict = args.conflict_exit_code;
+    let conflict = args.waiting.conflict_exit_code;
     match run_inner(args, config, quiet).await {
         Ok(code) => code,
         Err(err) => failed(&err, conflict),
@@ -121,7 +121,7 @@ fn grace(args: &RunArgs, config: &Config) -> Result<Duration, Error> {
 pub(crate) fn options(args: &RunArgs, config: &Config) -> Result<LockOptions, Error> {
     let ttl = ttl(args, config)?;
     grace(args, config)?;
-    let wait = wait_mode(args.no_wait, args.wait, config)?;
+    let wait = wait_mode(args.waiting.no_wait, args.waiting.wait, config)?;
     let options = LockOptions::new(ttl).with_wait(wait);
     options.validate()?;
     Ok(options)

@@ -28,7 +28,7 @@ const RELEASE_TTL: Duration = Duration::from_secs(30);
 
 /// `anylock acquire`; returns the exit code.
 pub(crate) async fn acquire(args: AcquireArgs, config: &Config, quiet: bool) -> u8 {
-    let conflict = args.conflict_exit_code;
+    let conflict = args.waiting.conflict_exit_code;
     match acquire_inner(&args, config, quiet).await {
         Ok(()) => 0,
         Err(err) => crate::run::failed(&err, conflict),
@@ -38,7 +38,11 @@ pub(crate) async fn acquire(args: AcquireArgs, config: &Config, quiet: bool) -> 
 async fn acquire_inner(args: &AcquireArgs, config: &Config, quiet: bool) -> Result<(), Error> {
     let owner = owner(&args.held.owner)?;
     let ttl = args.ttl.unwrap_or(DEFAULT_TTL);
-    let options = LockOptions::new(ttl).with_wait(wait_mode(args.no_wait, args.wait, config)?);
+    let options = LockOptions::new(ttl).with_wait(wait_mode(
+        args.waiting.no_wait,
+        args.waiting.wait,
+        config,
+    )?);
     options.validate()?;
     let backend = connect(&backend_url(config)?).await?;
     let locker = Locker::new(backend)
