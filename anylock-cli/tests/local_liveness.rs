@@ -93,6 +93,22 @@ fn wait_for_file(path: &Path, limit: Duration) -> String {
     }
 }
 
+/// Waits until `pid` runs the program `name` (its exec happened).
+fn wait_for_exec(pid: Pid, name: &str, limit: Duration) {
+    let start = Instant::now();
+    loop {
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+        if comm.trim_end() == name {
+            return;
+        }
+        assert!(
+            start.elapsed() < limit,
+            "{pid} never became {name} (it is {comm:?})"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 /// Running, not a zombie (an orphan's zombie may wait a while for its reaper).
 fn alive(pid: Pid) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
@@ -126,6 +142,10 @@ fn a_killed_anylock_keeps_the_lock_while_its_command_runs() {
     .expect("spawn anylock");
     let pid = wait_for_file(&dir.0.join("sleep.pid"), Duration::from_secs(30));
     let sleep = Pid::from_raw(pid.trim().parse().expect("pid"));
+    // `$!` is written as soon as sh forks `setsid`, before it has left the group: killing
+    // anylock before then lets the supervisor kill it with the group. `setsid` execs
+    // `sleep` only after its setsid() call succeeded.
+    wait_for_exec(sleep, "sleep", Duration::from_secs(30));
     holder.kill().expect("SIGKILL anylock");
     holder.wait().expect("reap anylock");
 
