@@ -2,6 +2,7 @@
 //! Each runs against the embedded backend and, where its server is configured, against
 //! PostgreSQL (`ANYLOCK_TEST_POSTGRES_URL`) too.
 
+#[macro_use]
 mod support;
 
 use std::process::{Child, Command, Stdio};
@@ -410,25 +411,6 @@ fn help_lists_examples_and_exit_codes_and_completions_generate() {
         .unwrap_or_else(|| panic!("no local row: {rows}"));
     assert_eq!(local["fencing"], "monotonic");
     assert_eq!(local["durability"], "survives_restart");
-}
-
-/// Stamps one test per backend for each scenario.
-macro_rules! on_every_backend {
-    ($($scenario:ident),* $(,)?) => {
-        mod local {
-            $( #[test] fn $scenario() { super::$scenario(&super::Scene::local()); } )*
-        }
-        mod postgres {
-            $( #[test] fn $scenario() {
-                if let Some(scene) = super::Scene::postgres() { super::$scenario(&scene); }
-            } )*
-        }
-        mod redis {
-            $( #[test] fn $scenario() {
-                if let Some(scene) = super::Scene::redis() { super::$scenario(&scene); }
-            } )*
-        }
-    };
 }
 
 on_every_backend!(

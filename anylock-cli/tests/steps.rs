@@ -2,6 +2,7 @@
 //! with `--owner`) and of `run --hold-at-least`, with the real binary on the embedded
 //! backend, PostgreSQL and Redis. Every step is its own process, as on a CI runner.
 
+#[macro_use]
 mod support;
 
 use std::process::Output;
@@ -161,24 +162,6 @@ fn hold_at_least_keeps_a_quick_job_locked_for_the_duration(scene: &Scene) {
         "true",
     ]);
     assert_eq!(code(&too_long), 2, "{:?}", stderr_lines(&too_long));
-}
-
-macro_rules! on_every_backend {
-    ($($scenario:ident),* $(,)?) => {
-        mod local {
-            $( #[test] fn $scenario() { super::$scenario(&super::Scene::local()); } )*
-        }
-        mod postgres {
-            $( #[test] fn $scenario() {
-                if let Some(scene) = super::Scene::postgres() { super::$scenario(&scene); }
-            } )*
-        }
-        mod redis {
-            $( #[test] fn $scenario() {
-                if let Some(scene) = super::Scene::redis() { super::$scenario(&scene); }
-            } )*
-        }
-    };
 }
 
 on_every_backend!(

@@ -42,8 +42,6 @@ impl fmt::Debug for BackendUrl {
     }
 }
 
-const SECRET_PARAMS: &[&str] = &["password", "pass", "token", "secret", "key", "sslpassword"];
-
 /// Replaces the password of every `user:password@host` (also in comma-separated host
 /// lists) and the value of secret-looking query parameters with `***`.
 ///
@@ -115,43 +113,6 @@ fn redact_userinfo(host: &str) -> String {
     }
 }
 
-/// Whether a query parameter's value is hidden: its name, percent-decoded and lowercased
-/// (`pass%77ord` is `password` to a driver), is a secret name or contains a fragment of one,
-/// so a misspelled `pasword=` or `pwd=` is hidden too.
-fn is_secret_param(raw: &str) -> bool {
-    let name = percent_decode(raw).to_ascii_lowercase();
-    SECRET_PARAMS.contains(&name.as_str())
-        || [
-            "pass", "pasw", "pwd", "secret", "token", "auth_key", "apikey", "api_key",
-        ]
-        .iter()
-        .any(|part| name.contains(part))
-}
-
-/// `%XX` decoded and `+` as a space, as form decoding does; invalid escapes kept.
-fn percent_decode(raw: &str) -> String {
-    let bytes = raw.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        match bytes[i] {
-            b'%' if i + 2 < bytes.len() => match (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                (Some(h), Some(l)) => {
-                    out.push((h * 16 + l) as u8);
-                    i += 3;
-                    continue;
-                }
-                _ => out.push(b'%'),
-            },
-            b'+' => out.push(b' '),
-            b => out.push(b),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Replaces the value of every secret-looking `key=value` that follows a `?` or `&`,
 /// wherever it is (a raw `?` in a password can make the real query look like a path).
 fn redact_params(url: &str) -> String {
@@ -163,7 +124,7 @@ fn redact_params(url: &str) -> String {
         search = start;
         let param = &url[start..];
         let Some(eq) = param.find('=') else { continue };
-        if !is_secret_param(&param[..eq]) {
+        if !lockcore::is_secret_param(&param[..eq]) {
             continue;
         }
         out.push_str(&url[done..=start + eq]);

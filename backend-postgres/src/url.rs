@@ -207,21 +207,6 @@ fn connect_options(url: &Url, redacted: &str) -> Result<PgConnectOptions> {
     })
 }
 
-/// Query parameters whose values are hidden, matched without regard to case (a user may
-/// write `PASSWORD=`, which the driver ignores but the message would still show).
-/// The same names as `anylock::redact` hides.
-/// Besides these names, any name containing `pass`, `secret` or `token` is hidden (a
-/// misspelled `pasword=` is refused, but its value must not show in the meantime either).
-const SECRET_PARAMS: &[&str] = &["password", "pass", "token", "secret", "sslpassword"];
-
-fn is_secret(key: &str) -> bool {
-    let lower = key.to_ascii_lowercase();
-    SECRET_PARAMS.contains(&lower.as_str())
-        || ["pass", "pasw", "pwd", "secret", "token"]
-            .iter()
-            .any(|part| lower.contains(part))
-}
-
 /// The URL with the password (in the user info or a secret-looking parameter) replaced.
 pub(crate) fn redact(url: &Url) -> String {
     let mut shown = url.clone();
@@ -229,11 +214,18 @@ pub(crate) fn redact(url: &Url) -> String {
         // Fails only for URLs that cannot carry a password at all.
         let _ = shown.set_password(Some("***"));
     }
-    if url.query_pairs().any(|(k, _)| is_secret(&k)) {
+    if url
+        .query_pairs()
+        .any(|(k, _)| lockcore::is_secret_param(&k))
+    {
         let pairs: Vec<(String, String)> = url
             .query_pairs()
             .map(|(k, v)| {
-                let v = if is_secret(&k) { "***".into() } else { v };
+                let v = if lockcore::is_secret_param(&k) {
+                    "***".into()
+                } else {
+                    v
+                };
                 (k.into_owned(), v.into_owned())
             })
             .collect();

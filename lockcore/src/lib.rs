@@ -39,6 +39,7 @@ mod locker;
 mod memory;
 mod name;
 mod options;
+mod secret;
 mod security;
 pub mod state;
 #[cfg(any(test, feature = "testing"))]
@@ -63,6 +64,7 @@ pub use locker::Locker;
 pub use memory::{Defect, MemoryBackend};
 pub use name::{LockName, MAX_NAME_LEN};
 pub use options::{LockOptions, MAX_REFRESH_FAILURES, MAX_TTL, MIN_TTL, WaitMode};
+pub use secret::is_secret_param;
 pub use security::{ConnectionSecurity, TlsDetails, Transport, Verification};
 pub use state::{Health, LostReason};
 pub use types::{Acquire, AcquireRequest, FenceToken, HolderInfo, Lease};

@@ -1,7 +1,27 @@
 //! Helpers shared by the end-to-end tests: a scratch directory and backend per test, and
 //! ways to watch processes.
 
-#![allow(dead_code)]
+#![allow(dead_code, unused_macros)]
+
+/// Stamps one test per backend for each scenario `fn(&Scene)`: the embedded backend always,
+/// PostgreSQL and Redis where their servers are configured (a failure in CI without them).
+macro_rules! on_every_backend {
+    ($($scenario:ident),* $(,)?) => {
+        mod local {
+            $( #[test] fn $scenario() { super::$scenario(&super::Scene::local()); } )*
+        }
+        mod postgres {
+            $( #[test] fn $scenario() {
+                if let Some(scene) = super::Scene::postgres() { super::$scenario(&scene); }
+            } )*
+        }
+        mod redis {
+            $( #[test] fn $scenario() {
+                if let Some(scene) = super::Scene::redis() { super::$scenario(&scene); }
+            } )*
+        }
+    };
+}
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
