@@ -320,6 +320,7 @@ fn guarantees_json(rows: &[(&str, lockcore::Guarantees)]) -> serde_json::Value {
                     lockcore::Durability::SurvivesRestart => "survives_restart",
                     lockcore::Durability::LostOnRestart => "lost_on_restart",
                 },
+                "listing": g.listing,
                 "notes": g.notes,
             })
         })

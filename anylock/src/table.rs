@@ -5,8 +5,8 @@ use lockcore::{Durability, ExpiryClock, Fairness, Fencing, Guarantees, Waiting};
 /// A Markdown table with one row per `(backend, guarantees)`.
 pub fn guarantees_markdown(rows: &[(&str, Guarantees)]) -> String {
     let mut out = String::from(
-        "| backend | mutual exclusion | fencing tokens | expiry decided by | waiters | fairness | same-owner retake | server restart |\n\
-         |---|---|---|---|---|---|---|---|\n",
+        "| backend | mutual exclusion | fencing tokens | expiry decided by | waiters | fairness | same-owner retake | server restart | `list` |\n\
+         |---|---|---|---|---|---|---|---|---|\n",
     );
     for (name, g) in rows {
         let cells = [
@@ -33,6 +33,7 @@ pub fn guarantees_markdown(rows: &[(&str, Guarantees)]) -> String {
                 Durability::SurvivesRestart => "locks survive".to_owned(),
                 Durability::LostOnRestart => "locks lost".to_owned(),
             },
+            if g.listing { "yes" } else { "no" }.to_owned(),
         ];
         out.push_str(&format!("| {} |\n", cells.join(" | ")));
     }
@@ -57,7 +58,7 @@ mod tests {
         ];
         let table = guarantees_markdown(&rows);
         assert_eq!(table.lines().count(), 4);
-        assert!(table.contains("| `memory` | in-process | monotonic | server clock | notified | none | yes | locks lost |"), "{table}");
+        assert!(table.contains("| `memory` | in-process | monotonic | server clock | notified | none | yes | locks lost | yes |"), "{table}");
         assert!(
             table.contains("| `redlock` | timing-dependent quorum | none |"),
             "{table}"

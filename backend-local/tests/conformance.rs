@@ -10,7 +10,8 @@ use backend_local::LocalBackend;
 use common::TempDb;
 use conformance::{Cuttable, Harness, Outage};
 use lockcore::{
-    Acquire, AcquireRequest, Guarantees, HolderInfo, Identity, Lease, LockBackend, LockName, Result,
+    Acquire, AcquireRequest, Guarantees, HeldLock, HolderInfo, Identity, Lease, LockBackend,
+    LockName, Result,
 };
 use sqlx::Connection;
 use sqlx::sqlite::SqliteConnection;
@@ -51,6 +52,9 @@ impl LockBackend for Reopenable {
     }
     fn guarantees(&self) -> Guarantees {
         self.get().guarantees()
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        self.get().list(prefix).await
     }
 }
 

@@ -83,6 +83,9 @@ impl LockBackend for Observed {
     fn guarantees(&self) -> Guarantees {
         self.inner.guarantees()
     }
+    async fn list(&self, prefix: &str) -> Result<Vec<lockcore::HeldLock>> {
+        self.inner.list(prefix).await
+    }
     async fn enqueue(&self, request: &AcquireRequest) -> Result<Option<QueueTicket>> {
         if self.polled {
             return Ok(None);

@@ -46,6 +46,8 @@ pub const CASES: &[&str] = &[
     "dropped_acquire_leaves_nothing_held",
     "many_names_held_at_once",
     "inspect_shows_the_holder",
+    "note_is_stored_with_the_grant",
+    "list_shows_held_locks",
     "handoff_latency",
     "notification_claim",
     "fifo_claim",
@@ -112,6 +114,12 @@ pub const CLAIMS: &[Claim] = &[
         caveat: "",
     },
     Claim {
+        field: "listing",
+        value: "true",
+        cases: &["list_shows_held_locks"],
+        caveat: "",
+    },
+    Claim {
         field: "durability",
         value: "SurvivesRestart",
         cases: &["durability_claim"],
@@ -146,6 +154,8 @@ macro_rules! suite {
             dropped_acquire_leaves_nothing_held,
             many_names_held_at_once,
             inspect_shows_the_holder,
+            note_is_stored_with_the_grant,
+            list_shows_held_locks,
             handoff_latency,
             notification_claim,
             fifo_claim,
@@ -187,6 +197,7 @@ mod tests {
             "fairness",
             "same_owner_retake",
             "durability",
+            "listing",
         ] {
             assert!(
                 CLAIMS.iter().any(|c| c.field == field),

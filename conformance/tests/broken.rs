@@ -111,3 +111,39 @@ async fn a_racy_acquire_is_caught() {
     assert!(message.contains("overlapping holders"), "{message}");
     still_basically_works(Defect::RacyAcquire).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_expired_leases_is_caught() {
+    let message = failure_of(Defect::ListsExpired, cases::list_shows_held_locks).await;
+    assert!(message.contains("list("), "{message}");
+    still_basically_works(Defect::ListsExpired).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_with_an_unescaped_pattern_is_caught() {
+    let message = failure_of(Defect::ListReadsPatterns, cases::list_shows_held_locks).await;
+    assert!(message.contains("prefix \"a_\""), "{message}");
+    still_basically_works(Defect::ListReadsPatterns).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_note_lost_on_refresh_is_caught() {
+    let message = failure_of(
+        Defect::RefreshDropsNote,
+        cases::note_is_stored_with_the_grant,
+    )
+    .await;
+    assert!(message.contains("lost by a refresh"), "{message}");
+    still_basically_works(Defect::RefreshDropsNote).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_note_outliving_its_grant_is_caught() {
+    let message = failure_of(
+        Defect::NoteOutlivesGrant,
+        cases::note_is_stored_with_the_grant,
+    )
+    .await;
+    assert!(message.contains("outlived it"), "{message}");
+    still_basically_works(Defect::NoteOutlivesGrant).await;
+}

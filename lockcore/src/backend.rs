@@ -10,6 +10,7 @@ use futures_core::Stream;
 use crate::error::Result;
 use crate::guarantees::Guarantees;
 use crate::name::LockName;
+use crate::note::HeldLock;
 use crate::types::{Acquire, AcquireRequest, FenceToken, HolderInfo, Lease};
 
 /// A stream that yields an item whenever a lock *may* have been released.
@@ -147,6 +148,31 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// What this backend promises. Every promise is checked by the conformance suite.
     fn guarantees(&self) -> Guarantees;
 
+    /// Every lock held right now whose name starts with `prefix` (all of them for `""`),
+    /// sorted by name (`anylock list`).
+    ///
+    /// # Contract
+    /// - Each entry is what [`inspect`](Self::inspect) would report for its name: expired,
+    ///   released and broken grants are left out, and a name appears at most once.
+    /// - Matches the prefix byte for byte: no pattern characters (`*`, `%`, `_`, `?`,
+    ///   `[`) are interpreted.
+    /// - A snapshot read: a lock taken or released during the call may or may not appear,
+    ///   but a lock held throughout the call does, and one free throughout does not.
+    /// - Cost grows with the number of stored locks under the prefix (a scan); it is an
+    ///   operator's tool, not for hot paths.
+    /// - Backends that cannot enumerate their locks return
+    ///   [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) (the default), and say
+    ///   so with [`Guarantees::listing`](crate::Guarantees::listing) `false`.
+    /// - The caller has checked `prefix` with [`validate_prefix`](crate::validate_prefix).
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let _ = prefix;
+        Err(crate::Error::new(
+            crate::ErrorKind::Unsupported,
+            "this backend cannot list its locks",
+        )
+        .with_backend(self.backend_name().to_owned()))
+    }
+
     /// Forcibly removes whoever holds `name`, as an operator would (`anylock break`), and
     /// returns the holder that was removed.
     ///
@@ -263,6 +289,9 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
     }
     fn guarantees(&self) -> Guarantees {
         (**self).guarantees()
+    }
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        (**self).list(prefix).await
     }
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         (**self).break_lock(name).await

@@ -23,13 +23,15 @@ pub struct Guarantees {
     pub same_owner_retake: bool,
     /// What happens to held leases and fence counters when the server restarts.
     pub durability: Durability,
+    /// Whether [`LockBackend::list`](crate::LockBackend::list) enumerates held locks.
+    pub listing: bool,
     /// A sentence or two of caveats, for people.
     pub notes: &'static str,
 }
 
 impl Guarantees {
     /// A descriptor with the three fields every backend must state; the rest default to the
-    /// weakest promise (polled, unfair, no retake, lost on restart) until a `with_*` method
+    /// weakest promise (polled, unfair, no retake, lost on restart, no listing) until a `with_*` method
     /// says otherwise. (The struct is non-exhaustive, so backends build it this way.)
     pub fn new(exclusion: Exclusion, fencing: Fencing, expiry_clock: ExpiryClock) -> Self {
         Self {
@@ -40,6 +42,7 @@ impl Guarantees {
             fairness: Fairness::None,
             same_owner_retake: false,
             durability: Durability::LostOnRestart,
+            listing: false,
             notes: "",
         }
     }
@@ -65,6 +68,12 @@ impl Guarantees {
     /// Sets durability across a server restart.
     pub fn with_durability(mut self, durability: Durability) -> Self {
         self.durability = durability;
+        self
+    }
+
+    /// Declares that [`LockBackend::list`](crate::LockBackend::list) works.
+    pub fn with_listing(mut self, listing: bool) -> Self {
+        self.listing = listing;
         self
     }
 

@@ -17,6 +17,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::guard::LockGuard;
 use crate::identity::Identity;
 use crate::name::LockName;
+use crate::note::HeldLock;
 use crate::options::{LockOptions, WaitMode};
 use crate::state::Health;
 use crate::types::{AcquireRequest, HolderInfo};
@@ -164,7 +165,8 @@ impl Locker {
             .and_then(|()| self.backend.check_options(options))
             .map_err(|e| e.in_context(self.backend.backend_name(), &name))?;
         let owner = self.identity.clone().unwrap_or_else(Identity::unique);
-        let request = AcquireRequest::new(name, owner, options.ttl());
+        let request =
+            AcquireRequest::new(name, owner, options.ttl()).with_note(options.note().cloned());
         self.acquire_loop(&request, options)
             .await
             .map_err(|e| e.in_context(self.backend.backend_name(), &request.name))
@@ -180,6 +182,27 @@ impl Locker {
             .inspect(&name)
             .await
             .map_err(|e| e.in_context(self.backend.backend_name(), &name))
+    }
+
+    /// Every lock held right now whose name starts with `prefix` (`""` for all), sorted
+    /// by name, as [`LockBackend::list`] reports it.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a bad prefix; [`ErrorKind::Unsupported`] when the
+    /// backend cannot list (see [`Guarantees::listing`](crate::Guarantees::listing)); the
+    /// backend's error otherwise.
+    pub async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let backend = self.backend.backend_name();
+        crate::validate_prefix(prefix).map_err(|e| e.with_backend(backend.to_owned()))?;
+        let mut held = self.backend.list(prefix).await.map_err(|e| {
+            if e.backend().is_none() {
+                e.with_backend(backend.to_owned())
+            } else {
+                e
+            }
+        })?;
+        held.sort_by(|a, b| a.name().cmp(b.name()));
+        Ok(held)
     }
 
     async fn acquire_loop(

@@ -16,6 +16,7 @@ use crate::guarantees::{
 };
 use crate::identity::Identity;
 use crate::name::LockName;
+use crate::note::{HeldLock, Note};
 use crate::types::{Acquire, AcquireRequest, FenceToken, HolderInfo, Lease};
 
 /// An in-process lock table: monotonic fence tokens, TTL expiry on tokio's clock (so paused
@@ -50,11 +51,14 @@ struct Table {
     locks: HashMap<LockName, Entry>,
     /// Fence counters; never removed, so tokens stay monotonic across releases.
     counters: HashMap<LockName, u64>,
+    /// The last note per name, kept only for [`Defect::NoteOutlivesGrant`].
+    stale_notes: HashMap<LockName, Note>,
 }
 
 #[derive(Debug, Clone)]
 struct Entry {
     owner: Identity,
+    note: Option<Note>,
     token: u64,
     acquired_at: SystemTime,
     expires: Instant,
@@ -78,6 +82,15 @@ pub enum Defect {
     RefreshIgnoresOwner,
     /// `acquire` checks, yields, then writes: two contenders can both win.
     RacyAcquire,
+    /// `list` reports leases that expired but were not yet removed.
+    ListsExpired,
+    /// `list` reads `_` in the prefix as "any character", as an unescaped SQL `LIKE` does.
+    ListReadsPatterns,
+    /// `refresh` rewrites the stored grant without its note.
+    RefreshDropsNote,
+    /// A grant without a note shows the note of the name's previous grant (a note stored
+    /// beside the lock and never deleted).
+    NoteOutlivesGrant,
 }
 
 impl MemoryBackend {
@@ -110,7 +123,7 @@ impl MemoryBackend {
         let token = self.next_token(&mut table, name);
         table
             .locks
-            .insert(name.clone(), Entry::new(owner, token, ttl));
+            .insert(name.clone(), Entry::new(owner, None, token, ttl));
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
@@ -147,7 +160,14 @@ impl MemoryBackend {
 
     fn grant(&self, table: &mut Table, request: &AcquireRequest) -> Lease {
         let token = self.next_token(table, &request.name);
-        let entry = Entry::new(request.owner.clone(), token, request.ttl);
+        let mut note = request.note.clone();
+        if self.has(Defect::NoteOutlivesGrant) {
+            match &note {
+                Some(n) => drop(table.stale_notes.insert(request.name.clone(), n.clone())),
+                None => note = table.stale_notes.get(&request.name).cloned(),
+            }
+        }
+        let entry = Entry::new(request.owner.clone(), note, token, request.ttl);
         table.locks.insert(request.name.clone(), entry);
         Lease::new(
             request.name.clone(),
@@ -164,10 +184,23 @@ impl MemoryBackend {
     }
 }
 
+/// Whether `name` starts with `prefix`, byte for byte (or, for
+/// [`Defect::ListReadsPatterns`], with `_` matching any one character).
+fn matches_prefix(name: &str, prefix: &str, patterns: bool) -> bool {
+    if !patterns {
+        return name.starts_with(prefix);
+    }
+    let mut chars = name.chars();
+    prefix
+        .chars()
+        .all(|p| chars.next().is_some_and(|c| p == '_' || p == c))
+}
+
 impl Entry {
-    fn new(owner: Identity, token: u64, ttl: Duration) -> Self {
+    fn new(owner: Identity, note: Option<Note>, token: u64, ttl: Duration) -> Self {
         Self {
             owner,
+            note,
             token,
             acquired_at: SystemTime::now(),
             expires: Instant::now() + ttl,
@@ -179,6 +212,7 @@ impl Entry {
             .with_acquired_at(self.acquired_at)
             .with_expires_in(self.expires.saturating_duration_since(Instant::now()))
             .with_token(FenceToken::new(self.token))
+            .with_note(self.note.clone())
     }
 
     fn is_grant_of(&self, lease: &Lease) -> bool {
@@ -214,13 +248,16 @@ impl LockBackend for MemoryBackend {
         let mut table = self.table();
         if self.has(Defect::RefreshIgnoresOwner) {
             let token = lease.token().map_or(0, FenceToken::get);
-            let entry = Entry::new(lease.owner().clone(), token, lease.ttl());
+            let entry = Entry::new(lease.owner().clone(), None, token, lease.ttl());
             table.locks.insert(lease.name().clone(), entry);
             return Ok(lease.clone());
         }
         match self.live(&mut table, lease.name()) {
             Some(entry) if entry.is_grant_of(lease) => {
                 entry.expires = Instant::now() + lease.ttl();
+                if self.has(Defect::RefreshDropsNote) {
+                    entry.note = None;
+                }
                 Ok(lease.clone())
             }
             Some(entry) => Err(Error::lost(format!("taken over by {}", entry.owner))),
@@ -248,6 +285,23 @@ impl LockBackend for MemoryBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         Ok(self.live(&mut self.table(), name).map(|e| e.holder()))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let now = Instant::now();
+        let keep_expired = self.has(Defect::NeverExpires) || self.has(Defect::ListsExpired);
+        let patterns = self.has(Defect::ListReadsPatterns);
+        let table = self.table();
+        let mut held: Vec<_> = table
+            .locks
+            .iter()
+            .filter(|(name, e)| {
+                matches_prefix(name.as_str(), prefix, patterns) && (keep_expired || e.expires > now)
+            })
+            .map(|(name, e)| HeldLock::new(name.clone(), e.holder()))
+            .collect();
+        held.sort_by(|a, b| a.name().cmp(b.name()));
+        Ok(held)
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
@@ -278,6 +332,7 @@ impl LockBackend for MemoryBackend {
         .with_fairness(Fairness::None)
         .with_same_owner_retake(true)
         .with_durability(Durability::LostOnRestart)
+        .with_listing(true)
         .with_notes("Reference backend: locks live in one process and vanish with it.")
     }
 

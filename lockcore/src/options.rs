@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::backoff::Backoff;
 use crate::error::Error;
+use crate::note::Note;
 
 /// The shortest TTL accepted.
 pub const MIN_TTL: Duration = Duration::from_millis(10);
@@ -48,6 +49,7 @@ pub struct LockOptions {
     wait: WaitMode,
     backoff: Backoff,
     attempt_timeout: Option<Duration>,
+    note: Option<Note>,
 }
 
 impl Default for LockOptions {
@@ -67,6 +69,7 @@ impl LockOptions {
             wait: WaitMode::Forever,
             backoff: Backoff::default(),
             attempt_timeout: None,
+            note: None,
         }
     }
 
@@ -119,6 +122,13 @@ impl LockOptions {
         self
     }
 
+    /// Stores `note` with every grant made with these options, for people: `inspect`,
+    /// `list` and `anylock status` show it (a CI run URL, a host and job).
+    pub fn with_note(mut self, note: Note) -> Self {
+        self.note = Some(note);
+        self
+    }
+
     /// The lease TTL.
     pub fn ttl(&self) -> Duration {
         self.ttl
@@ -148,6 +158,11 @@ impl LockOptions {
     /// The backoff.
     pub fn backoff(&self) -> &Backoff {
         &self.backoff
+    }
+
+    /// The note stored with each grant, if any.
+    pub fn note(&self) -> Option<&Note> {
+        self.note.as_ref()
     }
 
     /// The bound on one acquire call.

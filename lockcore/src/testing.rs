@@ -190,6 +190,12 @@ impl LockBackend for FaultyBackend {
     fn guarantees(&self) -> Guarantees {
         self.inner.guarantees()
     }
+    async fn list(&self, prefix: &str) -> Result<Vec<crate::HeldLock>> {
+        self.run(Op::Inspect, self.inner.list(prefix)).await
+    }
+    async fn connection_security(&self) -> Result<Vec<crate::ConnectionSecurity>> {
+        self.inner.connection_security().await
+    }
     fn check_options(&self, options: &crate::LockOptions) -> Result<()> {
         self.inner.check_options(options)
     }

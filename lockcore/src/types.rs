@@ -5,6 +5,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::identity::Identity;
 use crate::name::LockName;
+use crate::note::Note;
 
 /// A fencing token: strictly increasing per lock name across every grant.
 ///
@@ -49,13 +50,27 @@ pub struct AcquireRequest {
     pub owner: Identity,
     /// The lease time-to-live the backend must set (on its own clock where it has one).
     pub ttl: Duration,
+    /// Text to store with the grant for people (`inspect` and `list` show it); a
+    /// same-owner retake replaces it.
+    pub note: Option<Note>,
 }
 
 impl AcquireRequest {
     /// Builds a request. Callers normally go through [`Locker`](crate::Locker), which
     /// validates the TTL first.
     pub fn new(name: LockName, owner: Identity, ttl: Duration) -> Self {
-        Self { name, owner, ttl }
+        Self {
+            name,
+            owner,
+            ttl,
+            note: None,
+        }
+    }
+
+    /// Stores `note` with the grant.
+    pub fn with_note(mut self, note: Option<Note>) -> Self {
+        self.note = note;
+        self
     }
 }
 
@@ -147,6 +162,7 @@ pub struct HolderInfo {
     acquired_at: Option<SystemTime>,
     expires_in: Option<Duration>,
     token: Option<FenceToken>,
+    note: Option<Note>,
 }
 
 impl HolderInfo {
@@ -157,6 +173,7 @@ impl HolderInfo {
             acquired_at: None,
             expires_in: None,
             token: None,
+            note: None,
         }
     }
 
@@ -178,6 +195,12 @@ impl HolderInfo {
         self
     }
 
+    /// Sets the note stored with the grant (`None` leaves it unset).
+    pub fn with_note(mut self, note: Option<Note>) -> Self {
+        self.note = note;
+        self
+    }
+
     /// The holder's identity.
     pub fn owner(&self) -> &Identity {
         &self.owner
@@ -196,6 +219,11 @@ impl HolderInfo {
     /// The holder's fencing token, when known.
     pub fn token(&self) -> Option<FenceToken> {
         self.token
+    }
+
+    /// The note stored with the grant, if the holder gave one.
+    pub fn note(&self) -> Option<&Note> {
+        self.note.as_ref()
     }
 }
 

@@ -7,6 +7,7 @@ mod claims;
 mod exclusion;
 mod expiry;
 mod health;
+mod listing;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,6 +38,7 @@ pub use health::{
     deleted_lock_turns_the_guard_lost, stolen_lock_turns_the_guard_lost,
     unreachable_backend_degrades_then_loses, unreachable_backend_recovers,
 };
+pub use listing::{list_shows_held_locks, note_is_stored_with_the_grant};
 
 /// A fresh random lock name for `case`, so runs and cases never collide.
 pub(crate) fn fresh(case: &str) -> LockName {

@@ -1,0 +1,179 @@
+//! Notes stored with a lease ([`Note`]) and the entries of a listing ([`HeldLock`]).
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::Error;
+use crate::name::LockName;
+use crate::types::HolderInfo;
+
+/// The longest note accepted, in bytes of UTF-8.
+pub const MAX_NOTE_LEN: usize = 512;
+
+/// A short text stored with a lease for people (a CI run URL, a host and job), shown by
+/// `inspect` and `list`: at most [`MAX_NOTE_LEN`] bytes, no control characters.
+///
+/// The note is information, never identity: it plays no part in who owns a lock, and
+/// anyone who can read the lock can read it, so it must not hold secrets.
+///
+/// ```
+/// use lockcore::Note;
+/// let note = Note::new("https://ci.example/run/42")?;
+/// assert_eq!(note.as_str(), "https://ci.example/run/42");
+/// assert!(Note::new("two\nlines").is_err());
+/// // What a server returns is shown, never refused: control characters become U+FFFD.
+/// assert_eq!(Note::lossy("a\x1b[2Jb").as_str(), "a\u{fffd}[2Jb");
+/// # Ok::<(), lockcore::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Note(Arc<str>);
+
+impl Note {
+    /// Validates `text`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) when the note is empty,
+    /// longer than [`MAX_NOTE_LEN`] bytes, or contains a control character (a newline
+    /// included: notes are shown on one line).
+    pub fn new(text: impl AsRef<str>) -> Result<Self, Error> {
+        let text = text.as_ref();
+        if text.is_empty() {
+            return Err(Error::invalid_input("note is empty; leave it out instead"));
+        }
+        if text.len() > MAX_NOTE_LEN {
+            return Err(Error::invalid_input(format!(
+                "note is {} bytes long; the limit is {MAX_NOTE_LEN}",
+                text.len()
+            )));
+        }
+        if let Some((pos, ch)) = text.char_indices().find(|(_, c)| c.is_control()) {
+            return Err(Error::invalid_input(format!(
+                "note contains the control character {ch:?} at byte {pos}"
+            )));
+        }
+        Ok(Self(Arc::from(text)))
+    }
+
+    /// A note read back from a server, which may have been written by anyone: control
+    /// characters become U+FFFD and the text is cut to [`MAX_NOTE_LEN`] bytes (at a
+    /// character boundary), so showing it can never move a terminal's cursor.
+    pub fn lossy(text: &str) -> Self {
+        let mut clean = String::with_capacity(text.len().min(MAX_NOTE_LEN));
+        for ch in text.chars() {
+            let ch = if ch.is_control() { '\u{fffd}' } else { ch };
+            if clean.len() + ch.len_utf8() > MAX_NOTE_LEN {
+                break;
+            }
+            clean.push(ch);
+        }
+        Self(Arc::from(clean))
+    }
+
+    /// A stored note, if `text` is not empty (backends store "no note" as an empty text).
+    pub fn from_stored(text: &str) -> Option<Self> {
+        (!text.is_empty()).then(|| Self::lossy(text))
+    }
+
+    /// The note as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Note {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for Note {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl TryFrom<&str> for Note {
+    type Error = Error;
+    fn try_from(value: &str) -> Result<Self, Error> {
+        Self::new(value)
+    }
+}
+
+/// Checks a prefix for [`LockBackend::list`](crate::LockBackend::list): empty (every
+/// lock), or at most [`MAX_NAME_LEN`](crate::MAX_NAME_LEN) bytes with no control
+/// characters, the rules of a [`LockName`].
+///
+/// # Errors
+/// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) naming the rule broken.
+pub fn validate_prefix(prefix: &str) -> Result<(), Error> {
+    if prefix.is_empty() {
+        return Ok(());
+    }
+    LockName::new(prefix)
+        .map(drop)
+        .map_err(|e| Error::invalid_input(format!("bad prefix: {}", e.message())))
+}
+
+/// One held lock in a listing: its name and its holder, as
+/// [`inspect`](crate::LockBackend::inspect) would report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldLock {
+    name: LockName,
+    holder: HolderInfo,
+}
+
+impl HeldLock {
+    /// `name` held by `holder`.
+    pub fn new(name: LockName, holder: HolderInfo) -> Self {
+        Self { name, holder }
+    }
+
+    /// The lock.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// Who holds it.
+    pub fn holder(&self) -> &HolderInfo {
+        &self.holder
+    }
+
+    /// Both parts.
+    pub fn into_parts(self) -> (LockName, HolderInfo) {
+        (self.name, self.holder)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn notes_are_checked() {
+        assert!(Note::new("").is_err());
+        assert!(Note::new("x".repeat(MAX_NOTE_LEN)).is_ok());
+        let long = Note::new("x".repeat(MAX_NOTE_LEN + 1)).unwrap_err();
+        assert!(long.to_string().contains("513 bytes"), "{long}");
+        assert!(Note::new("tab\there").is_err());
+        assert!(Note::new("bell\u{7}").is_err());
+        assert!(Note::new("ünïcode ✓").is_ok());
+    }
+
+    #[test]
+    fn stored_notes_are_made_safe_to_show() {
+        assert_eq!(Note::from_stored(""), None);
+        assert_eq!(Note::lossy("\u{9b}31m").as_str(), "\u{fffd}31m");
+        let long = "é".repeat(MAX_NOTE_LEN);
+        let cut = Note::lossy(&long);
+        assert_eq!(cut.as_str().len(), MAX_NOTE_LEN);
+        assert!(cut.as_str().chars().all(|c| c == 'é'));
+    }
+
+    #[test]
+    fn prefixes_follow_the_name_rules() {
+        assert!(validate_prefix("").is_ok());
+        assert!(validate_prefix("deploy/").is_ok());
+        assert!(validate_prefix("a\nb").is_err());
+        assert!(validate_prefix(&"p".repeat(513)).is_err());
+    }
+}
