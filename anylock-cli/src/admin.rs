@@ -27,6 +27,9 @@ pub(crate) fn describe(name: &str, holder: &HolderInfo) -> String {
     if let Some(token) = holder.token() {
         text.push_str(&format!("\n  fence token: {token}"));
     }
+    if let Some(note) = holder.note() {
+        text.push_str(&format!("\n  note:        {note}"));
+    }
     text
 }
 
@@ -57,8 +60,66 @@ fn status_json(name: &str, holder: Option<&HolderInfo>) -> serde_json::Value {
         if let Some(token) = holder.token() {
             object["fence_token"] = token.get().into();
         }
+        if let Some(note) = holder.note() {
+            object["note"] = note.as_str().into();
+        }
     }
     object
+}
+
+/// `anylock list [PREFIX]`: the held locks, a line each (or one JSON array).
+pub(crate) async fn list(prefix: &str, json: bool, config: &Config) -> Result<(), Error> {
+    let backend = crate::select::connect(&crate::select::backend_url(config)?).await?;
+    let held = Locker::new(backend).list(prefix).await?;
+    if json {
+        let array: Vec<_> = held
+            .iter()
+            .map(|h| status_json(h.name().as_str(), Some(h.holder())))
+            .collect();
+        out!("{}", serde_json::Value::Array(array));
+        return Ok(());
+    }
+    if held.is_empty() {
+        let under = if prefix.is_empty() {
+            String::new()
+        } else {
+            format!(" under {prefix:?}")
+        };
+        note!("anylock: no lock is held{under}");
+        return Ok(());
+    }
+    let rows: Vec<[String; 5]> = held.iter().map(list_row).collect();
+    let header = ["NAME", "OWNER", "EXPIRES IN", "TOKEN", "NOTE"].map(str::to_owned);
+    let mut widths = [0; 4];
+    for row in std::iter::once(&header).chain(&rows) {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    for row in std::iter::once(&header).chain(&rows) {
+        let mut line = String::new();
+        for (width, cell) in widths.iter().zip(row) {
+            line.push_str(&format!("{cell:<width$}  "));
+        }
+        line.push_str(&row[4]);
+        out!("{}", line.trim_end());
+    }
+    Ok(())
+}
+
+/// One lock's cells for `list`: unknown values are `-`.
+fn list_row(held: &lockcore::HeldLock) -> [String; 5] {
+    let holder = held.holder();
+    let dash = || "-".to_owned();
+    [
+        held.name().to_string(),
+        holder.owner().to_string(),
+        holder.expires_in().map_or_else(dash, |left| {
+            humantime::format_duration(Duration::from_secs(left.as_secs())).to_string()
+        }),
+        holder.token().map_or_else(dash, |t| t.to_string()),
+        holder.note().map_or_else(String::new, |n| n.to_string()),
+    ]
 }
 
 /// `anylock break NAME [--yes]`.

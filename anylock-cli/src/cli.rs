@@ -18,7 +18,9 @@ Examples:
   anylock acquire deploy --owner \"$RUN_ID\" --ttl 30m >> \"$GITHUB_ENV\"  # later steps:
   anylock verify deploy    # ANYLOCK_OWNER from $GITHUB_ENV; exit 0 held, 122 not
   anylock release deploy   # only if ANYLOCK_OWNER holds it; 122 (nothing done) if not
+  anylock run deploy --note \"$CI_JOB_URL\" -- ./deploy  # shown by status and list
   anylock status publish-repo                           # exit 0 held, 1 free; --json
+  anylock list deploy/                                  # held locks under a prefix; --json
   anylock break publish-repo --yes
   anylock guarantees
   anylock check postgres://locks@db/locks
@@ -80,13 +82,24 @@ pub(crate) enum Command {
     },
     /// Release NAME if the owner ID holds it; exit 122, changing nothing, if it does not.
     Release(OwnerArgs),
-    /// Show who holds NAME: identity, since when, expiry and fence token. Exit 0 when it
-    /// is held, 1 when it is free.
+    /// Show who holds NAME: identity, since when, expiry, fence token and note. Exit 0
+    /// when it is held, 1 when it is free.
     Status {
         /// The lock name.
         name: String,
         /// One JSON object on stdout: name, held, owner, acquired_at (RFC 3339),
-        /// expires_in_ms, fence_token (absent when unknown).
+        /// expires_in_ms, fence_token, note (each absent when unknown).
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the locks held now whose names start with PREFIX (every lock without one),
+    /// sorted by name: holder, expiry, fence token and note. Exit 0 even when none is
+    /// held; 125 on a backend that cannot list (see `anylock guarantees`).
+    List {
+        /// Only names that start with this text, byte for byte (no patterns).
+        #[arg(default_value = "")]
+        prefix: String,
+        /// One JSON array on stdout, an object per lock with the fields of `status --json`.
         #[arg(long)]
         json: bool,
     },
@@ -150,6 +163,21 @@ pub(crate) struct WaitArgs {
     pub(crate) conflict_exit_code: Option<u8>,
 }
 
+/// `--note`: text stored with the lease for people.
+#[derive(Debug, Args)]
+pub(crate) struct NoteArgs {
+    /// Text stored with the lease and shown by `status` and `list`, such as the CI run's
+    /// URL (at most 512 bytes, one line). Anyone who can read the lock can read it: no
+    /// secrets.
+    #[arg(long, env = "ANYLOCK_NOTE", value_name = "TEXT", value_parser = parse_note)]
+    pub(crate) note: Option<lockcore::Note>,
+}
+
+/// A note as lockcore checks it.
+fn parse_note(text: &str) -> Result<lockcore::Note, String> {
+    lockcore::Note::new(text).map_err(|e| e.message().to_owned())
+}
+
 #[derive(Debug, Args)]
 pub(crate) struct AcquireArgs {
     #[command(flatten)]
@@ -162,6 +190,9 @@ pub(crate) struct AcquireArgs {
 
     #[command(flatten)]
     pub(crate) waiting: WaitArgs,
+
+    #[command(flatten)]
+    pub(crate) note: NoteArgs,
 
     /// One JSON object on stdout instead of the ANYLOCK_* lines: name, owner, fence_token
     /// (absent when the backend has none), ttl_ms, expires_at (RFC 3339).
@@ -181,6 +212,9 @@ pub(crate) struct RunArgs {
 
     #[command(flatten)]
     pub(crate) waiting: WaitArgs,
+
+    #[command(flatten)]
+    pub(crate) note: NoteArgs,
 
     /// After SIGTERM on a lost lock, wait this long before SIGKILL [default: 10s]. Must be
     /// shorter than the TTL; cut to what the lease has left when the loss is detected, and

@@ -140,6 +140,7 @@ async fn dispatch(cli: Cli) -> u8 {
                 }
             };
         }
+        Command::List { prefix, json } => admin::list(&prefix, json, &config).await,
         Command::Break { name, yes } => admin::break_lock(&name, yes, &config).await,
         Command::Guarantees { json } => {
             admin::guarantees(json);

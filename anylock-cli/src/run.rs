@@ -122,7 +122,10 @@ pub(crate) fn options(args: &RunArgs, config: &Config) -> Result<LockOptions, Er
     let ttl = ttl(args, config)?;
     grace(args, config)?;
     let wait = wait_mode(args.waiting.no_wait, args.waiting.wait, config)?;
-    let options = LockOptions::new(ttl).with_wait(wait);
+    let mut options = LockOptions::new(ttl).with_wait(wait);
+    if let Some(note) = &args.note.note {
+        options = options.with_note(note.clone());
+    }
     options.validate()?;
     Ok(options)
 }
@@ -193,6 +196,9 @@ pub(crate) fn describe_wait(name: &str, holder: &HolderInfo) -> String {
             ", expires in {}",
             humantime::format_duration(secs)
         ));
+    }
+    if let Some(note) = holder.note() {
+        line.push_str(&format!(" ({note})"));
     }
     line
 }

@@ -38,11 +38,14 @@ pub(crate) async fn acquire(args: AcquireArgs, config: &Config, quiet: bool) -> 
 async fn acquire_inner(args: &AcquireArgs, config: &Config, quiet: bool) -> Result<(), Error> {
     let owner = owner(&args.held.owner)?;
     let ttl = args.ttl.unwrap_or(DEFAULT_TTL);
-    let options = LockOptions::new(ttl).with_wait(wait_mode(
+    let mut options = LockOptions::new(ttl).with_wait(wait_mode(
         args.waiting.no_wait,
         args.waiting.wait,
         config,
     )?);
+    if let Some(note) = &args.note.note {
+        options = options.with_note(note.clone());
+    }
     options.validate()?;
     let backend = connect(&backend_url(config)?).await?;
     let locker = Locker::new(backend)

@@ -29,10 +29,29 @@ use std::time::{Duration, Instant};
 
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_anylock");
 
+/// Stamps one test per backend for each scenario, like [`on_every_backend!`], plus etcd
+/// and GCS (the GCS test server, in-process): for behaviour that each backend's storage
+/// carries (notes, listing).
+macro_rules! on_all_five_backends {
+    ($($scenario:ident),* $(,)?) => {
+        on_every_backend!($($scenario),*);
+        mod etcd {
+            $( #[test] fn $scenario() {
+                if let Some(scene) = super::Scene::etcd() { super::$scenario(&scene); }
+            } )*
+        }
+        mod gcs {
+            $( #[test] fn $scenario() { super::$scenario(&super::Scene::gcs()); } )*
+        }
+    };
+}
+
 /// A scratch directory and a backend URL for one test.
 pub(crate) struct Scene {
     pub(crate) dir: PathBuf,
     pub(crate) backend: String,
+    /// A server the scene runs in-process (the GCS test server and its runtime).
+    _server: Option<Box<dyn std::any::Any>>,
 }
 
 impl Scene {
@@ -45,7 +64,39 @@ impl Scene {
     pub(crate) fn local() -> Self {
         let dir = Self::scratch();
         let backend = format!("local:{}/locks.sqlite3", dir.display());
-        Self { dir, backend }
+        Self::new(dir, backend)
+    }
+
+    fn new(dir: PathBuf, backend: String) -> Self {
+        Self {
+            dir,
+            backend,
+            _server: None,
+        }
+    }
+
+    /// The etcd cluster from the harness, under a fresh key prefix; `None` (skip) outside
+    /// CI without it.
+    pub(crate) fn etcd() -> Option<Self> {
+        let endpoints = conformance::env::require("ANYLOCK_TEST_ETCD_ENDPOINTS", "etcd")?;
+        let hosts: Vec<&str> = endpoints
+            .split(',')
+            .map(|e| e.trim().trim_start_matches("http://"))
+            .collect();
+        let prefix = format!("cli-{:016x}", rand::random::<u64>());
+        let backend = format!("etcd://{}/{prefix}", hosts.join(","));
+        Some(Self::new(Self::scratch(), backend))
+    }
+
+    /// A GCS test server of the scene's own, with a bucket.
+    pub(crate) fn gcs() -> Self {
+        let runtime = tokio::runtime::Runtime::new().expect("runtime");
+        let server = runtime.block_on(gcs_test_server::GcsTestServer::start());
+        assert!(server.create_bucket("cli-locks"));
+        let backend = format!("gs://cli-locks/?endpoint={}&auth=none", server.url());
+        let mut scene = Self::new(Self::scratch(), backend);
+        scene._server = Some(Box::new((server, runtime)));
+        scene
     }
 
     /// Redis from the harness, under a fresh key prefix; `None` (skip) outside CI without it.
@@ -54,10 +105,7 @@ impl Scene {
         let prefix = format!("cli-{:016x}", rand::random::<u64>());
         let separator = if url.contains('?') { '&' } else { '?' };
         let backend = format!("{url}{separator}prefix={prefix}");
-        Some(Self {
-            dir: Self::scratch(),
-            backend,
-        })
+        Some(Self::new(Self::scratch(), backend))
     }
 
     /// PostgreSQL from the harness, in a fresh schema; `None` (skip) outside CI without it.
@@ -66,10 +114,7 @@ impl Scene {
         let schema = format!("cli_{:016x}", rand::random::<u64>());
         let separator = if url.contains('?') { '&' } else { '?' };
         let backend = format!("{url}{separator}schema={schema}");
-        Some(Self {
-            dir: Self::scratch(),
-            backend,
-        })
+        Some(Self::new(Self::scratch(), backend))
     }
 
     pub(crate) fn command(&self, args: &[&str]) -> Command {
@@ -77,6 +122,8 @@ impl Scene {
         command
             .args(args)
             .env("ANYLOCK_BACKEND", &self.backend)
+            // For commands that call anylock again (`-c '"$ANYLOCK_BIN" status job'`).
+            .env("ANYLOCK_BIN", BIN)
             .env_remove("ANYLOCK_CONFIG")
             .env("XDG_CONFIG_HOME", &self.dir)
             .current_dir(&self.dir)

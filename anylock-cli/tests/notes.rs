@@ -1,0 +1,168 @@
+//! `--note` and `anylock list`, end to end with the real binary on every backend: the note
+//! is stored with the lease on the server, so `status`, `list` and a waiting `run` in
+//! other processes show it.
+
+#[macro_use]
+mod support;
+
+use std::time::Duration;
+
+use support::{Scene, code, wait_child};
+
+fn stdout(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &std::process::Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// `acquire NAME --owner OWNER --note NOTE`, which must succeed.
+fn acquire(scene: &Scene, name: &str, owner: &str, note: Option<&str>) {
+    let mut args = vec!["acquire", name, "--owner", owner, "--ttl", "5m", "-n"];
+    if let Some(note) = note {
+        args.extend(["--note", note]);
+    }
+    let out = scene.output(&args);
+    assert_eq!(code(&out), 0, "acquire {name}: {}", stderr(&out));
+}
+
+fn json(text: &str) -> serde_json::Value {
+    serde_json::from_str(text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"))
+}
+
+/// `status` and `list` in other processes show the note given to `acquire`; `list` shows
+/// exactly the held locks under the prefix (pattern characters are literal), in order.
+fn list_and_status_show_holders_and_notes(scene: &Scene) {
+    let url = "https://ci.example/org/repo/actions/runs/42?attempt=1";
+    acquire(scene, "deploy/web", "run-42", Some(url));
+    acquire(scene, "deploy/db", "run-43", None);
+    acquire(scene, "deploy_x", "run-44", Some("outside the prefix"));
+    acquire(scene, "other", "run-45", None);
+
+    let status = scene.output(&["status", "deploy/web", "--json"]);
+    assert_eq!(code(&status), 0, "{}", stderr(&status));
+    assert_eq!(json(&stdout(&status))["note"], url);
+    let status = scene.output(&["status", "deploy/web"]);
+    assert!(
+        stdout(&status).contains(&format!("note:        {url}")),
+        "{}",
+        stdout(&status)
+    );
+    let status = scene.output(&["status", "deploy/db", "--json"]);
+    assert!(
+        json(&stdout(&status)).get("note").is_none(),
+        "{}",
+        stdout(&status)
+    );
+
+    let listed = scene.output(&["list", "deploy/", "--json"]);
+    assert_eq!(code(&listed), 0, "{}", stderr(&listed));
+    let listed = json(&stdout(&listed));
+    let names: Vec<_> = listed
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|l| l["name"].clone())
+        .collect();
+    assert_eq!(names, ["deploy/db", "deploy/web"], "{listed}");
+    assert_eq!(listed[1]["note"], url);
+    assert_eq!(listed[1]["held"], true);
+    assert!(
+        listed[1]["owner"]
+            .as_str()
+            .expect("owner")
+            .ends_with("run-42"),
+        "{listed}"
+    );
+    assert!(
+        listed[1]["expires_in_ms"].as_u64().expect("expiry") > 60_000,
+        "{listed}"
+    );
+
+    // `_` is a literal, not SQL's "any character": `deploy_` matches only `deploy_x`.
+    let listed = scene.output(&["list", "deploy_", "--json"]);
+    let listed = json(&stdout(&listed));
+    assert_eq!(listed.as_array().expect("array").len(), 1, "{listed}");
+    assert_eq!(listed[0]["name"], "deploy_x");
+
+    let table = scene.output(&["list", "deploy/"]);
+    let text = stdout(&table);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "header and two locks: {text}");
+    assert!(lines[0].starts_with("NAME"), "{text}");
+    assert!(lines[1].starts_with("deploy/db"), "{text}");
+    assert!(
+        lines[2].starts_with("deploy/web") && lines[2].ends_with(url),
+        "{text}"
+    );
+
+    let out = scene.output(&["release", "deploy/web", "--owner", "run-42"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    let listed = json(&stdout(&scene.output(&["list", "deploy/", "--json"])));
+    assert_eq!(listed.as_array().expect("array").len(), 1, "{listed}");
+    let empty = scene.output(&["list", "nothing-here/"]);
+    assert_eq!(code(&empty), 0, "{}", stderr(&empty));
+    assert_eq!(stdout(&empty), "");
+    assert!(
+        stderr(&empty).contains("no lock is held under \"nothing-here/\""),
+        "{}",
+        stderr(&empty)
+    );
+    let all = json(&stdout(&scene.output(&["list", "--json"])));
+    assert_eq!(all.as_array().expect("array").len(), 3, "{all}");
+}
+
+/// A waiting `run` names the holder's note, so a blocked pipeline says which run blocks it.
+fn a_waiting_run_shows_the_holders_note(scene: &Scene) {
+    acquire(scene, "deploy", "run-7", Some("deploy of v1.2 by run 7"));
+    let mut child = scene.spawn(&["run", "deploy", "-w", "2", "--", "true"]);
+    let status = wait_child(&mut child, Duration::from_secs(60));
+    let out = child.wait_with_output().expect("output");
+    assert_eq!(status.code(), Some(124), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("(deploy of v1.2 by run 7)"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+/// `run --note` stores the note while the command runs, and the next holder's lease
+/// without one shows none.
+fn run_note_lives_and_dies_with_its_lease(scene: &Scene) {
+    let out = scene.output(&[
+        "run",
+        "job",
+        "--note",
+        "nightly on runner-3",
+        "-c",
+        "\"$ANYLOCK_BIN\" status job --json",
+    ]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert_eq!(json(&stdout(&out))["note"], "nightly on runner-3");
+    let out = scene.output(&["run", "job", "-c", "\"$ANYLOCK_BIN\" status job --json"]);
+    assert_eq!(code(&out), 0, "{}", stderr(&out));
+    assert!(
+        json(&stdout(&out)).get("note").is_none(),
+        "{}",
+        stdout(&out)
+    );
+}
+
+/// A note that is not one short line is refused before anything is taken.
+fn a_bad_note_is_refused(scene: &Scene) {
+    for bad in ["two\nlines", &"x".repeat(513), ""] {
+        let out = scene.output(&["run", "job", "--note", bad, "--", "true"]);
+        assert_eq!(code(&out), 2, "{bad:?}: {}", stderr(&out));
+        assert!(stderr(&out).contains("note"), "{}", stderr(&out));
+    }
+    let status = scene.output(&["status", "job"]);
+    assert_eq!(code(&status), 1, "nothing was taken: {}", stdout(&status));
+}
+
+on_all_five_backends!(
+    list_and_status_show_holders_and_notes,
+    a_waiting_run_shows_the_holders_note,
+    run_note_lives_and_dies_with_its_lease,
+    a_bad_note_is_refused,
+);
