@@ -4,7 +4,7 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use anylock::{BackendUrl, Config};
-use lockcore::{Error, ErrorKind, HolderInfo, LockName, LockOptions, Locker, WaitMode};
+use lockcore::{Error, ErrorKind, HeldLock, HolderInfo, LockName, LockOptions, Locker, WaitMode};
 
 use crate::run::{ago, timestamp};
 
@@ -39,32 +39,21 @@ pub(crate) async fn status(name: &str, json: bool, config: &Config) -> Result<bo
     let backend = crate::select::connect(&crate::select::backend_url(config)?).await?;
     let holder = backend.inspect(&name).await?;
     match (&holder, json) {
-        (_, true) => out!("{}", status_json(name.as_str(), holder.as_ref())),
+        (_, true) => out!("{}", status_json(&name, holder.as_ref())),
         (Some(holder), false) => out!("{}", describe(name.as_str(), holder)),
         (None, false) => out!("{name} is free"),
     }
     Ok(holder.is_some())
 }
 
-/// `status --json`: one object; fields that are unknown are left out.
-fn status_json(name: &str, holder: Option<&HolderInfo>) -> serde_json::Value {
-    let mut object = serde_json::json!({ "name": name, "held": holder.is_some() });
-    if let Some(holder) = holder {
-        object["owner"] = holder.owner().as_str().into();
-        if let Some(since) = holder.acquired_at() {
-            object["acquired_at"] = humantime::format_rfc3339_millis(since).to_string().into();
-        }
-        if let Some(left) = holder.expires_in() {
-            object["expires_in_ms"] = u64::try_from(left.as_millis()).unwrap_or(u64::MAX).into();
-        }
-        if let Some(token) = holder.token() {
-            object["fence_token"] = token.get().into();
-        }
-        if let Some(note) = holder.note() {
-            object["note"] = note.as_str().into();
-        }
-    }
-    object
+/// `status --json`: one object; fields that are unknown are left out (lockcore's
+/// `Serialize` shapes, so `list --json` and the library agree).
+fn status_json(name: &LockName, holder: Option<&HolderInfo>) -> serde_json::Value {
+    let value = match holder {
+        Some(holder) => serde_json::to_value(HeldLock::new(name.clone(), holder.clone())),
+        None => Ok(serde_json::json!({ "name": name, "held": false })),
+    };
+    value.unwrap_or_else(|e| serde_json::json!({ "name": name, "error": e.to_string() }))
 }
 
 /// `anylock list [PREFIX]`: the held locks, a line each (or one JSON array).
@@ -72,11 +61,7 @@ pub(crate) async fn list(prefix: &str, json: bool, config: &Config) -> Result<()
     let backend = crate::select::connect(&crate::select::backend_url(config)?).await?;
     let held = Locker::new(backend).list(prefix).await?;
     if json {
-        let array: Vec<_> = held
-            .iter()
-            .map(|h| status_json(h.name().as_str(), Some(h.holder())))
-            .collect();
-        out!("{}", serde_json::Value::Array(array));
+        out!("{}", serde_json::Value::from_iter(held.iter().map(to_json)));
         return Ok(());
     }
     if held.is_empty() {
@@ -369,21 +354,15 @@ pub(crate) fn explain(err: Error) -> Error {
 fn guarantees_json(rows: &[(&str, lockcore::Guarantees)]) -> serde_json::Value {
     rows.iter()
         .map(|(name, g)| {
-            serde_json::json!({
-                "backend": name,
-                "exclusion": g.exclusion.to_string(),
-                "fencing": format!("{:?}", g.fencing).to_lowercase(),
-                "expiry_clock": format!("{:?}", g.expiry_clock).to_lowercase(),
-                "waiting": format!("{:?}", g.waiting).to_lowercase(),
-                "fairness": format!("{:?}", g.fairness).to_lowercase(),
-                "same_owner_retake": g.same_owner_retake,
-                "durability": match g.durability {
-                    lockcore::Durability::SurvivesRestart => "survives_restart",
-                    lockcore::Durability::LostOnRestart => "lost_on_restart",
-                },
-                "listing": g.listing,
-                "notes": g.notes,
-            })
+            let mut object = to_json(g);
+            object["backend"] = (*name).into();
+            object
         })
         .collect()
+}
+
+/// `value` as JSON; lockcore's `Serialize` impls cannot fail (string keys, no maps of
+/// non-string keys), so a failure is shown in place rather than panicking.
+fn to_json(value: impl serde::Serialize) -> serde_json::Value {
+    serde_json::to_value(value).unwrap_or_else(|e| serde_json::json!({ "error": e.to_string() }))
 }

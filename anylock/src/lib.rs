@@ -4,13 +4,21 @@
 //! [`Locker`](lockcore::Locker). Swap backends by changing the URL in your configuration.
 //!
 //! ```no_run
-//! use lockcore::Locker;
-//! # async fn demo() -> Result<(), lockcore::Error> {
+//! use std::time::Duration;
+//! use anylock::{LockOptions, Locker, Note, WaitMode};
+//! # async fn demo() -> Result<(), anylock::Error> {
 //! let backend = anylock::connect("local:/tmp/locks.sqlite3").await?;
-//! let guard = Locker::new(backend).acquire("publish-repo").await?;
+//! let options = LockOptions::new(Duration::from_secs(30))
+//!     .with_wait(WaitMode::Timeout(Duration::from_secs(60)))
+//!     .with_note(Note::new("nightly publish on build-3")?);
+//! let guard = Locker::new(backend).with_options(options).acquire("publish-repo").await?;
+//! // ... write with guard.fence_token() ...
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! Everything a user of locks needs is re-exported here, so `anylock` is the one
+//! dependency; a backend author implements [`LockBackend`] from `lockcore`.
 //!
 //! | URL | backend | cargo feature |
 //! |---|---|---|
@@ -29,12 +37,23 @@ mod config;
 mod table;
 mod url;
 
+/// The workspace README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
 use std::sync::Arc;
 
-use lockcore::{Error, ErrorKind, Guarantees, LockBackend, MemoryBackend};
+use lockcore::MemoryBackend;
 
 pub use config::Config;
 pub use lockcore;
+pub use lockcore::{
+    Backoff, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
+    FenceToken, Fencing, Guarantees, Health, HeldLock, HolderInfo, Identity, LockBackend,
+    LockGuard, LockName, LockOptions, Locker, LostReason, Note, Result, Transport, WaitMode,
+    Waiting,
+};
 pub use table::guarantees_markdown;
 pub use url::{BackendUrl, redact};
 

@@ -42,17 +42,14 @@ mod note;
 mod options;
 mod secret;
 mod security;
+#[cfg(feature = "serde")]
+mod serialize;
 pub mod state;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 #[cfg(test)]
 mod tests;
 mod types;
-
-/// The workspace README's examples, compiled and run as doctests.
-#[cfg(doctest)]
-#[doc = include_str!("../../README.md")]
-pub struct ReadmeDoctests;
 
 pub use backend::{LockBackend, QueueTicket, ReleaseEvents};
 pub use backoff::{Backoff, Jitter, MAX_BACKOFF_CAP};
