@@ -423,6 +423,53 @@ mod tests {
         backend.acquire(&request).await.expect("one attempt")
     }
 
+    /// A holder that died the hard way is still listed, exactly as `inspect` shows it,
+    /// until a contender takes it over; then the new holder and its note are.
+    #[tokio::test]
+    async fn a_dead_holder_is_listed_as_inspect_shows_it() {
+        let dir = std::env::temp_dir().join(format!("anylock-list-{:016x}", rand::random::<u64>()));
+        let config = LocalConfig::new(dir.join("locks.sqlite3"));
+        let holder = LocalBackend::open(config.clone()).await.expect("open");
+        let contender = LocalBackend::open(config).await.expect("open");
+        let name = LockName::new("job").expect("valid");
+        let note = Note::new("first").expect("note");
+        let request =
+            AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(60))
+                .with_note(Some(note.clone()));
+        let Acquire::Acquired(_) = holder.acquire(&request).await.expect("attempt") else {
+            panic!("free")
+        };
+        die(&holder);
+        let listed = contender.list("").await.expect("list");
+        let inspected = contender
+            .inspect(&name)
+            .await
+            .expect("inspect")
+            .expect("held");
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].holder().owner(), inspected.owner());
+        assert_eq!(listed[0].holder().token(), inspected.token());
+        assert_eq!(listed[0].holder().note(), Some(&note));
+
+        let second = Note::new("second").expect("note");
+        let request =
+            AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(60))
+                .with_note(Some(second.clone()));
+        let Acquire::Acquired(lease) = contender.acquire(&request).await.expect("attempt") else {
+            panic!("a dead holder is taken over at once")
+        };
+        let listed = contender.list("jo").await.expect("list");
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].holder().token(), lease.token());
+        assert_eq!(
+            listed[0].holder().note(),
+            Some(&second),
+            "the takeover stores its note"
+        );
+        contender.release(&lease).await.expect("release");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// `anylock acquire` leaves a lease for later CI steps and exits; a SIGKILL at that
     /// moment (a cancelled job) must not hand the lock to the next contender at once.
     #[tokio::test]
