@@ -7,8 +7,8 @@ use std::time::{Duration, UNIX_EPOCH};
 use async_trait::async_trait;
 use lockcore::{
     Acquire, AcquireRequest, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
-    FenceToken, Fencing, Guarantees, HolderInfo, Identity, Lease, LockBackend, LockName, Result,
-    Waiting,
+    FenceToken, Fencing, Guarantees, HeldLock, HolderInfo, Identity, Lease, LockBackend, LockName,
+    Note, Result, Waiting,
 };
 
 use crate::client::{Claim, Client, Row};
@@ -88,7 +88,7 @@ impl LocalBackend {
         owner: &Identity,
         ttl: Duration,
     ) -> Result<()> {
-        let claim = self.claim(name, owner, ttl, None);
+        let claim = self.claim(name, owner, ttl, None, None);
         self.client
             .force(&claim)
             .await
@@ -118,12 +118,14 @@ impl LocalBackend {
         owner: &'a Identity,
         ttl: Duration,
         liveness: Option<&'a Held>,
+        note: Option<&'a Note>,
     ) -> Claim<'a> {
         Claim {
             name: name.as_str(),
             owner: owner.as_str(),
             boot_id: host::boot_id(),
             liveness: liveness.map(Held::key),
+            note: note.map(Note::as_str),
             now_ms: self.now_ms(),
             ttl,
             wall_ms: self.clocks.wall_ms(),
@@ -199,7 +201,8 @@ fn holder_info(row: &Row, now: i64) -> Option<HolderInfo> {
     let left = Duration::from_millis(u64::try_from(expires - now).unwrap_or(0));
     let mut info = HolderInfo::new(Identity::from_stored(owner.as_str()))
         .with_expires_in(left)
-        .with_token(FenceToken::new(u64::try_from(row.token).unwrap_or(0)));
+        .with_token(FenceToken::new(u64::try_from(row.token).unwrap_or(0)))
+        .with_note(row.note.as_deref().and_then(Note::from_stored));
     if let Some(ms) = row.acquired_ms.and_then(|ms| u64::try_from(ms).ok()) {
         info = info.with_acquired_at(UNIX_EPOCH + Duration::from_millis(ms));
     }
@@ -242,6 +245,7 @@ impl LockBackend for LocalBackend {
             &request.owner,
             request.ttl,
             liveness.as_ref(),
+            request.note.as_ref(),
         );
         if let Some(token) = self.client.grant(&claim).await.map_err(ctx)? {
             return Ok(self.granted(request, token, liveness));
@@ -267,7 +271,7 @@ impl LockBackend for LocalBackend {
 
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
         let token = token_of(lease)?;
-        let claim = self.claim(lease.name(), lease.owner(), lease.ttl(), None);
+        let claim = self.claim(lease.name(), lease.owner(), lease.ttl(), None, None);
         let extended = self.client.extend(&claim, token).await;
         if extended.map_err(|e| e.with_lock(lease.name()))? {
             return Ok(lease.clone());
@@ -282,7 +286,7 @@ impl LockBackend for LocalBackend {
 
     async fn detach(&self, lease: &Lease) -> Result<()> {
         let token = token_of(lease)?;
-        let claim = self.claim(lease.name(), lease.owner(), lease.ttl(), None);
+        let claim = self.claim(lease.name(), lease.owner(), lease.ttl(), None, None);
         let detached = self.client.detach(&claim, token).await;
         if !detached.map_err(|e| e.with_lock(lease.name()))? {
             return Err(
@@ -316,6 +320,29 @@ impl LockBackend for LocalBackend {
             .await
             .map_err(|e| e.with_lock(name))?;
         Ok(row.and_then(|row| holder_info(&row, self.now_ms())))
+    }
+
+    /// One streamed read of the held rows under the prefix, through the primary key's
+    /// index; each is judged exactly as `inspect` judges it (a holder whose process died is
+    /// listed until a contender takes it over, as `inspect` shows it). A row whose name is
+    /// not a lock name is skipped.
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let now = self.now_ms();
+        let held = self
+            .client
+            .list(prefix, |name, row| {
+                let holder = holder_info(&row, now)?;
+                match LockName::new(&name) {
+                    Ok(name) => Some(HeldLock::new(name, holder)),
+                    Err(err) => {
+                        tracing::warn!(name = %name.escape_debug(), %err,
+                            "list: skipping a row whose name is not a lock name");
+                        None
+                    }
+                }
+            })
+            .await?;
+        Ok(held)
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
@@ -364,6 +391,7 @@ pub fn guarantees() -> Guarantees {
     .with_fairness(Fairness::None)
     .with_same_owner_retake(true)
     .with_durability(Durability::SurvivesRestart)
+    .with_listing(true)
     .with_notes(
         "One machine only (a SQLite file on a local filesystem). Expiry uses the \
              machine's monotonic clock, shared by every process and stopped during \
@@ -393,6 +421,53 @@ mod tests {
         let name = LockName::new("job").expect("valid");
         let request = AcquireRequest::new(name, owner.clone(), Duration::from_secs(60));
         backend.acquire(&request).await.expect("one attempt")
+    }
+
+    /// A holder that died the hard way is still listed, exactly as `inspect` shows it,
+    /// until a contender takes it over; then the new holder and its note are.
+    #[tokio::test]
+    async fn a_dead_holder_is_listed_as_inspect_shows_it() {
+        let dir = std::env::temp_dir().join(format!("anylock-list-{:016x}", rand::random::<u64>()));
+        let config = LocalConfig::new(dir.join("locks.sqlite3"));
+        let holder = LocalBackend::open(config.clone()).await.expect("open");
+        let contender = LocalBackend::open(config).await.expect("open");
+        let name = LockName::new("job").expect("valid");
+        let note = Note::new("first").expect("note");
+        let request =
+            AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(60))
+                .with_note(Some(note.clone()));
+        let Acquire::Acquired(_) = holder.acquire(&request).await.expect("attempt") else {
+            panic!("free")
+        };
+        die(&holder);
+        let listed = contender.list("").await.expect("list");
+        let inspected = contender
+            .inspect(&name)
+            .await
+            .expect("inspect")
+            .expect("held");
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].holder().owner(), inspected.owner());
+        assert_eq!(listed[0].holder().token(), inspected.token());
+        assert_eq!(listed[0].holder().note(), Some(&note));
+
+        let second = Note::new("second").expect("note");
+        let request =
+            AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(60))
+                .with_note(Some(second.clone()));
+        let Acquire::Acquired(lease) = contender.acquire(&request).await.expect("attempt") else {
+            panic!("a dead holder is taken over at once")
+        };
+        let listed = contender.list("jo").await.expect("list");
+        assert_eq!(listed.len(), 1);
+        assert_eq!(listed[0].holder().token(), lease.token());
+        assert_eq!(
+            listed[0].holder().note(),
+            Some(&second),
+            "the takeover stores its note"
+        );
+        contender.release(&lease).await.expect("release");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// `anylock acquire` leaves a lease for later CI steps and exits; a SIGKILL at that

@@ -24,42 +24,61 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS anylock_leases (
     pid_start   INTEGER,
     acquired_ms INTEGER,
     expires_ms  INTEGER,
-    liveness    TEXT
+    liveness    TEXT,
+    note        TEXT
 ) STRICT";
 
-/// Databases created before the kernel-lock liveness signal lack its column.
-const HAS_LIVENESS: &str =
-    "SELECT COUNT(*) FROM pragma_table_info('anylock_leases') WHERE name = 'liveness'";
-const ADD_LIVENESS: &str = "ALTER TABLE anylock_leases ADD COLUMN liveness TEXT";
+/// Whether the table has the column `?1`.
+const HAS_COLUMN: &str = "SELECT COUNT(*) FROM pragma_table_info('anylock_leases') WHERE name = ?1";
+
+/// Columns added after the first release, each with the statement that adds it to a
+/// database made by an older version: the kernel-lock liveness signal, and the note stored
+/// with a grant.
+const ADDED_COLUMNS: [(&str, &str); 2] = [
+    (
+        "liveness",
+        "ALTER TABLE anylock_leases ADD COLUMN liveness TEXT",
+    ),
+    ("note", "ALTER TABLE anylock_leases ADD COLUMN note TEXT"),
+];
 
 /// Takes the name when it is free, expired, from another boot, or already ours.
 ///
 /// `pid` and `pid_start` are written as NULL: older versions took over from any holder
 /// whose pid they could not see alive, which is wrong across PID namespaces, and a NULL
 /// pid keeps them from doing so.
+/// The note (`?7`, NULL for none) is written by the same statement as the grant, and
+/// replaced (or cleared) by every grant.
 const GRANT: &str = "INSERT INTO anylock_leases
-        (name, owner, token, boot_id, liveness, acquired_ms, expires_ms)
-    VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6)
+        (name, owner, token, boot_id, liveness, acquired_ms, expires_ms, note)
+    VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6, ?7)
     ON CONFLICT (name) DO UPDATE SET
         owner = excluded.owner, token = anylock_leases.token + 1,
         boot_id = excluded.boot_id, pid = NULL, pid_start = NULL,
         liveness = excluded.liveness,
-        acquired_ms = excluded.acquired_ms, expires_ms = excluded.expires_ms
+        acquired_ms = excluded.acquired_ms, expires_ms = excluded.expires_ms,
+        note = excluded.note
     WHERE anylock_leases.owner IS NULL
        OR anylock_leases.owner = excluded.owner
        OR anylock_leases.boot_id IS NOT excluded.boot_id
-       OR anylock_leases.expires_ms <= ?7
+       OR anylock_leases.expires_ms <= ?8
     RETURNING token";
 
 /// Takes the name from a holder seen dead, only if nothing changed since it was seen.
 const TAKE_OVER: &str = "UPDATE anylock_leases SET
         owner = ?2, token = token + 1, boot_id = ?3, pid = NULL, pid_start = NULL,
-        liveness = ?4, acquired_ms = ?5, expires_ms = ?6
-    WHERE name = ?1 AND token = ?7 AND owner = ?8
+        liveness = ?4, acquired_ms = ?5, expires_ms = ?6, note = ?7
+    WHERE name = ?1 AND token = ?8 AND owner = ?9
     RETURNING token";
 
-const READ: &str = "SELECT owner, token, boot_id, liveness, acquired_ms, expires_ms
+const READ: &str = "SELECT owner, token, boot_id, liveness, acquired_ms, expires_ms, note
     FROM anylock_leases WHERE name = ?1";
+
+/// The held rows from the name `?1` on, in byte order (`BINARY` collation), read through the
+/// primary key's index; the caller stops at the first name outside its prefix, so no
+/// pattern (`LIKE`, `GLOB`) ever sees the prefix.
+const LIST: &str = "SELECT name, owner, token, boot_id, liveness, acquired_ms, expires_ms, note
+    FROM anylock_leases WHERE name >= ?1 AND owner IS NOT NULL ORDER BY name";
 
 const EXTEND: &str = "UPDATE anylock_leases SET expires_ms = ?5
     WHERE name = ?1 AND owner = ?2 AND token = ?3 AND boot_id = ?4 AND expires_ms > ?6
@@ -72,7 +91,8 @@ const DETACH: &str = "UPDATE anylock_leases SET liveness = NULL
     RETURNING token";
 
 const CLEAR: &str = "UPDATE anylock_leases
-    SET owner = NULL, pid = NULL, pid_start = NULL, liveness = NULL, expires_ms = NULL
+    SET owner = NULL, pid = NULL, pid_start = NULL, liveness = NULL, expires_ms = NULL,
+        note = NULL
     WHERE name = ?1 AND owner = ?2 AND token = ?3";
 
 const FORCE: &str = "INSERT INTO anylock_leases
@@ -81,7 +101,7 @@ const FORCE: &str = "INSERT INTO anylock_leases
     ON CONFLICT (name) DO UPDATE SET
         owner = excluded.owner, token = anylock_leases.token + 1, boot_id = excluded.boot_id,
         pid = NULL, pid_start = NULL, liveness = NULL, acquired_ms = excluded.acquired_ms,
-        expires_ms = excluded.expires_ms";
+        expires_ms = excluded.expires_ms, note = NULL";
 
 /// A lease row as stored.
 #[derive(Debug, Clone)]
@@ -93,6 +113,8 @@ pub(crate) struct Row {
     pub(crate) liveness: Option<String>,
     pub(crate) acquired_ms: Option<i64>,
     pub(crate) expires_ms: Option<i64>,
+    /// The note stored with the grant, as stored (not yet made safe to show).
+    pub(crate) note: Option<String>,
 }
 
 /// Who asks, on which boot, with which expiry.
@@ -103,6 +125,8 @@ pub(crate) struct Claim<'a> {
     pub(crate) boot_id: &'a str,
     /// The key of the claimant's liveness file (locked before the claim is sent).
     pub(crate) liveness: Option<&'a str>,
+    /// The note to store with the grant.
+    pub(crate) note: Option<&'a str>,
     pub(crate) now_ms: i64,
     pub(crate) ttl: Duration,
     pub(crate) wall_ms: i64,
@@ -171,7 +195,9 @@ impl Client {
             .execute(&pool)
             .await
             .map_err(map_error)?;
-        add_liveness_column(&pool).await?;
+        for (column, add) in ADDED_COLUMNS {
+            add_column(&pool, column, add).await?;
+        }
         Ok(Self { pool })
     }
 
@@ -218,6 +244,7 @@ impl Client {
             .bind(claim.liveness)
             .bind(claim.wall_ms)
             .bind(claim.expires_ms())
+            .bind(claim.note)
     }
 
     /// The row for `name`, if it was ever taken.
@@ -228,6 +255,38 @@ impl Client {
             .await
             .map_err(map_error)?;
         row.map(|r| decode(&r)).transpose()
+    }
+
+    /// `keep` applied to every held row whose name starts with `prefix` (byte for byte), in
+    /// byte order of the names, streamed: only what `keep` returns is kept in memory. A row
+    /// that cannot be decoded (written by hand) is skipped with a warning.
+    pub(crate) async fn list<T>(
+        &self,
+        prefix: &str,
+        mut keep: impl FnMut(String, Row) -> Option<T>,
+    ) -> Result<Vec<T>, Error> {
+        use futures_util::TryStreamExt as _;
+        let mut rows = sqlx::query(LIST).bind(prefix).fetch(&self.pool);
+        let mut kept = Vec::new();
+        while let Some(row) = rows.try_next().await.map_err(map_error)? {
+            let decoded = row
+                .try_get::<String, _>("name")
+                .map_err(map_error)
+                .and_then(|name| Ok((name, decode(&row)?)));
+            let (name, row) = match decoded {
+                Ok(decoded) => decoded,
+                Err(err) => {
+                    tracing::warn!(%err, "list: skipping a lock row that cannot be decoded");
+                    continue;
+                }
+            };
+            // Sorted by bytes: the names under the prefix are one run starting at it.
+            if !name.starts_with(prefix) {
+                break;
+            }
+            kept.extend(keep(name, row));
+        }
+        Ok(kept)
     }
 
     /// Extends our unexpired lease; `false` when it is not ours any more.
@@ -291,11 +350,13 @@ impl Client {
     }
 }
 
-/// Adds the `liveness` column to a database made by an older version. Another process
-/// may add it at the same moment; only a column still missing afterwards is an error.
-async fn add_liveness_column(pool: &SqlitePool) -> Result<(), Error> {
+/// Adds `column` (with the statement `add`) to a database made by an older version.
+/// Another process may add it at the same moment; only a column still missing afterwards
+/// is an error. Nothing is written when the column exists.
+async fn add_column(pool: &SqlitePool, column: &str, add: &'static str) -> Result<(), Error> {
     let has = |pool| async move {
-        sqlx::query_scalar::<_, i64>(HAS_LIVENESS)
+        sqlx::query_scalar::<_, i64>(HAS_COLUMN)
+            .bind(column)
             .fetch_one(pool)
             .await
             .map_err(map_error)
@@ -303,7 +364,7 @@ async fn add_liveness_column(pool: &SqlitePool) -> Result<(), Error> {
     if has(pool).await? > 0 {
         return Ok(());
     }
-    let added = sqlx::query(ADD_LIVENESS).execute(pool).await;
+    let added = sqlx::query(add).execute(pool).await;
     match added {
         Err(err) if has(pool).await? == 0 => Err(map_error(err)),
         _ => Ok(()),
@@ -318,6 +379,7 @@ fn decode(row: &SqliteRow) -> Result<Row, Error> {
         liveness: row.try_get("liveness").map_err(map_error)?,
         acquired_ms: row.try_get("acquired_ms").map_err(map_error)?,
         expires_ms: row.try_get("expires_ms").map_err(map_error)?,
+        note: row.try_get("note").map_err(map_error)?,
     })
 }
 

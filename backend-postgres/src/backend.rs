@@ -5,10 +5,11 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
+use futures_util::TryStreamExt;
 use lockcore::{
     Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, ExpiryClock, Fairness,
-    FenceToken, Fencing, Guarantees, HolderInfo, Identity, Lease, LockBackend, LockName,
-    ReleaseEvents, Result, TlsDetails, Transport, Waiting,
+    FenceToken, Fencing, Guarantees, HeldLock, HolderInfo, Identity, Lease, LockBackend, LockName,
+    Note, ReleaseEvents, Result, TlsDetails, Transport, Waiting,
 };
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
@@ -36,7 +37,7 @@ const UNKNOWN_HOLDER: &str = "(unknown: the lock changed hands during this attem
 /// A lease-lock backend over one PostgreSQL table. Cheap to clone; clones share the
 /// connection pool and the `LISTEN` connection.
 ///
-/// Each lock is one row `(name, owner, token, acquired_at, expires_at)`. Acquire,
+/// Each lock is one row `(name, owner, token, acquired_at, expires_at, note)`. Acquire,
 /// refresh and release are one statement each, expiry is decided by the database's clock,
 /// fence tokens come from a sequence and never go back, and releases wake waiters through
 /// `NOTIFY`. [`begin_fenced`](Self::begin_fenced) makes writes in the same database
@@ -135,6 +136,7 @@ impl PostgresBackend {
                 .bind(request.name.as_str())
                 .bind(request.owner.as_str())
                 .bind(ttl_us)
+                .bind(request.note.as_ref().map(lockcore::Note::as_str))
                 .fetch_optional(conn)
                 .await?;
             row.map(|row| {
@@ -266,6 +268,32 @@ impl LockBackend for PostgresBackend {
         .map_err(|e| e.with_lock(name))
     }
 
+    /// One statement, streamed row by row: memory grows with the locks listed, not with
+    /// the table. A row whose name is not a valid lock name (written by hand) is skipped.
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let c = self.client();
+        let mut held = c
+            .run(Effect::Read, async |conn| {
+                let mut rows = c.query(&c.statements.list).bind(prefix).fetch(conn);
+                let mut held = Vec::new();
+                while let Some(row) = rows.try_next().await? {
+                    let name: String = row.try_get("name")?;
+                    match LockName::new(&name) {
+                        Ok(name) => held.push(HeldLock::new(name, holder(&row)?)),
+                        Err(err) => tracing::warn!(name = %name.escape_debug(), %err,
+                            "list: skipping a row whose name is not a lock name"),
+                    }
+                }
+                Ok(held)
+            })
+            .await?;
+        // The statement orders by bytes already; this keeps the contract in a database
+        // whose encoding is not UTF-8.
+        held.sort_by(|a, b| a.name().cmp(b.name()));
+        held.dedup_by(|a, b| a.name() == b.name());
+        Ok(held)
+    }
+
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let c = self.client();
         let channel = &self.inner.channel;
@@ -370,6 +398,7 @@ pub fn guarantees() -> Guarantees {
     .with_fairness(Fairness::None)
     .with_same_owner_retake(true)
     .with_durability(Durability::SurvivesRestart)
+    .with_listing(true)
     .with_notes(NOTES)
 }
 
@@ -411,14 +440,16 @@ impl Seen {
     }
 }
 
-/// A holder from a row with `owner, token, acquired_at_us, expires_in_us`.
+/// A holder from a row with `owner, token, note, acquired_at_us, expires_in_us`.
 fn holder(row: &PgRow) -> Result<HolderInfo, sqlx::Error> {
     let owner: String = row.try_get("owner")?;
     let token: i64 = row.try_get("token")?;
+    let note: Option<String> = row.try_get("note")?;
     let acquired_at: Option<i64> = row.try_get("acquired_at_us")?;
     let expires_in: Option<i64> = row.try_get("expires_in_us")?;
     let mut info = HolderInfo::new(Identity::from_stored(owner))
-        .with_token(FenceToken::new(token.max(0) as u64));
+        .with_token(FenceToken::new(token.max(0) as u64))
+        .with_note(note.as_deref().and_then(Note::from_stored));
     if let Some(at) = acquired_at.and_then(|us| u64::try_from(us).ok()) {
         info = info.with_acquired_at(UNIX_EPOCH + Duration::from_micros(at));
     }

@@ -149,43 +149,75 @@ impl Client {
         }
     }
 
-    /// Creates the schema, sequence and table unless they exist.
+    /// Creates the schema, sequence and table unless they exist, and adds the `note`
+    /// column to a table made by an older version.
     ///
     /// Concurrent creators (many processes starting at once) serialize on a
     /// transaction-scoped advisory lock, so none fails on a duplicate catalog entry. When
-    /// the objects exist no DDL runs, so a role without `CREATE` can use a table an
-    /// operator made.
+    /// the objects (and the column) exist no DDL runs, so a role without `CREATE` or
+    /// ownership can use a table an operator made.
     pub(crate) async fn ensure_schema(&self, create: bool) -> lockcore::Result<()> {
         let names = self.names.clone();
-        let (present, cache) = self
+        let found = self
             .run(Effect::Write, async |conn| {
-                let (found, cache) = exists(conn, &names).await?;
-                if found || !create {
-                    return Ok((found, cache));
+                let found = exists(conn, &names).await?;
+                if found.complete() || !create {
+                    return Ok(found);
                 }
-                create_schema(conn, &names).await.map(|()| (true, None))
+                create_schema(conn, &names).await.map(|()| Found {
+                    present: true,
+                    has_note: true,
+                    // A sequence made just now has CACHE 1; an existing one was read.
+                    cache: found.cache,
+                })
             })
             .await?;
-        if let Some(cache) = cache.filter(|&cache| cache > 1) {
+        if let Some(cache) = found.cache.filter(|&cache| cache > 1) {
             return Err(cached_sequence(&self.names.sequence, cache));
         }
-        if present {
+        if found.complete() {
             return Ok(());
         }
-        Err(Error::new(
-            ErrorKind::Config,
+        let table = &self.names.table;
+        let message = if found.present {
             format!(
-                "the lease table {} or its sequence does not exist and schema creation is off; \
-                 create it (see docs/postgres.md) or allow create_schema",
-                self.names.table
-            ),
-        )
-        .with_backend(BACKEND))
+                "the lease table {table} lacks the `note` column this version stores notes in, \
+                 and schema creation is off; as the table's owner run \
+                 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS note text \
+                 (see docs/postgres.md) or allow create_schema"
+            )
+        } else {
+            format!(
+                "the lease table {table} or its sequence does not exist and schema creation is \
+                 off; create it (see docs/postgres.md) or allow create_schema"
+            )
+        };
+        Err(Error::new(ErrorKind::Config, message).with_backend(BACKEND))
     }
 }
 
-/// Creates the missing objects in one transaction, after taking a transaction-scoped
-/// advisory lock so that concurrent creators queue.
+/// What [`sql::EXISTS`] found.
+#[derive(Debug, Clone, Copy)]
+struct Found {
+    /// The table and the sequence exist.
+    present: bool,
+    /// The table has the `note` column.
+    has_note: bool,
+    /// The sequence's `CACHE`.
+    cache: Option<i64>,
+}
+
+impl Found {
+    /// Nothing to create or add.
+    fn complete(self) -> bool {
+        self.present && self.has_note
+    }
+}
+
+/// Creates the missing objects and adds a missing `note` column, in one transaction, after
+/// taking a transaction-scoped advisory lock so that concurrent creators queue. What
+/// exists is checked again under the lock: a creator that queued behind another runs no
+/// DDL.
 async fn create_schema(conn: &mut PgConnection, names: &Names) -> Result<(), sqlx::Error> {
     let mut tx = conn.begin().await?;
     let key = format!("anylock schema {}", names.table);
@@ -194,11 +226,19 @@ async fn create_schema(conn: &mut PgConnection, names: &Names) -> Result<(), sql
         .persistent(false)
         .execute(&mut *tx)
         .await?;
-    // CREATE SCHEMA IF NOT EXISTS checks the database's CREATE privilege even when the
-    // schema exists, so skip it for a schema an operator made.
-    let skip = usize::from(schema_exists(&mut tx, names).await?);
-    for statement in sql::create_statements(names).into_iter().skip(skip) {
-        sqlx::query(statement)
+    let found = exists(&mut tx, names).await?;
+    if !found.present {
+        // CREATE SCHEMA IF NOT EXISTS checks the database's CREATE privilege even when the
+        // schema exists, so skip it for a schema an operator made.
+        let skip = usize::from(schema_exists(&mut tx, names).await?);
+        for statement in sql::create_statements(names).into_iter().skip(skip) {
+            sqlx::query(statement)
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?;
+        }
+    } else if !found.has_note {
+        sqlx::query(sql::add_note_column(names))
             .persistent(false)
             .execute(&mut *tx)
             .await?;
@@ -224,18 +264,20 @@ async fn pinned<T>(
     Ok(value)
 }
 
-/// Whether the table and sequence exist, and the sequence's `CACHE` when it does.
-async fn exists(
-    conn: &mut PgConnection,
-    names: &Names,
-) -> Result<(bool, Option<i64>), sqlx::Error> {
+/// Whether the table and sequence exist, whether the table has its `note` column, and the
+/// sequence's `CACHE` when it exists.
+async fn exists(conn: &mut PgConnection, names: &Names) -> Result<Found, sqlx::Error> {
     let row = sqlx::query(sql::EXISTS)
         .bind(&names.table)
         .bind(&names.sequence)
         .persistent(false)
         .fetch_one(conn)
         .await?;
-    Ok((row.try_get("present")?, row.try_get("cache")?))
+    Ok(Found {
+        present: row.try_get("present")?,
+        has_note: row.try_get("has_note")?,
+        cache: row.try_get("cache")?,
+    })
 }
 
 /// A fence sequence with `CACHE > 1` hands each session a block of values of its own, so

@@ -29,6 +29,9 @@ pub(crate) fn hint(code: &str, message: &str, who: Option<&Who>) -> Option<Strin
              pg_hba.conf has no rule for this user, database and connection type, or it \
              requires a client certificate (URL parameters `cert` and `key`) the server trusts"
         )),
+        "42501" if message.starts_with("must be owner of table") => {
+            Some(owner_needed(message, &user, who))
+        }
         "42501" => Some(privilege(message, &user, who)),
         _ => None,
     }
@@ -69,6 +72,16 @@ fn privilege(message: &str, user: &str, who: Option<&Who>) -> String {
         _ => "see docs/tls-and-auth.md for the privileges the backend needs".to_owned(),
     };
     format!("{user} lacks a privilege: {message} (SQLSTATE 42501); fix: {fix}")
+}
+
+/// Adding the `note` column to a table made by an older version needs its owner.
+fn owner_needed(message: &str, user: &str, who: Option<&Who>) -> String {
+    let table = who.map_or_else(|| "<table>".to_owned(), |w| w.names.table.clone());
+    format!(
+        "{user} cannot upgrade the lease table: {message} (SQLSTATE 42501); the table was made \
+         by an older version and lacks the `note` column; as the table's owner run once: \
+         ALTER TABLE {table} ADD COLUMN IF NOT EXISTS note text (docs/postgres.md, upgrading)"
+    )
 }
 
 /// An identifier as SQL needs it.

@@ -13,9 +13,9 @@ use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
 use crate::config::{FENCE_SUFFIX, PostgresConfig, quote_identifier};
 
-/// Columns describing a holder: identity, token, grant time and time left, both in
+/// Columns describing a holder: identity, token, note, grant time and time left, both in
 /// microseconds so no date-time crate is needed.
-const HOLDER: &str = "owner, token, \
+const HOLDER: &str = "owner, token, note, \
     (extract(epoch FROM acquired_at) * 1000000)::bigint AS acquired_at_us, \
     greatest(0, extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint \
     AS expires_in_us";
@@ -48,9 +48,10 @@ impl Names {
 /// Every statement of the lock protocol, ready to bind.
 #[derive(Debug, Clone)]
 pub(crate) struct Statements {
-    /// `$1` name, `$2` owner, `$3` TTL in µs. Takes a free, expired or own row, or inserts
-    /// a new one; one row `(acquired, owner, token, acquired_at_us, expires_in_us)`, or no
-    /// row when the lock changed hands during the statement.
+    /// `$1` name, `$2` owner, `$3` TTL in µs, `$4` note (NULL for none). Takes a free,
+    /// expired or own row, or inserts a new one, writing the note with the grant; one row
+    /// `(acquired, owner, token, note, acquired_at_us, expires_in_us)`, or no row when the
+    /// lock changed hands during the statement.
     pub(crate) acquire: SqlStr,
     /// `$1` name: the live holder, if any (inspect, and acquire's second read).
     pub(crate) holder: SqlStr,
@@ -66,6 +67,9 @@ pub(crate) struct Statements {
     /// `$1` name, `$2` channel: clears whatever grant the row holds (an operator's break),
     /// keeps the token, notifies, and returns the removed holder with `live`.
     pub(crate) break_lock: SqlStr,
+    /// `$1` prefix: every live grant whose name starts with the prefix, byte for byte,
+    /// `(name, holder columns)` in byte order of the names.
+    pub(crate) list: SqlStr,
 }
 
 impl Statements {
@@ -80,12 +84,14 @@ impl Statements {
             refresh: sql(refresh(t)),
             release: sql(format!(
                 "WITH released AS ( \
-                   UPDATE {t} SET owner = NULL, acquired_at = NULL, expires_at = NULL \
+                   UPDATE {t} SET owner = NULL, acquired_at = NULL, expires_at = NULL, \
+                          note = NULL \
                     WHERE name = $1 AND owner = $2 AND token = $3 \
                    RETURNING name) \
                  SELECT pg_notify($4, name) FROM released"
             )),
             break_lock: sql(break_lock(t)),
+            list: sql(list(t)),
             fence: sql(format!(
                 "SELECT token, set_config('idle_in_transaction_session_timeout', $4, true) \
                    FROM {t} \
@@ -111,21 +117,22 @@ fn acquire(t: &str) -> String {
     format!(
         "WITH taken AS ( \
            UPDATE {t} AS l \
-              SET owner = $2, token = DEFAULT, acquired_at = now(), expires_at = {expiry} \
+              SET owner = $2, token = DEFAULT, acquired_at = now(), expires_at = {expiry}, \
+                  note = $4 \
             WHERE l.name = $1 \
               AND (l.owner IS NULL OR l.expires_at <= now() OR l.owner = $2) \
-           RETURNING l.owner, l.token, l.acquired_at, l.expires_at), \
+           RETURNING l.owner, l.token, l.note, l.acquired_at, l.expires_at), \
          created AS ( \
-           INSERT INTO {t} AS l (name, owner, acquired_at, expires_at) \
-           SELECT $1, $2, now(), {expiry} \
+           INSERT INTO {t} AS l (name, owner, acquired_at, expires_at, note) \
+           SELECT $1, $2, now(), {expiry}, $4 \
             WHERE NOT EXISTS (SELECT 1 FROM {t} WHERE name = $1) \
            ON CONFLICT (name) DO NOTHING \
-           RETURNING l.owner, l.token, l.acquired_at, l.expires_at), \
+           RETURNING l.owner, l.token, l.note, l.acquired_at, l.expires_at), \
          mine AS (SELECT * FROM taken UNION ALL SELECT * FROM created) \
          SELECT acquired, {HOLDER} FROM ( \
            SELECT true AS acquired, * FROM mine \
            UNION ALL \
-           SELECT false, owner, token, acquired_at, expires_at FROM {t} \
+           SELECT false, owner, token, note, acquired_at, expires_at FROM {t} \
             WHERE name = $1 AND owner IS NOT NULL AND expires_at > now() \
               AND NOT EXISTS (SELECT 1 FROM mine)) AS outcome"
     )
@@ -151,14 +158,27 @@ fn refresh(t: &str) -> String {
 fn break_lock(t: &str) -> String {
     format!(
         "WITH old AS ( \
-           SELECT name, owner, token, acquired_at, expires_at FROM {t} \
+           SELECT name, owner, token, note, acquired_at, expires_at FROM {t} \
             WHERE name = $1 AND owner IS NOT NULL FOR UPDATE), \
          broken AS ( \
-           UPDATE {t} AS l SET owner = NULL, acquired_at = NULL, expires_at = NULL \
+           UPDATE {t} AS l SET owner = NULL, acquired_at = NULL, expires_at = NULL, \
+                  note = NULL \
              FROM old WHERE l.name = old.name \
            RETURNING old.*) \
          SELECT {HOLDER}, expires_at > clock_timestamp() AS live, pg_notify($2, name) \
            FROM broken"
+    )
+}
+
+/// The listing: one statement, so one snapshot. `left(…) = $1 COLLATE "C"` compares bytes
+/// (no pattern characters, unlike `LIKE`), and `COLLATE "C"` orders by bytes whatever the
+/// database's collation. Liveness is judged as `inspect` judges it.
+fn list(t: &str) -> String {
+    format!(
+        "SELECT name, {HOLDER} FROM {t} \
+          WHERE owner IS NOT NULL AND expires_at > clock_timestamp() \
+            AND left(name, char_length($1::text)) = $1::text COLLATE \"C\" \
+          ORDER BY name COLLATE \"C\""
     )
 }
 
@@ -187,17 +207,33 @@ pub(crate) fn create_statements(names: &Names) -> Vec<SqlStr> {
                token       bigint NOT NULL UNIQUE DEFAULT nextval({seq}::regclass), \
                acquired_at timestamptz, \
                expires_at  timestamptz, \
+               note        text, \
                CHECK ((owner IS NULL) = (expires_at IS NULL) \
                   AND (owner IS NULL) = (acquired_at IS NULL)))"
         )),
     ]
 }
 
-/// `$1` table, `$2` sequence (quoted, qualified): whether both exist already, and the
-/// sequence's `CACHE` (NULL when it does not exist).
+/// `$1` table, `$2` sequence (quoted, qualified): whether both exist already, whether the
+/// table has the `note` column (added after the first release), and the sequence's
+/// `CACHE` (NULL when it does not exist). Catalog reads only: no privilege on the objects
+/// is needed.
 pub(crate) const EXISTS: &str = "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AS present, \
+            EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
+                     WHERE attrelid = to_regclass($1) AND attname = 'note' \
+                       AND NOT attisdropped) AS has_note, \
             (SELECT seqcache FROM pg_catalog.pg_sequence WHERE seqrelid = to_regclass($2)) \
             AS cache";
+
+/// Upgrades a table made by a version without notes. A nullable column without a default
+/// is a catalog change only (no table rewrite), but it needs the table's owner and briefly
+/// takes an `ACCESS EXCLUSIVE` lock, so it runs only when the column is missing.
+pub(crate) fn add_note_column(names: &Names) -> SqlStr {
+    sql(format!(
+        "ALTER TABLE {} ADD COLUMN IF NOT EXISTS note text",
+        names.table
+    ))
+}
 
 /// This session's TLS state (`ssl` is NULL only when the row is missing) and role.
 pub(crate) const CONNECTION_SECURITY: &str = "SELECT s.ssl, s.version, s.cipher, s.client_dn, \
