@@ -362,6 +362,9 @@ fn still_in_flight(options: &LockOptions) -> Error {
 
 fn held_error(holder: HolderInfo) -> Error {
     let mut message = format!("held by {}", holder.owner());
+    if let Some(note) = holder.note() {
+        message.push_str(&format!(" ({note})"));
+    }
     if let Some(left) = holder.expires_in() {
         message.push_str(&format!(", expires in {left:?} unless refreshed"));
     }
@@ -510,6 +513,9 @@ impl Wait {
         let mut message = format!("gave up after {waited:?}");
         if let Some(holder) = &self.holder {
             message.push_str(&format!("; held by {}", holder.owner()));
+            if let Some(note) = holder.note() {
+                message.push_str(&format!(" ({note})"));
+            }
         }
         let mut err = Error::new(ErrorKind::Timeout, message);
         if let Some(holder) = self.holder.take() {

@@ -518,3 +518,35 @@ async fn a_grant_delivered_to_a_cancelled_caller_is_released_body() {
         "the grant leaked"
     );
 }
+
+#[test]
+fn held_and_timeout_errors_name_the_holders_note() {
+    crate::tests::bounded(held_and_timeout_errors_name_the_holders_note_body);
+}
+
+async fn held_and_timeout_errors_name_the_holders_note_body() {
+    let rig = Rig::new(options(1000));
+    let note = crate::Note::new("deploy by run 41").expect("note");
+    let with_note = options(1000).with_note(note.clone());
+    let _guard = rig
+        .locker
+        .acquire_with("job", &with_note)
+        .await
+        .expect("free");
+    let once = options(1000).with_wait(WaitMode::TryOnce);
+    let err = rig
+        .rival()
+        .acquire_with("job", &once)
+        .await
+        .expect_err("held");
+    assert_eq!(err.holder().and_then(|h| h.note()), Some(&note));
+    assert!(err.to_string().contains("(deploy by run 41)"), "{err}");
+    let brief = options(1000).with_wait(WaitMode::Timeout(Duration::from_millis(50)));
+    let err = rig
+        .rival()
+        .acquire_with("job", &brief)
+        .await
+        .expect_err("timeout");
+    assert_eq!(err.kind(), ErrorKind::Timeout);
+    assert!(err.to_string().contains("(deploy by run 41)"), "{err}");
+}
