@@ -25,34 +25,50 @@ pub mod report;
 pub use harness::{Cuttable, Harness, MemoryHarness, Outage, Timing};
 pub use report::{Report, run_case};
 
-/// Every case, in the order the suite stamps them (the precondition canary first).
-pub const CASES: &[&str] = &[
-    "canary_conditional_create",
-    "acquire_release_reacquire",
-    "mutual_exclusion_under_contention",
-    "waiting_acquire_gets_the_lock_after_release",
-    "waiting_acquire_times_out",
-    "expiry_frees_a_crashed_holder",
-    "refresh_keeps_the_lease_beyond_its_ttl",
-    "stale_lease_cannot_release",
-    "stale_lease_cannot_refresh",
-    "fence_tokens_strictly_increase",
-    "deleted_lock_turns_the_guard_lost",
-    "stolen_lock_turns_the_guard_lost",
-    "unreachable_backend_degrades_then_loses",
-    "unreachable_backend_recovers",
-    "same_identity_instant_retake",
-    "bad_names_and_options_are_rejected",
-    "dropped_acquire_leaves_nothing_held",
-    "many_names_held_at_once",
-    "inspect_shows_the_holder",
-    "note_is_stored_with_the_grant",
-    "list_shows_held_locks",
-    "handoff_latency",
-    "notification_claim",
-    "fifo_claim",
-    "durability_claim",
-];
+/// The one list of cases, in the order the suite stamps them (the precondition canary
+/// first): calls `$callback!($($args)* ; case, case, …)`. [`CASES`] and [`suite!`] are both
+/// made from it, so a case cannot be listed in one and missing from the other.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __with_cases {
+    ($callback:path; $($args:tt)*) => {
+        $callback!($($args)*;
+            canary_conditional_create,
+            acquire_release_reacquire,
+            mutual_exclusion_under_contention,
+            waiting_acquire_gets_the_lock_after_release,
+            waiting_acquire_times_out,
+            expiry_frees_a_crashed_holder,
+            refresh_keeps_the_lease_beyond_its_ttl,
+            stale_lease_cannot_release,
+            stale_lease_cannot_refresh,
+            fence_tokens_strictly_increase,
+            deleted_lock_turns_the_guard_lost,
+            stolen_lock_turns_the_guard_lost,
+            unreachable_backend_degrades_then_loses,
+            unreachable_backend_recovers,
+            same_identity_instant_retake,
+            bad_names_and_options_are_rejected,
+            dropped_acquire_leaves_nothing_held,
+            many_names_held_at_once,
+            inspect_shows_the_holder,
+            note_is_stored_with_the_grant,
+            list_shows_held_locks,
+            handoff_latency,
+            notification_claim,
+            fifo_claim,
+            durability_claim,
+        );
+    };
+}
+
+macro_rules! case_names {
+    (; $($case:ident),* $(,)?) => {
+        /// Every case, in the order the suite stamps them (the precondition canary first).
+        pub const CASES: &[&str] = &[$(stringify!($case)),*];
+    };
+}
+__with_cases!(case_names;);
 
 /// A promise a [`Guarantees`](lockcore::Guarantees) descriptor can make, and the cases
 /// that fail when a backend makes it without keeping it.
@@ -134,33 +150,7 @@ pub const CLAIMS: &[Claim] = &[
 #[macro_export]
 macro_rules! suite {
     ($make:expr) => {
-        $crate::suite!(@cases $make;
-            canary_conditional_create,
-            acquire_release_reacquire,
-            mutual_exclusion_under_contention,
-            waiting_acquire_gets_the_lock_after_release,
-            waiting_acquire_times_out,
-            expiry_frees_a_crashed_holder,
-            refresh_keeps_the_lease_beyond_its_ttl,
-            stale_lease_cannot_release,
-            stale_lease_cannot_refresh,
-            fence_tokens_strictly_increase,
-            deleted_lock_turns_the_guard_lost,
-            stolen_lock_turns_the_guard_lost,
-            unreachable_backend_degrades_then_loses,
-            unreachable_backend_recovers,
-            same_identity_instant_retake,
-            bad_names_and_options_are_rejected,
-            dropped_acquire_leaves_nothing_held,
-            many_names_held_at_once,
-            inspect_shows_the_holder,
-            note_is_stored_with_the_grant,
-            list_shows_held_locks,
-            handoff_latency,
-            notification_claim,
-            fifo_claim,
-            durability_claim,
-        );
+        $crate::__with_cases!($crate::suite; @cases $make);
     };
     (@cases $make:expr; $($case:ident),* $(,)?) => {
         $(
