@@ -5,11 +5,12 @@ use std::time::{Duration, SystemTime};
 use async_trait::async_trait;
 use lockcore::{
     Acquire, AcquireRequest, Durability, Error, Exclusion, ExpiryClock, Fairness, FenceToken,
-    Fencing, Guarantees, HolderInfo, Lease, LockBackend, LockName, LockOptions, Result, Waiting,
+    Fencing, Guarantees, HeldLock, HolderInfo, Lease, LockBackend, LockName, LockOptions, Result,
+    Waiting,
 };
 
 use crate::client::{Answer, GcsClient, Preconditions, Reply};
-use crate::config::{GcsConfig, MIN_REFRESH_INTERVAL};
+use crate::config::{GcsConfig, MAX_OBJECT_NAME_LEN, MIN_REFRESH_INTERVAL};
 use crate::object::{self, LockObject};
 
 /// The object name (after the prefix) that `server_time` reads; never created.
@@ -31,6 +32,7 @@ pub fn guarantees() -> Guarantees {
     .with_fairness(Fairness::None)
     .with_same_owner_retake(true)
     .with_durability(Durability::SurvivesRestart)
+    .with_listing(true)
     .with_notes(NOTES)
 }
 
@@ -117,7 +119,7 @@ impl GcsBackend {
 
     /// Create-if-absent: `Some` when granted, `None` on 412.
     async fn create(&self, object: &str, request: &AcquireRequest) -> Result<Option<Acquire>> {
-        let metadata = object::metadata(&request.owner, request.ttl);
+        let metadata = object::grant_metadata(&request.owner, request.ttl, request.note.as_ref());
         let absent = Preconditions {
             generation: Some(0),
             metageneration: None,
@@ -255,6 +257,37 @@ impl GcsBackend {
         Ok(found.filter(|(obj, date)| !obj.is_stale(*date)))
     }
 
+    /// Pages through `objects.list` under the configured prefix + `prefix` (GCS matches
+    /// prefixes byte for byte: no pattern language to escape) and keeps the objects
+    /// `inspect` would report, judged stale or not on each page's `Date`.
+    async fn try_list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let base = self.config().prefix();
+        let under = format!("{base}{prefix}");
+        if under.len() > MAX_OBJECT_NAME_LEN {
+            return Ok(Vec::new()); // no object name is that long
+        }
+        let mut held = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let page = self.client.list(&under, token.as_deref()).await?;
+            held.extend(
+                page.items
+                    .iter()
+                    .filter_map(|item| held_lock(item, base, prefix, page.date)),
+            );
+            match page.next_page_token {
+                None => break,
+                Some(next) if token.as_deref() == Some(next.as_str()) => {
+                    return Err(protocol("GCS answered the same list page token twice"));
+                }
+                next => token = next,
+            }
+        }
+        held.sort_by(|a, b| a.name().as_str().cmp(b.name().as_str()));
+        held.dedup_by(|a, b| a.name() == b.name());
+        Ok(held)
+    }
+
     async fn try_break(&self, object: &str) -> Result<Option<HolderInfo>> {
         let Some((obj, date)) = self.read(object).await? else {
             return Ok(None);
@@ -274,6 +307,26 @@ impl GcsBackend {
         }
         Ok((!obj.is_stale(date)).then(|| obj.holder(Some(date))))
     }
+}
+
+/// The held lock a list item stands for, as `inspect` would report it at server time
+/// `date`; `None` for a stale grant, and for an item that is not a lock object under
+/// `base + prefix` (a name that is no lock name, a resource without a valid generation or
+/// `updated`): one odd object never spoils the listing.
+fn held_lock(
+    item: &serde_json::Value,
+    base: &str,
+    prefix: &str,
+    date: SystemTime,
+) -> Option<HeldLock> {
+    let object = item.get("name")?.as_str()?;
+    let name = object.strip_prefix(base)?;
+    if !name.starts_with(prefix) {
+        return None;
+    }
+    let name = LockName::new(name).ok()?;
+    let obj = LockObject::from_json(item).ok()?;
+    (!obj.is_stale(date)).then(|| HeldLock::new(name, obj.holder(Some(date))))
 }
 
 fn lease(request: &AcquireRequest, obj: &LockObject) -> Lease {
@@ -331,6 +384,14 @@ impl LockBackend for GcsBackend {
 
     fn guarantees(&self) -> Guarantees {
         guarantees()
+    }
+
+    /// `objects.list` pages of up to 1000 objects under the configured prefix + `prefix`,
+    /// each item with its metadata: one request per 1000 objects stored under the prefix,
+    /// held or not (expired objects nobody deleted count too).
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let result = self.try_list(prefix).await;
+        result.map_err(|e| e.with_backend("gcs"))
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {

@@ -186,9 +186,47 @@ impl GcsClient {
         )
     }
 
+    /// One page of `objects.list` for the object names starting with `prefix`, after the
+    /// page `page_token` ended (`None`: the first page). `projection=noAcl` (GCS's
+    /// default, said explicitly) returns each object's `metadata`, so no GET per object.
+    pub(crate) async fn list(&self, prefix: &str, page_token: Option<&str>) -> Result<ListPage> {
+        let mut url = format!(
+            "{}/storage/v1/b/{}/o?prefix={}&maxResults={LIST_PAGE}&projection=noAcl",
+            self.config.endpoint(),
+            segment(self.config.bucket()),
+            segment(prefix),
+        );
+        if let Some(token) = page_token {
+            url.push_str("&pageToken=");
+            url.push_str(&segment(token));
+        }
+        let response = self.exchange(self.http.get(url), Call::Read).await?;
+        let date = date_of(&response);
+        match response.status() {
+            StatusCode::NOT_FOUND => {
+                return Err(Error::new(
+                    ErrorKind::Config,
+                    "the GCS bucket does not exist",
+                ));
+            }
+            s if s.is_success() => {}
+            s => return Err(map_error(Failure::Status(s.as_u16()), Call::Read)),
+        }
+        let body = response
+            .bytes()
+            .await
+            .map_err(|e| map_error(Failure::Transport(e), Call::Read))?;
+        ListPage::parse(&body, date)
+    }
+
     async fn send(&self, request: RequestBuilder, call: Call) -> Result<Answer> {
-        // A renewable token GCS refuses (revoked, or expired early) is replaced and the
-        // call sent once more: a 401 changed nothing, so resending is safe.
+        let response = self.exchange(request, call).await?;
+        self.answer(response, call).await
+    }
+
+    /// Sends `request`. A renewable token GCS refuses (revoked, or expired early) is
+    /// replaced and the call sent once more: a 401 changed nothing, so resending is safe.
+    async fn exchange(&self, request: RequestBuilder, call: Call) -> Result<reqwest::Response> {
         let resend = if self.auth.renews() {
             request.try_clone()
         } else {
@@ -201,7 +239,7 @@ impl GcsClient {
             self.auth.forget(&token).await;
             response = self.dispatch(resend, call).await?.0;
         }
-        self.answer(response, call).await
+        Ok(response)
     }
 
     /// Sends `request` with the current token; returns the reply and the token sent.
@@ -222,11 +260,7 @@ impl GcsClient {
     }
 
     async fn answer(&self, response: reqwest::Response, call: Call) -> Result<Answer> {
-        let date = response
-            .headers()
-            .get(reqwest::header::DATE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| httpdate::parse_http_date(v).ok());
+        let date = date_of(&response);
         let status = response.status();
         let reply = match status {
             StatusCode::NOT_FOUND => Reply::NotFound,
@@ -242,6 +276,51 @@ impl GcsClient {
             s => return Err(map_error(Failure::Status(s.as_u16()), call)),
         };
         Ok(Answer { reply, date })
+    }
+}
+
+/// The server's clock reading: the reply's `Date` header.
+fn date_of(response: &reqwest::Response) -> Option<SystemTime> {
+    response
+        .headers()
+        .get(reqwest::header::DATE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| httpdate::parse_http_date(v).ok())
+}
+
+/// Objects asked for per list page: GCS's most ("1,000 items, whichever is smaller").
+pub(crate) const LIST_PAGE: usize = 1000;
+
+/// One page of `objects.list`: its items as sent (each parsed by the caller, so one
+/// malformed item never spoils the page), the continuation token, and the reply's `Date`.
+#[derive(Debug)]
+pub(crate) struct ListPage {
+    pub(crate) items: Vec<Value>,
+    pub(crate) next_page_token: Option<String>,
+    pub(crate) date: SystemTime,
+}
+
+impl ListPage {
+    fn parse(body: &[u8], date: Option<SystemTime>) -> Result<Self> {
+        let protocol = |what: String| Error::new(ErrorKind::Protocol, what);
+        let mut value: Value = serde_json::from_slice(body)
+            .map_err(|e| protocol(format!("GCS answered a list with malformed JSON: {e}")))?;
+        let items = match value.get_mut("items").map(Value::take) {
+            None | Some(Value::Null) => Vec::new(),
+            Some(Value::Array(items)) => items,
+            Some(_) => return Err(protocol("the list reply's `items` is not an array".into())),
+        };
+        let next_page_token = value
+            .get("nextPageToken")
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned);
+        let date = date.ok_or_else(|| protocol("GCS sent no Date header".into()))?;
+        Ok(Self {
+            items,
+            next_page_token,
+            date,
+        })
     }
 }
 

@@ -5,7 +5,9 @@
 //! under `ifGenerationMatch` + `ifMetagenerationMatch`; release deletes under both. The
 //! fence token is the object's generation, which GCS raises for every new object of a name.
 //! A lapsed lock is detected on the *server's* clock: the object's `updated` plus its TTL
-//! against the response's `Date` header. An uncontended cycle is two API calls.
+//! against the response's `Date` header. An uncontended cycle is two API calls. A note
+//! given at acquire is the metadata key `note` of the create; `list` pages through
+//! `objects.list` (one request per 1000 objects under the prefix).
 //!
 //! See `docs/gcs.md` for the algorithm, costs, auth and limits.
 //!

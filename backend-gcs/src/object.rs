@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lockcore::{Error, FenceToken, HolderInfo, Identity, Result};
+use lockcore::{Error, FenceToken, HolderInfo, Identity, Note, Result};
 use serde_json::{Map, Value, json};
 
 /// Metadata key holding the owner's identity.
@@ -12,6 +12,9 @@ pub(crate) const KEY_IDENTITY: &str = "identity";
 pub(crate) const KEY_TTL_MS: &str = "ttl_ms";
 /// Metadata key holding a human-readable expiry (for people; never read back).
 pub(crate) const KEY_EXPIRES: &str = "expires";
+/// Metadata key holding the note given at acquire; absent when there is none. Written only
+/// by the create that makes the grant: a refresh's PATCH merges metadata and leaves it.
+pub(crate) const KEY_NOTE: &str = "note";
 
 /// How far the server's `Date` header must pass `updated + ttl` before an object counts as
 /// stale: `Date` has one-second resolution.
@@ -26,6 +29,8 @@ pub(crate) struct LockObject {
     pub(crate) created: Option<SystemTime>,
     pub(crate) identity: Option<String>,
     pub(crate) ttl: Option<Duration>,
+    /// The stored note as the server returned it (not yet cleaned).
+    pub(crate) note: Option<String>,
 }
 
 impl LockObject {
@@ -49,6 +54,7 @@ impl LockObject {
             ttl: meta(KEY_TTL_MS)
                 .and_then(|ms| ms.parse().ok())
                 .map(Duration::from_millis),
+            note: meta(KEY_NOTE).map(str::to_owned),
         })
     }
 
@@ -77,7 +83,10 @@ impl LockObject {
     /// The holder as lockcore reports it, with time left judged at server time `date`.
     pub(crate) fn holder(&self, date: Option<SystemTime>) -> HolderInfo {
         let owner = Identity::from_stored(self.identity.as_deref().unwrap_or("(unknown)"));
-        let mut info = HolderInfo::new(owner).with_token(FenceToken::new(self.generation));
+        let note = self.note.as_deref().and_then(Note::from_stored);
+        let mut info = HolderInfo::new(owner)
+            .with_token(FenceToken::new(self.generation))
+            .with_note(note);
         if let Some(created) = self.created {
             info = info.with_acquired_at(created);
         }
@@ -116,7 +125,8 @@ pub(crate) fn parse_grant(grant: &str) -> Result<(u64, u64)> {
         .ok_or_else(|| Error::invalid_input("the lease was not issued by the GCS backend"))
 }
 
-/// The metadata map written on insert and refresh.
+/// The metadata map a refresh writes (PATCH merges it, keeping the note), and the grant's
+/// without its note.
 pub(crate) fn metadata(owner: &Identity, ttl: Duration) -> Value {
     let expires = rfc3339(SystemTime::now() + ttl);
     let mut map = Map::new();
@@ -124,6 +134,16 @@ pub(crate) fn metadata(owner: &Identity, ttl: Duration) -> Value {
     map.insert(KEY_TTL_MS.into(), json!(ttl.as_millis().to_string()));
     map.insert(KEY_EXPIRES.into(), json!(expires));
     Value::Object(map)
+}
+
+/// The metadata map the create of a grant writes: [`metadata`] plus the note, if any, so
+/// the note is stored in the same conditional write as the grant.
+pub(crate) fn grant_metadata(owner: &Identity, ttl: Duration, note: Option<&Note>) -> Value {
+    let mut value = metadata(owner, ttl);
+    if let (Some(note), Value::Object(map)) = (note, &mut value) {
+        map.insert(KEY_NOTE.into(), json!(note.as_str()));
+    }
+    value
 }
 
 fn number(value: &Value, field: &str) -> Result<u64> {
@@ -275,6 +295,7 @@ mod tests {
             created: None,
             identity: Some("a".into()),
             ttl: Some(Duration::from_millis(ttl_ms)),
+            note: None,
         }
     }
 
@@ -326,6 +347,47 @@ mod tests {
     fn grants_round_trip() {
         assert_eq!(parse_grant(&object(0, 1).grant()).unwrap(), (5, 1));
         assert!(parse_grant("nonsense").is_err());
+    }
+
+    #[test]
+    fn the_note_is_written_with_the_grant_and_read_back_lossily() {
+        let owner = Identity::named("me").unwrap();
+        let note = Note::new("ci run 42").unwrap();
+        let with = grant_metadata(&owner, Duration::from_secs(3), Some(&note));
+        assert_eq!(with[KEY_NOTE], "ci run 42");
+        let without = grant_metadata(&owner, Duration::from_secs(3), None);
+        assert!(
+            without.get(KEY_NOTE).is_none(),
+            "no note, no key: {without}"
+        );
+        assert!(
+            metadata(&owner, Duration::from_secs(3))
+                .get(KEY_NOTE)
+                .is_none()
+        );
+        let stored = |note: Value| {
+            let v = json!({"generation":"1","metageneration":"1",
+                "updated":"2024-05-07T12:34:56.789Z","metadata":{"identity":"me","note":note}});
+            LockObject::from_json(&v)
+                .unwrap()
+                .holder(None)
+                .note()
+                .cloned()
+        };
+        assert_eq!(stored(json!("ci run 42")), Some(note));
+        assert_eq!(stored(json!("")), None, "empty is no note");
+        assert_eq!(
+            stored(json!("a\u{1b}[2Jb")).map(|n| n.as_str().to_owned()),
+            Some("a\u{fffd}[2Jb".to_owned()),
+            "control characters never reach a terminal"
+        );
+        // Written by the previous version: no note key at all.
+        let old = json!({"generation":"1","metageneration":"1",
+            "updated":"2024-05-07T12:34:56.789Z","metadata":{"identity":"me","ttl_ms":"3000"}});
+        assert_eq!(
+            LockObject::from_json(&old).unwrap().holder(None).note(),
+            None
+        );
     }
 
     #[test]

@@ -15,12 +15,15 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use backend_gcs::GcsBackend;
 use common::Bucket;
-use conformance::{Cuttable, Harness};
-use lockcore::{Identity, LockBackend, LockName, LockOptions, Locker};
+use conformance::{Cuttable, Harness, Timing};
+use lockcore::{
+    Acquire, AcquireRequest, Identity, LockBackend, LockName, LockOptions, Locker, Note,
+};
 
 struct FakeGcsHarness {
     objects: Bucket,
     backend: GcsBackend,
+    timing: Timing,
 }
 
 /// A fresh bucket on fake-gcs-server, or `None` (skip) outside CI without it.
@@ -46,7 +49,21 @@ async fn harness() -> Option<FakeGcsHarness> {
     );
     let objects = Bucket::new(&url, &bucket, "locks/");
     let backend = objects.backend();
-    Some(FakeGcsHarness { objects, backend })
+    Some(FakeGcsHarness {
+        objects,
+        backend,
+        timing: Timing::default(),
+    })
+}
+
+/// The expiry timing `tests/conformance.rs` gives the backend: `Date` has one-second
+/// resolution and staleness allows one more second, so a lapsed lock is taken over (and
+/// leaves listings) up to 2 s after its TTL.
+fn server_clock_timing() -> Timing {
+    Timing::default()
+        .with_ttl(Duration::from_secs(3))
+        .with_slack(Duration::from_secs(3))
+        .with_expiry_resolution(Duration::from_secs(1))
 }
 
 #[async_trait]
@@ -57,6 +74,10 @@ impl Harness for FakeGcsHarness {
 
     fn backend(&self) -> Arc<dyn LockBackend> {
         Arc::new(self.backend.clone())
+    }
+
+    fn timing(&self) -> Timing {
+        self.timing.clone()
     }
 
     async fn admin_delete(&self, name: &LockName) {
@@ -145,4 +166,73 @@ async fn a_lock_cycle_through_the_locker() {
     let again = rival.acquire("cycle").await.expect("free again");
     assert!(again.fence_token().expect("generation") > first);
     again.release().await.expect("released");
+}
+
+/// Listing through fake-gcs-server's `objects.list` (prefix, `maxResults`, `pageToken`,
+/// metadata in the items): held locks under a prefix with pattern characters, released
+/// and expired ones left out. It needs no refresh, so the conformance case runs whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_shows_held_locks() {
+    let Some(mut h) = harness().await else { return };
+    h.timing = server_clock_timing();
+    conformance::run_case(
+        &h,
+        "list_shows_held_locks",
+        conformance::cases::list_shows_held_locks,
+    )
+    .await;
+}
+
+/// The note rides in the create's metadata and comes back from inspect, `Held` and list;
+/// a same-owner retake replaces it and a later grant without one shows none. (The
+/// conformance case also refreshes, which fake-gcs-server's PATCH reply cannot support.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_note_is_stored_with_the_grant() {
+    let Some(h) = harness().await else { return };
+    let backend = &h.backend;
+    let lock = LockName::new("noted/ü %*?[").expect("name");
+    let owner = Identity::unique();
+    let ttl = Duration::from_secs(30);
+    let first = Note::new("run https://ci.example/run/42 — ✓").expect("note");
+    let request = AcquireRequest::new(lock.clone(), owner.clone(), ttl);
+    let Acquire::Acquired(_) = backend
+        .acquire(&request.clone().with_note(Some(first.clone())))
+        .await
+        .expect("acquire")
+    else {
+        panic!("free name");
+    };
+    let shown = backend.inspect(&lock).await.expect("inspect");
+    assert_eq!(shown.and_then(|i| i.note().cloned()), Some(first.clone()));
+    let rival = AcquireRequest::new(lock.clone(), Identity::unique(), ttl);
+    let Acquire::Held(holder) = backend.acquire(&rival).await.expect("rival") else {
+        panic!("a contender got a held lock");
+    };
+    assert_eq!(holder.note(), Some(&first));
+    let listed = backend.list("noted/").await.expect("list");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].name(), &lock);
+    assert_eq!(listed[0].holder().note(), Some(&first));
+
+    let second = Note::new("retry 2").expect("note");
+    let Acquire::Acquired(retake) = backend
+        .acquire(&request.with_note(Some(second.clone())))
+        .await
+        .expect("retake")
+    else {
+        panic!("same-owner retake refused");
+    };
+    let shown = backend.inspect(&lock).await.expect("inspect");
+    assert_eq!(shown.and_then(|i| i.note().cloned()), Some(second));
+    backend.release(&retake).await.expect("release");
+    let Acquire::Acquired(plain) = backend.acquire(&rival).await.expect("acquire") else {
+        panic!("released");
+    };
+    let shown = backend.inspect(&lock).await.expect("inspect");
+    assert_eq!(
+        shown.expect("held").note(),
+        None,
+        "the old note outlived its grant"
+    );
+    backend.release(&plain).await.expect("release");
 }

@@ -92,9 +92,71 @@ fn get_bucket(shared: &Shared, bucket: &str) -> Result<Response<Body>, ApiError>
     ))
 }
 
+/// The most items one list page holds: GCS uses `maxResults` "or 1,000 items, whichever
+/// is smaller".
+pub(crate) const MAX_LIST_PAGE: usize = 1000;
+
+/// List parameters GCS has that this server does not implement: refused with 400 rather
+/// than ignored, so a client relying on one never gets a silently wrong answer.
+const UNSUPPORTED_LIST_PARAMETERS: [&str; 7] = [
+    "delimiter",
+    "startOffset",
+    "endOffset",
+    "matchGlob",
+    "includeTrailingDelimiter",
+    "includeFoldersAsPrefixes",
+    "softDeleted",
+];
+
+/// `objects.list`: `prefix` (byte-wise, no pattern characters), `maxResults`, `pageToken`
+/// and `projection`; sorted by name, `items` left out when empty, `nextPageToken` only
+/// when more items follow.
 fn list(shared: &Shared, bucket: &str, query: &Query) -> Result<Response<Body>, ApiError> {
-    let objects = store(shared).list(bucket, query.get("prefix").unwrap_or(""))?;
+    if let Some(unsupported) = UNSUPPORTED_LIST_PARAMETERS
+        .iter()
+        .find(|p| query.get(p).is_some())
+    {
+        return Err(ApiError::bad_request(format!(
+            "gcs-test-server does not implement the list parameter {unsupported}"
+        )));
+    }
+    if query.get("versions").is_some_and(|v| v != "false") {
+        return Err(ApiError::bad_request(
+            "gcs-test-server keeps no versions (versions=true)",
+        ));
+    }
+    match query.get("projection") {
+        None | Some("full" | "noAcl") => {}
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "Invalid value for projection: {other:?}"
+            )));
+        }
+    }
+    let max = match query.get("maxResults") {
+        None => MAX_LIST_PAGE,
+        Some(text) => match text.parse::<u32>() {
+            // An unset proto3 integer is 0: the default page.
+            Ok(0) => MAX_LIST_PAGE,
+            Ok(n) => usize::try_from(n)
+                .unwrap_or(MAX_LIST_PAGE)
+                .min(MAX_LIST_PAGE),
+            Err(_) => {
+                return Err(ApiError::bad_request(format!(
+                    "Invalid value for maxResults: {text:?}"
+                )));
+            }
+        },
+    };
+    // An empty token is no token, as for any unset string parameter.
+    let token = query.get("pageToken").filter(|t| !t.is_empty());
+    let after = token.map(page_token_name).transpose()?;
+    let prefix = query.get("prefix").unwrap_or("");
+    let (objects, more) = store(shared).list(bucket, prefix, after.as_deref(), max)?;
     let mut body = json!({ "kind": "storage#objects" });
+    if let (true, Some(last)) = (more, objects.last()) {
+        body["nextPageToken"] = json!(page_token(&last.name));
+    }
     if !objects.is_empty() {
         let items = objects
             .iter()
@@ -102,6 +164,23 @@ fn list(shared: &Shared, bucket: &str, query: &Query) -> Result<Response<Body>, 
         body["items"] = items.collect();
     }
     Ok(json_response(StatusCode::OK, &body))
+}
+
+/// The opaque continuation token naming the last object of a page.
+fn page_token(last: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("after:{last}"))
+}
+
+/// The last object name a page token stands for; 400 for a token this server never made.
+fn page_token_name(token: &str) -> Result<String, ApiError> {
+    use base64::Engine as _;
+    base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(token)
+        .ok()
+        .and_then(|bytes| String::from_utf8(bytes).ok())
+        .and_then(|text| text.strip_prefix("after:").map(str::to_owned))
+        .ok_or_else(|| ApiError::bad_request("Invalid page token"))
 }
 
 /// `200 OK` with the object's JSON resource.
@@ -235,6 +314,16 @@ fn delete(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn page_tokens_round_trip_and_reject_strangers() {
+        for name in ["", "locks/a", "a%/x?&=+ #[*]", "ünï"] {
+            assert_eq!(page_token_name(&page_token(name)).unwrap(), name);
+        }
+        for bad in ["!!", "bm90IGEgdG9rZW4"] {
+            assert_eq!(page_token_name(bad).unwrap_err().status, 400, "{bad}");
+        }
+    }
 
     #[test]
     fn routes_encoded_object_names() {

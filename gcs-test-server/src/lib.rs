@@ -4,7 +4,7 @@
 //!
 //! It implements what anylock's GCS backend uses: media and multipart
 //! insert, object get (metadata or `alt=media`), metadata PATCH, delete,
-//! list, and bucket create/get; the four precondition parameters
+//! list (prefix, `maxResults`, `pageToken`), and bucket create/get; the four precondition parameters
 //! (`ifGenerationMatch`, `ifGenerationNotMatch`, `ifMetagenerationMatch`,
 //! `ifMetagenerationNotMatch`) with GCS's 412 and 404 behaviour; strictly
 //! increasing string-typed generations; a `Date` header on every response;

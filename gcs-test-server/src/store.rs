@@ -175,14 +175,29 @@ impl Store {
         Ok(())
     }
 
-    /// Live objects whose names start with `prefix`, by name.
-    pub(crate) fn list(&self, bucket: &str, prefix: &str) -> Result<Vec<Object>, ApiError> {
+    /// One page of the live objects whose names start with `prefix`, by name (byte
+    /// order): at most `max` of them, after `after` when given; `true` when more follow.
+    pub(crate) fn list(
+        &self,
+        bucket: &str,
+        prefix: &str,
+        after: Option<&str>,
+        max: usize,
+    ) -> Result<(Vec<Object>, bool), ApiError> {
+        use std::ops::Bound;
         self.bucket(bucket)?;
-        let objects = self
+        let start = match after {
+            Some(after) => Bound::Excluded((bucket.to_owned(), after.to_owned())),
+            None => Bound::Included((bucket.to_owned(), prefix.to_owned())),
+        };
+        let mut matching = self
             .objects
-            .iter()
-            .filter(|((b, n), _)| b == bucket && n.starts_with(prefix));
-        Ok(objects.map(|(_, o)| o.clone()).collect())
+            .range((start, Bound::Unbounded))
+            .take_while(|((b, _), _)| b == bucket)
+            .filter(|((_, n), _)| n.starts_with(prefix))
+            .map(|(_, o)| o);
+        let page: Vec<Object> = matching.by_ref().take(max).cloned().collect();
+        Ok((page, matching.next().is_some()))
     }
 
     /// 404 (bucket or object), then the rate limit, then the preconditions.
@@ -286,6 +301,34 @@ mod tests {
             .insert("b", new("n"), Preconditions::default(), at)
             .unwrap();
         assert!(second.generation > first.generation);
+    }
+
+    #[test]
+    fn list_pages_by_name_after_the_last_one_returned() {
+        let mut store = store();
+        for name in ["p/b", "p/a", "q", "p/c", "o"] {
+            store
+                .insert("b", new(name), Preconditions::default(), UNIX_EPOCH)
+                .unwrap();
+        }
+        let names = |page: &[Object]| page.iter().map(|o| o.name.clone()).collect::<Vec<_>>();
+        let (page, more) = store.list("b", "p/", None, 2).unwrap();
+        assert_eq!(
+            (names(&page), more),
+            (vec!["p/a".into(), "p/b".into()], true)
+        );
+        let (page, more) = store.list("b", "p/", Some("p/b"), 2).unwrap();
+        assert_eq!((names(&page), more), (vec!["p/c".into()], false));
+        let (page, more) = store.list("b", "", None, 10).unwrap();
+        assert_eq!(names(&page), ["o", "p/a", "p/b", "p/c", "q"]);
+        assert!(!more);
+        // Another bucket's objects sort after this one's, never into its pages.
+        store.create_bucket("c", UNIX_EPOCH).unwrap();
+        store
+            .insert("c", new("p/z"), Preconditions::default(), UNIX_EPOCH)
+            .unwrap();
+        let (page, more) = store.list("b", "p/", Some("p/c"), 10).unwrap();
+        assert!(page.is_empty() && !more);
     }
 
     #[test]

@@ -82,7 +82,9 @@ impl Bucket {
     }
 
     fn object_url(&self, name: &str) -> String {
-        let object = format!("{}{name}", self.prefix).replace('/', "%2F");
+        let object = format!("{}{name}", self.prefix);
+        let object =
+            percent_encoding::utf8_percent_encode(&object, percent_encoding::NON_ALPHANUMERIC);
         format!("{}/storage/v1/b/{}/o/{object}", self.url, self.bucket)
     }
 
@@ -119,6 +121,12 @@ impl Bucket {
     /// Overwrites the object (a new generation) so `owner` holds it for `ttl`.
     pub async fn raw_put(&self, name: &str, owner: &Identity, ttl: Duration) {
         let metadata = json!({"identity": owner.as_str(), "ttl_ms": ttl.as_millis().to_string()});
+        self.raw_put_metadata(name, metadata).await;
+    }
+
+    /// Overwrites the object (a new generation) with `metadata`, as another tool (or an
+    /// older anylock) would write it.
+    pub async fn raw_put_metadata(&self, name: &str, metadata: Value) {
         let resource = json!({"name": format!("{}{name}", self.prefix), "metadata": metadata});
         let body = format!(
             "--b\r\nContent-Type: application/json\r\n\r\n{resource}\r\n--b\r\n\

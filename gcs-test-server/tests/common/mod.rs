@@ -158,13 +158,36 @@ impl Gcs {
     }
 
     pub async fn list(&self, prefix: &str) -> Response {
-        let url = format!(
-            "{}/storage/v1/b/{}/o?prefix={}",
-            self.base,
-            self.bucket,
-            encode(prefix)
-        );
+        self.list_query(&format!("prefix={}", encode(prefix))).await
+    }
+
+    /// `objects.list` with a raw query string (already encoded).
+    pub async fn list_query(&self, query: &str) -> Response {
+        let url = format!("{}/storage/v1/b/{}/o", self.base, self.bucket);
+        let url = with_query(url, query);
         self.http.get(url).send().await.expect("list")
+    }
+
+    /// Every object name under `prefix`, following `nextPageToken` with `maxResults`
+    /// per page; also the number of pages.
+    pub async fn list_all(&self, prefix: &str, max_results: u32) -> (Vec<String>, usize) {
+        let (mut names, mut pages, mut token) = (Vec::new(), 0, None::<String>);
+        loop {
+            let mut query = format!("prefix={}&maxResults={max_results}", encode(prefix));
+            if let Some(token) = &token {
+                query.push_str(&format!("&pageToken={}", encode(token)));
+            }
+            let (status, page) = status_json(self.list_query(&query).await).await;
+            assert_eq!(status, 200, "{page}");
+            pages += 1;
+            let items = page["items"].as_array().cloned().unwrap_or_default();
+            names.extend(items.iter().map(|o| o["name"].as_str().unwrap().to_owned()));
+            match page["nextPageToken"].as_str() {
+                Some(next) => token = Some(next.to_owned()),
+                None => return (names, pages),
+            }
+            assert!(pages < 10_000, "pagination does not end");
+        }
     }
 
     /// A request to the test server's admin path `/_test/{path}`.
