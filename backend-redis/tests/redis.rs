@@ -71,21 +71,44 @@ async fn each_operation_is_one_command_on_the_server() {
     let warm = take(&backend, &request("warm", &me)).await;
     backend.refresh(&warm).await.expect("refresh");
     backend.inspect(warm.name()).await.expect("inspect");
+    backend.list(warm.name().as_str()).await.expect("list");
     backend.release(&warm).await.expect("release");
     backend.break_lock(warm.name()).await.expect("break");
 
     let req = request("counted", &me);
     // Every grant reads the lock, the server clock and the fence counter, then writes the
-    // counter and the lock: the first grant of a name and all later ones alike.
-    let acquire = [("evalsha", 1), ("get", 2), ("time", 1), ("set", 2)];
+    // counter and the lock and replaces the note key: the first grant of a name and all
+    // later ones alike.
+    let acquire = [
+        ("evalsha", 1),
+        ("get", 2),
+        ("time", 1),
+        ("set", 2),
+        ("del", 1),
+    ];
     let first = assert_commands(stats, "first acquire", &acquire, take(&backend, &req)).await;
     backend.release(&first).await.expect("release");
+    // A note is written by the same script, with the grant's TTL.
+    let noted_acquire = [
+        ("evalsha", 1),
+        ("get", 2),
+        ("time", 1),
+        ("set", 2),
+        ("del", 1),
+        ("hset", 1),
+        ("pexpire", 1),
+    ];
+    let noted = req
+        .clone()
+        .with_note(Some(lockcore::Note::new("counted").expect("note")));
+    let lease = assert_commands(stats, "noted", &noted_acquire, take(&backend, &noted)).await;
+    backend.release(&lease).await.expect("release");
     let lease = assert_commands(stats, "acquire", &acquire, take(&backend, &req)).await;
-    let refresh = [("evalsha", 1), ("get", 1), ("pexpire", 1)];
+    let refresh = [("evalsha", 1), ("get", 1), ("hget", 1), ("pexpire", 1)];
     let refreshed = assert_commands(stats, "refresh", &refresh, backend.refresh(&lease)).await;
     assert_eq!(refreshed.expect("refresh"), lease);
     let rival = AcquireRequest::new(req.name.clone(), Identity::unique(), req.ttl);
-    let held = [("evalsha", 1), ("get", 1), ("pttl", 1)];
+    let held = [("evalsha", 1), ("get", 1), ("hmget", 1), ("pttl", 1)];
     let outcome = assert_commands(stats, "held", &held, backend.acquire(&rival)).await;
     assert!(matches!(outcome, Ok(Acquire::Held(_))), "{outcome:?}");
     let inspected = assert_commands(stats, "inspect", &held, backend.inspect(&req.name)).await;
@@ -93,7 +116,19 @@ async fn each_operation_is_one_command_on_the_server() {
         inspected.expect("inspect").map(|h| h.token()),
         Some(lease.token())
     );
+    // A listing is one SCAN per page (one page here), then one script reading the
+    // candidates of that page.
+    let list = [
+        ("scan", 1),
+        ("evalsha", 1),
+        ("get", 1),
+        ("hmget", 1),
+        ("pttl", 1),
+    ];
+    let listed = assert_commands(stats, "list", &list, backend.list(req.name.as_str())).await;
+    assert_eq!(listed.expect("list").len(), 1);
     let release = [("evalsha", 1), ("get", 1), ("del", 1), ("publish", 1)];
+    // (`del` removes the lock key and the note key in one command.)
     let released = assert_commands(stats, "release", &release, backend.release(&lease)).await;
     released.expect("release");
     take(&backend, &req).await;
@@ -101,6 +136,7 @@ async fn each_operation_is_one_command_on_the_server() {
         ("evalsha", 1),
         ("get", 1),
         ("pttl", 1),
+        ("hmget", 1),
         ("del", 1),
         ("publish", 1),
     ];
@@ -130,11 +166,12 @@ async fn scripts_are_reloaded_after_script_flush() {
         ("evalsha", 2),
         ("script|load", 1),
         ("get", 1),
+        ("hget", 1),
         ("pexpire", 1),
     ];
     let refreshed = assert_commands(&mut admin, "reload", &reload, backend.refresh(&lease)).await;
     refreshed.expect("refresh after flush");
-    let steady = [("evalsha", 1), ("get", 1), ("pexpire", 1)];
+    let steady = [("evalsha", 1), ("get", 1), ("hget", 1), ("pexpire", 1)];
     let refreshed = assert_commands(&mut admin, "steady", &steady, backend.refresh(&lease)).await;
     refreshed.expect("refresh");
     backend.release(&lease).await.expect("release after flush");
