@@ -915,3 +915,41 @@ async fn a_refreshed_lease_keeps_its_note_past_the_first_ttl() {
     );
     backend.release(&lease).await.expect("release");
 }
+
+/// Glob characters in a prefix match only themselves, including where an unescaped
+/// pattern would match *less* (a class `[ab]` matches `a` or `b`, not `[ab]`; `\*` matches
+/// `*`, not `\*`), which filtering the scanned names afterwards cannot repair.
+#[tokio::test]
+async fn list_prefixes_with_glob_characters_match_only_themselves() {
+    let Some(url) = common::redis_url() else {
+        return;
+    };
+    let backend = backend_on(&url, Duration::from_secs(2)).await;
+    let base = common::fresh_name("glob");
+    let under = |rest: &str| lockcore::LockName::new(format!("{base}/{rest}")).expect("valid");
+    let ttl = Duration::from_secs(30);
+    let names = ["k[ab]1", "ka1", r"k\*1", "k*1", "k]1", "k?1"].map(under);
+    let mut leases = Vec::new();
+    for name in &names {
+        let req = AcquireRequest::new(name.clone(), Identity::unique(), ttl);
+        leases.push(take(&backend, &req).await);
+    }
+    for (prefix, only) in [
+        ("k[ab]", "k[ab]1"),
+        ("ka", "ka1"),
+        (r"k\*", r"k\*1"),
+        ("k*", "k*1"),
+        ("k]", "k]1"),
+        ("k?", "k?1"),
+    ] {
+        let listed = backend
+            .list(&format!("{base}/{prefix}"))
+            .await
+            .expect("list");
+        let listed: Vec<&str> = listed.iter().map(|e| e.name().as_str()).collect();
+        assert_eq!(listed, [format!("{base}/{only}")], "prefix {prefix:?}");
+    }
+    for lease in &leases {
+        backend.release(lease).await.expect("release");
+    }
+}
