@@ -1,5 +1,6 @@
 //! [`RedisBackend`]: the lock on one Redis server, with fencing tokens.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,14 +8,14 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lockcore::{
     Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion,
-    ExpiryClock, Fairness, Fencing, Guarantees, HolderInfo, Lease, LockBackend, LockName,
-    ReleaseEvents, Result, Waiting,
+    ExpiryClock, Fairness, Fencing, Guarantees, HeldLock, HolderInfo, Lease, LockBackend, LockName,
+    Note, ReleaseEvents, Result, Waiting,
 };
 
 use crate::client::{AcquireReply, Node, RefreshReply};
 use crate::config::RedisConfig;
 use crate::eviction;
-use crate::keys::{self, LockKeys, StoredValue};
+use crate::keys::{self, Found, LockKeys, StoredValue};
 
 const NOTES: &str = "One Redis node keeps the lock in memory: a crash or restart without \
     appendfsync=always, or a failover to an asynchronously replicated replica, can forget a \
@@ -39,6 +40,10 @@ const NOTES: &str = "One Redis node keeps the lock in memory: a crash or restart
 /// - `release`: one script: compare the value, then `DEL` and `PUBLISH` to wake waiters.
 /// - `break_lock`: one script: `DEL` whatever grant is there and `PUBLISH`; the fence
 ///   counter is kept, so the next grant's token is still greater.
+/// - `list`: `SCAN MATCH` (the prefix glob-escaped) in pages, each followed by one
+///   read-only script reading the candidates' values, `PTTL`s and notes.
+/// - A note is stored with the grant, by the acquire script, in the note key (see
+///   [`LockKeys`]).
 ///
 /// Cheap to clone; clones share the connections.
 #[derive(Clone)]
@@ -133,7 +138,13 @@ pub fn guarantees() -> Guarantees {
     .with_fairness(Fairness::None)
     .with_same_owner_retake(true)
     .with_durability(Durability::LostOnRestart)
+    .with_listing(true)
     .with_notes(NOTES)
+}
+
+/// The note argument of the acquire script: the request's note, or `""` for none.
+pub(crate) fn note_arg(request: &AcquireRequest) -> &str {
+    request.note.as_ref().map_or("", Note::as_str)
 }
 
 /// A TTL in whole milliseconds (`PX` takes integers; rounding down never promises more).
@@ -164,7 +175,7 @@ impl LockBackend for RedisBackend {
         let suffix = keys::value_suffix(&keys::new_nonce(), &request.owner);
         let reply = self
             .node()
-            .acquire(&keys, true, ttl_ms, owner, &suffix)
+            .acquire(&keys, true, ttl_ms, owner, &suffix, note_arg(request))
             .await
             .map_err(|e| in_context(e, "redis", name))?;
         match reply {
@@ -178,9 +189,7 @@ impl LockBackend for RedisBackend {
                 let lease = Lease::new(name.clone(), request.owner.clone(), ttl, value);
                 Ok(Acquire::Acquired(lease.with_token(token)))
             }
-            AcquireReply::Held { value, pttl } => {
-                Ok(Acquire::Held(keys::holder_info(&value, pttl)))
-            }
+            AcquireReply::Held(found) => Ok(Acquire::Held(keys::holder_info(&found))),
         }
     }
 
@@ -225,7 +234,21 @@ impl LockBackend for RedisBackend {
             .inspect(&self.keys(name))
             .await
             .map_err(|e| in_context(e, "redis", name))?;
-        Ok(found.map(|(value, pttl)| keys::holder_info(&value, pttl)))
+        Ok(found.as_ref().map(keys::holder_info))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let found = self
+            .node()
+            .list(self.inner.config.prefix(), prefix)
+            .await
+            .map_err(|e| e.with_backend("redis"))?;
+        // `SCAN` may return a key twice; both reads describe the same grant or a newer one.
+        let by_name: BTreeMap<LockName, Found> = found.into_iter().collect();
+        Ok(by_name
+            .into_iter()
+            .map(|(name, found)| HeldLock::new(name, keys::holder_info(&found)))
+            .collect())
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
@@ -234,7 +257,7 @@ impl LockBackend for RedisBackend {
             .break_lock(&self.keys(name))
             .await
             .map_err(|e| in_context(e, "redis", name))?;
-        Ok(removed.map(|(value, pttl)| keys::holder_info(&value, pttl)))
+        Ok(removed.as_ref().map(keys::holder_info))
     }
 
     fn guarantees(&self) -> Guarantees {

@@ -12,15 +12,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::{
-    ConnectionSecurity, Error, ErrorKind, ReleaseEvents, Result, TlsDetails, Transport,
+    ConnectionSecurity, Error, ErrorKind, LockName, ReleaseEvents, Result, TlsDetails, Transport,
 };
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, ScriptInvocation, Value};
 
-use crate::keys::LockKeys;
+use crate::keys::{self, Found, LockKeys};
 use crate::node_url::NodeUrl;
 use crate::notify::Notifier;
-use crate::scripts::{ACQUIRE, BREAK, INSPECT, REFRESH, RELEASE};
+use crate::scripts::{ACQUIRE, BREAK, INSPECT, READ_MANY, REFRESH, RELEASE};
+
+/// How many keys one `SCAN` call of a listing asks the server to look at (a hint; the
+/// server may return somewhat more or fewer matches per page).
+pub(crate) const SCAN_COUNT: usize = 500;
 
 /// Which call failed; decides whether a lost reply leaves the outcome unknown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +37,7 @@ pub(crate) enum Call {
     Refresh,
     Release,
     Inspect,
+    List,
     Break,
     Subscribe,
     Unsubscribe,
@@ -59,6 +64,7 @@ impl fmt::Display for Call {
             Self::Refresh => "refresh",
             Self::Release => "release",
             Self::Inspect => "inspect",
+            Self::List => "list",
             Self::Break => "break",
             Self::Subscribe => "subscribe",
             Self::Unsubscribe => "unsubscribe",
@@ -200,8 +206,8 @@ fn malformed(call: Call, node: &str) -> Error {
 pub(crate) enum AcquireReply {
     /// The lock is ours; the stored value.
     Granted(String),
-    /// Someone else holds it: their value and `PTTL`.
-    Held { value: String, pttl: i64 },
+    /// Someone else holds it: their value, `PTTL` and note.
+    Held(Found),
 }
 
 /// What the refresh script answered.
@@ -388,7 +394,8 @@ impl Node {
         }
     }
 
-    /// Runs the acquire script. `fenced` adds the fence counter (single instance).
+    /// Runs the acquire script. `fenced` adds the fence counter (single instance); `note`
+    /// is stored with the grant (`""` for none).
     pub(crate) async fn acquire(
         &self,
         keys: &LockKeys,
@@ -396,13 +403,14 @@ impl Node {
         ttl_ms: u64,
         owner: &str,
         suffix: &str,
+        note: &str,
     ) -> Result<AcquireReply> {
         let mut invocation = ACQUIRE.prepare_invoke();
-        invocation.key(keys.lock());
+        invocation.key(keys.lock()).key(keys.note());
         if fenced {
             invocation.key(keys.fence());
         }
-        invocation.arg(ttl_ms).arg(owner).arg(suffix);
+        invocation.arg(ttl_ms).arg(owner).arg(suffix).arg(note);
         let reply = self.run(Call::Acquire, &invocation).await?;
         decode_acquire(reply).ok_or_else(|| malformed(Call::Acquire, &self.label))
     }
@@ -415,7 +423,11 @@ impl Node {
         ttl_ms: u64,
     ) -> Result<RefreshReply> {
         let mut invocation = REFRESH.prepare_invoke();
-        invocation.key(keys.lock()).arg(value).arg(ttl_ms);
+        invocation
+            .key(keys.lock())
+            .key(keys.note())
+            .arg(value)
+            .arg(ttl_ms);
         match self.run(Call::Refresh, &invocation).await? {
             Value::Int(1) => Ok(RefreshReply::Extended),
             Value::Int(0) => Ok(RefreshReply::Missing),
@@ -428,28 +440,94 @@ impl Node {
     /// Runs the release script; `true` when our key was deleted (and waiters notified).
     pub(crate) async fn release(&self, keys: &LockKeys, value: &str) -> Result<bool> {
         let mut invocation = RELEASE.prepare_invoke();
-        invocation.key(keys.lock()).arg(value).arg(keys.channel());
+        invocation
+            .key(keys.lock())
+            .key(keys.note())
+            .arg(value)
+            .arg(keys.channel());
         match self.run(Call::Release, &invocation).await? {
             Value::Int(n) => Ok(n == 1),
             _ => Err(malformed(Call::Release, &self.label)),
         }
     }
 
-    /// Reads the stored value and its `PTTL`; `None` when the key does not exist.
-    pub(crate) async fn inspect(&self, keys: &LockKeys) -> Result<Option<(String, i64)>> {
+    /// Reads the stored value, its `PTTL` and note; `None` when the key does not exist.
+    pub(crate) async fn inspect(&self, keys: &LockKeys) -> Result<Option<Found>> {
         let mut invocation = INSPECT.prepare_invoke();
-        invocation.key(keys.lock());
+        invocation.key(keys.lock()).key(keys.note());
         let reply = self.run(Call::Inspect, &invocation).await?;
         decode_found(reply).ok_or_else(|| malformed(Call::Inspect, &self.label))
     }
 
-    /// Deletes whatever grant holds `keys` and notifies waiters; the removed value and its
-    /// `PTTL`, or `None` when the key did not exist.
-    pub(crate) async fn break_lock(&self, keys: &LockKeys) -> Result<Option<(String, i64)>> {
+    /// Deletes whatever grant holds `keys` and notifies waiters; the removed value, its
+    /// `PTTL` and note, or `None` when the key did not exist.
+    pub(crate) async fn break_lock(&self, keys: &LockKeys) -> Result<Option<Found>> {
         let mut invocation = BREAK.prepare_invoke();
-        invocation.key(keys.lock()).arg(keys.channel());
+        invocation
+            .key(keys.lock())
+            .key(keys.note())
+            .arg(keys.channel());
         let reply = self.run(Call::Break, &invocation).await?;
         decode_found(reply).ok_or_else(|| malformed(Call::Break, &self.label))
+    }
+
+    /// Every lock held on this node under the key prefix `prefix` whose name starts with
+    /// `name_prefix`, in no particular order (names may repeat: `SCAN` may return a key
+    /// twice). Pages through `SCAN cursor MATCH pattern COUNT` ([`SCAN_COUNT`]), each page
+    /// followed by one read-only script call that reads the candidates' values, `PTTL`s and
+    /// notes; keys gone by then, fence, note and foreign keys are left out.
+    pub(crate) async fn list(
+        &self,
+        prefix: &str,
+        name_prefix: &str,
+    ) -> Result<Vec<(LockName, Found)>> {
+        let pattern = keys::lock_pattern(prefix, name_prefix);
+        let mut held = Vec::new();
+        let mut cursor = 0u64;
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT);
+            let (next, found): (u64, Vec<Vec<u8>>) = self.query(Call::List, &scan).await?;
+            let names: Vec<LockName> = found
+                .iter()
+                .filter_map(|key| keys::name_of_lock_key(prefix, name_prefix, key))
+                .collect();
+            if !names.is_empty() {
+                let mut invocation = READ_MANY.prepare_invoke();
+                for name in &names {
+                    let keys = LockKeys::new(prefix, name);
+                    invocation.key(keys.lock()).key(keys.note());
+                }
+                let reply = self.run(Call::List, &invocation).await?;
+                let read = decode_many(reply, names.len())
+                    .ok_or_else(|| malformed(Call::List, &self.label))?;
+                held.extend(
+                    names
+                        .into_iter()
+                        .zip(read)
+                        .filter_map(|(name, found)| Some((name, found?))),
+                );
+            }
+            if next == 0 {
+                return Ok(held);
+            }
+            cursor = next;
+        }
+    }
+
+    /// One command bounded by the per-call timeout.
+    async fn query<T: redis::FromRedisValue>(&self, call: Call, cmd: &redis::Cmd) -> Result<T> {
+        let mut conn = self.manager.clone();
+        let reply = tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut conn)).await;
+        match reply {
+            Ok(Ok(value)) => Ok(value),
+            Ok(Err(err)) => Err(map_error(&err, call, &self.label)),
+            Err(_) => Err(timed_out(call, &self.label, self.timeout)),
+        }
     }
 
     /// Subscribes to the release channel of `keys`.
@@ -494,16 +572,49 @@ pub(crate) fn text(value: &Value) -> Option<String> {
     }
 }
 
-/// `false` (nil) → `Some(None)`; `{value, pttl}` → `Some(Some(..))`; anything else → `None`.
-pub(crate) fn decode_found(reply: Value) -> Option<Option<(String, i64)>> {
+/// `false` (nil) → `Some(None)`; `{value, pttl, note}` → `Some(Some(..))` (a missing or
+/// unreadable note is none); anything else → `None`.
+pub(crate) fn decode_found(reply: Value) -> Option<Option<Found>> {
     match reply {
         Value::Nil | Value::Boolean(false) => Some(None),
         Value::Array(items) => match items.as_slice() {
-            [value, Value::Int(pttl)] => Some(Some((text(value)?, *pttl))),
+            [value, Value::Int(pttl), rest @ ..] => Some(Some(Found::new(
+                text(value)?,
+                *pttl,
+                rest.first().map(note_text).unwrap_or_default(),
+            ))),
             _ => None,
         },
         _ => None,
     }
+}
+
+/// A note as the server returned it: bytes that are not UTF-8 are decoded lossily
+/// ([`lockcore::Note::from_stored`] then cleans and caps it); anything else is no note.
+fn note_text(value: &Value) -> String {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8_lossy(bytes).into_owned(),
+        Value::SimpleString(s) => s.clone(),
+        _ => String::new(),
+    }
+}
+
+/// The reply of the read-many script: one entry per candidate, `None` for a key that is
+/// gone or not a lock (a value that is not UTF-8 too: not one this crate wrote, and
+/// `inspect` could not read it either). `None` overall when the reply has the wrong shape.
+pub(crate) fn decode_many(reply: Value, expected: usize) -> Option<Vec<Option<Found>>> {
+    let Value::Array(items) = reply else {
+        return None;
+    };
+    if items.len() != expected {
+        return None;
+    }
+    Some(
+        items
+            .into_iter()
+            .map(|item| decode_found(item).flatten())
+            .collect(),
+    )
 }
 
 pub(crate) fn decode_acquire(reply: Value) -> Option<AcquireReply> {
@@ -512,10 +623,13 @@ pub(crate) fn decode_acquire(reply: Value) -> Option<AcquireReply> {
     };
     match items.as_slice() {
         [Value::Int(1), value] => Some(AcquireReply::Granted(text(value)?)),
-        [Value::Int(0), value, Value::Int(pttl)] => Some(AcquireReply::Held {
-            value: text(value)?,
-            pttl: *pttl,
-        }),
+        [Value::Int(0), value, Value::Int(pttl), rest @ ..] => {
+            Some(AcquireReply::Held(Found::new(
+                text(value)?,
+                *pttl,
+                rest.first().map(note_text).unwrap_or_default(),
+            )))
+        }
         _ => None,
     }
 }
@@ -622,11 +736,27 @@ mod tests {
         );
         assert_eq!(
             decode_acquire(Value::Array(vec![Value::Int(0), bulk("w"), Value::Int(-1)])),
-            Some(AcquireReply::Held {
-                value: "w".into(),
-                pttl: -1
-            })
+            Some(AcquireReply::Held(Found::new("w", -1, "")))
         );
+        assert_eq!(
+            decode_acquire(Value::Array(vec![
+                Value::Int(0),
+                bulk("w"),
+                Value::Int(5),
+                Value::BulkString(b"n\xffote".to_vec())
+            ])),
+            Some(AcquireReply::Held(Found::new("w", 5, "n\u{fffd}ote")))
+        );
+        let many = Value::Array(vec![
+            Value::Boolean(false),
+            Value::Array(vec![bulk("v"), Value::Int(9), bulk("hi")]),
+            Value::Array(vec![Value::BulkString(vec![0xff]), Value::Int(9), bulk("")]),
+        ]);
+        assert_eq!(
+            decode_many(many.clone(), 3),
+            Some(vec![None, Some(Found::new("v", 9, "hi")), None])
+        );
+        assert_eq!(decode_many(many, 2), None);
         assert_eq!(decode_acquire(Value::Int(1)), None);
         assert_eq!(decode_acquire(Value::Array(vec![Value::Int(2)])), None);
     }

@@ -6,20 +6,28 @@
 //! |---|---|---|
 //! | lock key | `{anylock:deploy}:lock` | `PX` = the lease TTL; deleted on release |
 //! | fence counter | `{anylock:deploy}:fence` | never deleted (single instance only) |
+//! | note | `{anylock:deploy}:note` | a hash written with a grant that has a note; `PX` = the lease TTL |
 //! | release channel | `{anylock:deploy}:released` | pub/sub, no storage |
 //!
-//! Both keys share the hash tag `{anylock:deploy}`, so a Redis Cluster keeps them in one
-//! slot and one script may touch both.
+//! The keys share the hash tag `{anylock:deploy}`, so a Redis Cluster keeps them in one
+//! slot and one script may touch them all.
 //!
 //! The lock key holds `<token>:<acquired unix ms>:<nonce>:<owner>`: the fence token (`0`
 //! under Redlock), when the grant was made (client wall clock, for people), 32 hex digits
 //! drawn per grant, and the owner's identity (last, because it may contain `:`).
+//!
+//! The note key is a hash `{grant = <the lock key's value>, note = <text>}`, written by
+//! the acquire script together with the grant. A note counts only while `grant` equals the
+//! lock key's value, so a note can never be shown for another grant, even one written by
+//! a client that does not know about notes. The lock value itself is unchanged: values
+//! written before notes existed parse (note: none), and older clients read and retake
+//! locks written by this version as before.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lockcore::{FenceToken, HolderInfo, Identity, LockName};
+use lockcore::{FenceToken, HolderInfo, Identity, LockName, Note};
 
-/// The Redis names of one lock: lock key, fence counter key and release channel.
+/// The Redis names of one lock: lock key, fence counter key, note key and release channel.
 ///
 /// ```
 /// use backend_redis::LockKeys;
@@ -33,6 +41,7 @@ use lockcore::{FenceToken, HolderInfo, Identity, LockName};
 pub struct LockKeys {
     lock: String,
     fence: String,
+    note: String,
     channel: String,
 }
 
@@ -43,6 +52,7 @@ impl LockKeys {
         Self {
             lock: format!("{tag}:lock"),
             fence: format!("{tag}:fence"),
+            note: format!("{tag}:note"),
             channel: format!("{tag}:released"),
         }
     }
@@ -55,6 +65,11 @@ impl LockKeys {
     /// The fence counter key (an integer, never deleted).
     pub fn fence(&self) -> &str {
         &self.fence
+    }
+
+    /// The note key (a hash `{grant, note}` with the lease's TTL; absent without a note).
+    pub fn note(&self) -> &str {
+        &self.note
     }
 
     /// The pub/sub channel a release publishes on.
@@ -133,9 +148,29 @@ fn digits(part: &str) -> Option<u64> {
     part.parse().ok()
 }
 
-/// Who holds a lock whose key holds `raw` and expires in `pttl` ms (`PTTL`: -1 = no
-/// expiry, as after an operator's plain `SET`).
-pub(crate) fn holder_info(raw: &str, pttl: i64) -> HolderInfo {
+/// What one node stores for a held lock: the lock key's value, its `PTTL` in ms (-1 = no
+/// expiry, as after an operator's plain `SET`) and the note bound to this value (`""` for
+/// none).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Found {
+    pub(crate) value: String,
+    pub(crate) pttl: i64,
+    pub(crate) note: String,
+}
+
+impl Found {
+    pub(crate) fn new(value: impl Into<String>, pttl: i64, note: impl Into<String>) -> Self {
+        Self {
+            value: value.into(),
+            pttl,
+            note: note.into(),
+        }
+    }
+}
+
+/// Who holds a lock, from what its keys hold.
+pub(crate) fn holder_info(found: &Found) -> HolderInfo {
+    let (raw, pttl) = (found.value.as_str(), found.pttl);
     let mut info = match StoredValue::parse(raw) {
         Some(value) => {
             let at = UNIX_EPOCH + Duration::from_millis(value.acquired_ms);
@@ -153,7 +188,45 @@ pub(crate) fn holder_info(raw: &str, pttl: i64) -> HolderInfo {
     if let Ok(ms) = u64::try_from(pttl) {
         info = info.with_expires_in(Duration::from_millis(ms));
     }
-    info
+    info.with_note(Note::from_stored(&found.note))
+}
+
+/// The `SCAN MATCH` pattern for the lock keys under `prefix` whose lock names start with
+/// `name_prefix`: every glob character of both is escaped, so it matches only itself.
+pub(crate) fn lock_pattern(prefix: &str, name_prefix: &str) -> String {
+    let mut pattern = glob_escape(&format!("{{{prefix}:{name_prefix}"));
+    pattern.push('*');
+    pattern.push_str(&glob_escape(LOCK_SUFFIX));
+    pattern
+}
+
+const LOCK_SUFFIX: &str = "}:lock";
+
+/// Escapes Redis glob characters (`\`, `*`, `?`, `[`, `]`) with a backslash.
+pub(crate) fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 8);
+    for ch in text.chars() {
+        if matches!(ch, '\\' | '*' | '?' | '[' | ']') {
+            out.push('\\');
+        }
+        out.push(ch);
+    }
+    out
+}
+
+/// The lock name of the lock key `key` under `prefix`, when `key` is one (`{prefix:NAME}:lock`
+/// with a valid name starting with `name_prefix`). Fence, note and foreign keys give `None`.
+///
+/// Unambiguous although names may contain `}` and `:`: the key is exactly the prefix text,
+/// the name and `}:lock`, and no other key of this layout ends in `}:lock`.
+pub(crate) fn name_of_lock_key(prefix: &str, name_prefix: &str, key: &[u8]) -> Option<LockName> {
+    let key = std::str::from_utf8(key).ok()?;
+    let head = format!("{{{prefix}:");
+    let name = key.strip_prefix(&head)?.strip_suffix(LOCK_SUFFIX)?;
+    if !name.starts_with(name_prefix) {
+        return None;
+    }
+    LockName::new(name).ok()
 }
 
 /// The owner named by a stored value, for messages (never the nonce).
@@ -198,11 +271,14 @@ mod tests {
         assert_eq!(value.token, 42);
         assert_eq!(value.owner, owner.as_str());
         assert_eq!(value.fence_token(), Some(FenceToken::new(42)));
-        let info = holder_info(&raw, 1500);
+        let info = holder_info(&Found::new(raw.clone(), 1500, ""));
         assert_eq!(info.owner(), &owner);
         assert_eq!(info.token(), Some(FenceToken::new(42)));
         assert_eq!(info.expires_in(), Some(Duration::from_millis(1500)));
         assert!(info.acquired_at().is_some());
+        assert_eq!(info.note(), None);
+        let info = holder_info(&Found::new(raw, 1500, "ci \x1b[2J run"));
+        assert_eq!(info.note().map(Note::as_str), Some("ci \u{fffd}[2J run"));
     }
 
     #[test]
@@ -210,12 +286,45 @@ mod tests {
         for raw in ["", "x", "1:2:zz:o", "a:2:ff:o", "1:2:ff", ":2:ff:o"] {
             assert_eq!(StoredValue::parse(raw), None, "{raw:?}");
         }
-        let info = holder_info("my_random_value", -1);
+        let info = holder_info(&Found::new("my_random_value", -1, ""));
         assert!(info.owner().as_str().contains("foreign"));
         assert_eq!(info.expires_in(), None);
         assert_eq!(
             StoredValue::parse("0:1:ab:o").and_then(|v| v.fence_token()),
             None
         );
+    }
+
+    #[test]
+    fn lock_keys_decode_to_their_names_and_nothing_else_does() {
+        for name in [
+            "deploy",
+            "a}b",
+            "{x}",
+            "with:colons",
+            "}",
+            "a}:lock",
+            "a}:note",
+            "*?[]\\",
+        ] {
+            let lock_name = LockName::new(name).expect("valid");
+            let keys = LockKeys::new("p", &lock_name);
+            let decoded = name_of_lock_key("p", "", keys.lock().as_bytes());
+            assert_eq!(decoded.as_ref(), Some(&lock_name), "{name}");
+            for other in [keys.fence(), keys.note(), keys.channel()] {
+                assert_eq!(name_of_lock_key("p", "", other.as_bytes()), None, "{other}");
+            }
+            assert_eq!(name_of_lock_key("q", "", keys.lock().as_bytes()), None);
+        }
+        let keys = LockKeys::new("p", &LockName::new("ab").expect("valid"));
+        assert!(name_of_lock_key("p", "a", keys.lock().as_bytes()).is_some());
+        assert!(name_of_lock_key("p", "b", keys.lock().as_bytes()).is_none());
+        assert!(name_of_lock_key("p", "", b"{p:\xff}:lock").is_none());
+    }
+
+    #[test]
+    fn patterns_escape_every_glob_character() {
+        assert_eq!(lock_pattern("p", ""), "{p:*}:lock");
+        assert_eq!(lock_pattern("a*b", "x?[y]\\"), r"{a\*b:x\?\[y\]\\*}:lock");
     }
 }

@@ -8,8 +8,12 @@ use lockcore::ErrorKind;
 use proptest::prelude::*;
 use redis::Value;
 
-use crate::client::{AcquireReply, decode_acquire, decode_found, text, time_from_reply};
-use crate::keys::{StoredValue, holder_info, owner_of};
+use crate::client::{
+    AcquireReply, decode_acquire, decode_found, decode_many, text, time_from_reply,
+};
+use crate::keys::{
+    Found, LockKeys, StoredValue, glob_escape, holder_info, name_of_lock_key, owner_of,
+};
 use crate::redlock::quorum::{best_holder, leading_grant};
 use crate::{RedisConfig, RedlockConfig};
 
@@ -204,24 +208,28 @@ proptest! {
                 let Value::Array(items) = &value else { panic!("not an array") };
                 prop_assert!(matches!(items.as_slice(), [Value::Int(1), v] if text_of(v) == Some(s.clone())));
             }
-            Some(AcquireReply::Held { value: s, pttl }) => {
+            Some(AcquireReply::Held(found)) => {
                 let Value::Array(items) = &value else { panic!("not an array") };
                 let shape_ok = matches!(items.as_slice(),
-                    [Value::Int(0), v, Value::Int(p)] if text_of(v) == Some(s.clone()) && *p == pttl);
+                    [Value::Int(0), v, Value::Int(p), ..] if text_of(v) == Some(found.value.clone()) && *p == found.pttl);
                 prop_assert!(shape_ok);
-                let holder = holder_info(&s, pttl);
-                prop_assert_eq!(holder.expires_in(), u64::try_from(pttl).ok().map(Duration::from_millis));
+                let holder = holder_info(&found);
+                prop_assert_eq!(holder.expires_in(), u64::try_from(found.pttl).ok().map(Duration::from_millis));
+                prop_assert!(holder.note().is_none_or(|n| n.as_str().len() <= lockcore::MAX_NOTE_LEN));
             }
             None => {}
         }
         match decode_found(value.clone()) {
             Some(None) => prop_assert!(matches!(value, Value::Nil | Value::Boolean(false))),
-            Some(Some((s, pttl))) => {
+            Some(Some(found)) => {
                 let Value::Array(items) = &value else { panic!("not an array") };
-                prop_assert_eq!(items.len(), 2);
-                let _ = (owner_of(&s), holder_info(&s, pttl));
+                prop_assert!(items.len() >= 2);
+                let _ = (owner_of(&found.value), holder_info(&found));
             }
             None => {}
+        }
+        if let Some(many) = decode_many(value.clone(), 3) {
+            prop_assert_eq!(many.len(), 3);
         }
         if let Some(s) = text(&value) {
             prop_assert!(matches!(value, Value::BulkString(_) | Value::SimpleString(_)));
@@ -233,7 +241,8 @@ proptest! {
     /// other programs, accepting malformed numbers, or misreading its own format.
     #[test]
     fn prop_stored_values_parse_or_are_foreign(raw in stored_values(), pttl in any::<i64>()) {
-        let holder = holder_info(&raw, pttl);
+        let holder = holder_info(&Found::new(raw.clone(), pttl, ""));
+        prop_assert!(holder.note().is_none());
         match StoredValue::parse(&raw) {
             Some(value) => {
                 let parts: Vec<&str> = raw.splitn(4, ':').collect();
@@ -256,14 +265,31 @@ proptest! {
     /// Guards against the Redlock refusal summary panicking on any mix of values and PTTLs
     /// seen on the nodes (negative, huge, foreign).
     #[test]
-    fn prop_redlock_refusals_summarise(seen in proptest::collection::vec((stored_values(), any::<i64>()), 0..7)) {
+    fn prop_redlock_refusals_summarise(seen in proptest::collection::vec((stored_values(), any::<i64>(), ".{0,8}"), 0..7)) {
+        let seen: Vec<Found> = seen.into_iter().map(|(v, p, n)| Found::new(v, p, n)).collect();
         let (leader, count) = leading_grant(&seen);
         prop_assert!(count <= seen.len());
         prop_assert_eq!(count == 0, seen.is_empty());
         if count > 0 {
-            prop_assert!(seen.iter().any(|(v, _)| *v == leader));
+            prop_assert!(seen.iter().any(|f| f.value == leader));
         }
         prop_assert_eq!(best_holder(&seen).is_some(), !seen.is_empty());
+    }
+
+    /// Guards against listing keys decoded to the wrong name (names may hold `}`, `:` and
+    /// glob characters), fence and note keys taken for locks, and glob escaping that loses
+    /// a character.
+    #[test]
+    fn prop_lock_keys_decode_to_their_names(name in "[a-z{}:*?\\[\\]\\\\ü]{1,12}", cut in 0usize..13) {
+        let lock_name = lockcore::LockName::new(&name).expect("valid");
+        let keys = LockKeys::new("p:x", &lock_name);
+        let head: String = name.chars().take(cut).collect();
+        prop_assert_eq!(name_of_lock_key("p:x", &head, keys.lock().as_bytes()), Some(lock_name));
+        prop_assert_eq!(name_of_lock_key("p:x", "", keys.fence().as_bytes()), None);
+        prop_assert_eq!(name_of_lock_key("p:x", "", keys.note().as_bytes()), None);
+        let escaped = glob_escape(&name);
+        let unescaped: String = escaped.replace("\\\\", "\u{0}").replace('\\', "").replace('\u{0}', "\\");
+        prop_assert_eq!(unescaped, name);
     }
 
     /// Guards against a `TIME` reply (any two integers) overflowing `SystemTime`.

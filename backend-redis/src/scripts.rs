@@ -18,29 +18,45 @@ use redis::Script;
 /// Lua numbers are doubles: a counter at or above 2^53 - 1 (corrupted, or written by
 /// something else) would make `counter + 1` round back to itself, and `1e20` formats as a
 /// negative `%d`; such a counter is refused with an error before anything is written.
+///
+/// Every grant replaces the note key in the same script: deleted, then written with the new
+/// value and note (same `PX`) when there is one, so a note never outlives its grant. A
+/// refusal returns the holder's note, when it is bound to the holder's value.
 pub(crate) const ACQUIRE_LUA: &str = r"
--- KEYS[1] lock key; KEYS[2] fence counter (single instance only)
--- ARGV[1] TTL in ms; ARGV[2] owner; ARGV[3] value suffix ':<unix ms>:<nonce>:<owner>'
+-- KEYS[1] lock key; KEYS[2] note key; KEYS[3] fence counter (single instance only)
+-- ARGV[1] TTL in ms; ARGV[2] owner; ARGV[3] value suffix ':<unix ms>:<nonce>:<owner>';
+-- ARGV[4] the note ('' for none)
 local current = redis.call('GET', KEYS[1])
 if current and string.match(current, '^%d+:%d+:%x+:(.*)$') ~= ARGV[2] then
-  return {0, current, redis.call('PTTL', KEYS[1])}
+  local bound = redis.pcall('HMGET', KEYS[2], 'grant', 'note')
+  local note = ''
+  if bound[1] == current and type(bound[2]) == 'string' then note = bound[2] end
+  return {0, current, redis.call('PTTL', KEYS[1]), note}
 end
 local token = 0
-if KEYS[2] then
+if KEYS[3] then
   local now = redis.call('TIME')
   token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local raw = redis.call('GET', KEYS[2])
+  local raw = redis.call('GET', KEYS[3])
   local last = tonumber(raw)
   if last and last >= 9007199254740991 then
-    return redis.error_reply('ANYLOCK fence counter ' .. KEYS[2] .. ' holds ' .. raw ..
+    return redis.error_reply('ANYLOCK fence counter ' .. KEYS[3] .. ' holds ' .. raw ..
       ', not an integer below 2^53-1: tokens could repeat; nothing was written')
   end
   if last and last >= token then
     token = last + 1
   end
-  redis.call('SET', KEYS[2], string.format('%d', token))
 end
 local value = string.format('%d', token) .. ARGV[3]
+-- The note first: a user whose ACL lacks HSET fails here, before anything is granted.
+redis.call('DEL', KEYS[2])
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[2], 'grant', value, 'note', ARGV[4])
+  redis.call('PEXPIRE', KEYS[2], ARGV[1])
+end
+if KEYS[3] then
+  redis.call('SET', KEYS[3], string.format('%d', token))
+end
 if current then
   redis.call('SET', KEYS[1], value, 'PX', ARGV[1])
 else
@@ -49,12 +65,16 @@ end
 return {1, value}
 ";
 
-/// Extends the lock only if it still holds exactly our value; never re-creates it.
+/// Extends the lock only if it still holds exactly our value; never re-creates it. The
+/// note bound to our value is extended with it.
 pub(crate) const REFRESH_LUA: &str = r"
--- KEYS[1] lock key; ARGV[1] our value; ARGV[2] TTL in ms
+-- KEYS[1] lock key; KEYS[2] note key; ARGV[1] our value; ARGV[2] TTL in ms
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if redis.pcall('HGET', KEYS[2], 'grant') == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  end
   return 1
 end
 if current then
@@ -63,39 +83,66 @@ end
 return 0
 ";
 
-/// Deletes the lock only if it still holds exactly our value, and wakes waiters.
+/// Deletes the lock (and its note) only if it still holds exactly our value, and wakes
+/// waiters.
 pub(crate) const RELEASE_LUA: &str = r"
--- KEYS[1] lock key; ARGV[1] our value; ARGV[2] release channel
+-- KEYS[1] lock key; KEYS[2] note key; ARGV[1] our value; ARGV[2] release channel
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[2])
   redis.call('PUBLISH', ARGV[2], 'released')
   return 1
 end
 return 0
 ";
 
-/// An operator's break: deletes whatever grant holds the lock and wakes waiters; returns
-/// the removed value and its `PTTL`. The fence counter is untouched, so tokens keep rising.
+/// An operator's break: deletes whatever grant holds the lock (and its note) and wakes
+/// waiters; returns the removed value, its `PTTL` and its note. The fence counter is
+/// untouched, so tokens keep rising.
 pub(crate) const BREAK_LUA: &str = r"
--- KEYS[1] lock key; ARGV[1] release channel
+-- KEYS[1] lock key; KEYS[2] note key; ARGV[1] release channel
 local current = redis.call('GET', KEYS[1])
 if not current then
   return false
 end
 local pttl = redis.call('PTTL', KEYS[1])
-redis.call('DEL', KEYS[1])
+local bound = redis.pcall('HMGET', KEYS[2], 'grant', 'note')
+local note = ''
+if bound[1] == current and type(bound[2]) == 'string' then note = bound[2] end
+redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('PUBLISH', ARGV[1], 'released')
-return {current, pttl}
+return {current, pttl, note}
 ";
 
-/// Reads the value and remaining TTL together (atomically).
+/// Reads the value, remaining TTL and note together (atomically).
 pub(crate) const INSPECT_LUA: &str = r"
--- KEYS[1] lock key
+-- KEYS[1] lock key; KEYS[2] note key
 local current = redis.call('GET', KEYS[1])
 if current then
-  return {current, redis.call('PTTL', KEYS[1])}
+  local bound = redis.pcall('HMGET', KEYS[2], 'grant', 'note')
+  local note = ''
+  if bound[1] == current and type(bound[2]) == 'string' then note = bound[2] end
+  return {current, redis.call('PTTL', KEYS[1]), note}
 end
 return false
+";
+
+/// Reads many locks at once for a listing: `KEYS` are pairs (lock key, note key); the
+/// reply has one entry per pair, `false` when the lock key is gone (expired or released
+/// since the scan) or is not a string (not ours), else `{value, PTTL, note}`. Read-only.
+pub(crate) const READ_MANY_LUA: &str = r"
+local out = {}
+for i = 1, #KEYS, 2 do
+  local current = redis.pcall('GET', KEYS[i])
+  if type(current) == 'string' then
+    local bound = redis.pcall('HMGET', KEYS[i + 1], 'grant', 'note')
+    local note = ''
+    if bound[1] == current and type(bound[2]) == 'string' then note = bound[2] end
+    out[#out + 1] = {current, redis.call('PTTL', KEYS[i]), note}
+  else
+    out[#out + 1] = false
+  end
+end
+return out
 ";
 
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
@@ -103,3 +150,4 @@ pub(crate) static REFRESH: LazyLock<Script> = LazyLock::new(|| Script::new(REFRE
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
 pub(crate) static BREAK: LazyLock<Script> = LazyLock::new(|| Script::new(BREAK_LUA));
+pub(crate) static READ_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(READ_MANY_LUA));

@@ -71,21 +71,44 @@ async fn each_operation_is_one_command_on_the_server() {
     let warm = take(&backend, &request("warm", &me)).await;
     backend.refresh(&warm).await.expect("refresh");
     backend.inspect(warm.name()).await.expect("inspect");
+    backend.list(warm.name().as_str()).await.expect("list");
     backend.release(&warm).await.expect("release");
     backend.break_lock(warm.name()).await.expect("break");
 
     let req = request("counted", &me);
     // Every grant reads the lock, the server clock and the fence counter, then writes the
-    // counter and the lock: the first grant of a name and all later ones alike.
-    let acquire = [("evalsha", 1), ("get", 2), ("time", 1), ("set", 2)];
+    // counter and the lock and replaces the note key: the first grant of a name and all
+    // later ones alike.
+    let acquire = [
+        ("evalsha", 1),
+        ("get", 2),
+        ("time", 1),
+        ("set", 2),
+        ("del", 1),
+    ];
     let first = assert_commands(stats, "first acquire", &acquire, take(&backend, &req)).await;
     backend.release(&first).await.expect("release");
+    // A note is written by the same script, with the grant's TTL.
+    let noted_acquire = [
+        ("evalsha", 1),
+        ("get", 2),
+        ("time", 1),
+        ("set", 2),
+        ("del", 1),
+        ("hset", 1),
+        ("pexpire", 1),
+    ];
+    let noted = req
+        .clone()
+        .with_note(Some(lockcore::Note::new("counted").expect("note")));
+    let lease = assert_commands(stats, "noted", &noted_acquire, take(&backend, &noted)).await;
+    backend.release(&lease).await.expect("release");
     let lease = assert_commands(stats, "acquire", &acquire, take(&backend, &req)).await;
-    let refresh = [("evalsha", 1), ("get", 1), ("pexpire", 1)];
+    let refresh = [("evalsha", 1), ("get", 1), ("hget", 1), ("pexpire", 1)];
     let refreshed = assert_commands(stats, "refresh", &refresh, backend.refresh(&lease)).await;
     assert_eq!(refreshed.expect("refresh"), lease);
     let rival = AcquireRequest::new(req.name.clone(), Identity::unique(), req.ttl);
-    let held = [("evalsha", 1), ("get", 1), ("pttl", 1)];
+    let held = [("evalsha", 1), ("get", 1), ("hmget", 1), ("pttl", 1)];
     let outcome = assert_commands(stats, "held", &held, backend.acquire(&rival)).await;
     assert!(matches!(outcome, Ok(Acquire::Held(_))), "{outcome:?}");
     let inspected = assert_commands(stats, "inspect", &held, backend.inspect(&req.name)).await;
@@ -93,7 +116,19 @@ async fn each_operation_is_one_command_on_the_server() {
         inspected.expect("inspect").map(|h| h.token()),
         Some(lease.token())
     );
+    // A listing is one SCAN per page (one page here), then one script reading the
+    // candidates of that page.
+    let list = [
+        ("scan", 1),
+        ("evalsha", 1),
+        ("get", 1),
+        ("hmget", 1),
+        ("pttl", 1),
+    ];
+    let listed = assert_commands(stats, "list", &list, backend.list(req.name.as_str())).await;
+    assert_eq!(listed.expect("list").len(), 1);
     let release = [("evalsha", 1), ("get", 1), ("del", 1), ("publish", 1)];
+    // (`del` removes the lock key and the note key in one command.)
     let released = assert_commands(stats, "release", &release, backend.release(&lease)).await;
     released.expect("release");
     take(&backend, &req).await;
@@ -101,6 +136,7 @@ async fn each_operation_is_one_command_on_the_server() {
         ("evalsha", 1),
         ("get", 1),
         ("pttl", 1),
+        ("hmget", 1),
         ("del", 1),
         ("publish", 1),
     ];
@@ -130,11 +166,12 @@ async fn scripts_are_reloaded_after_script_flush() {
         ("evalsha", 2),
         ("script|load", 1),
         ("get", 1),
+        ("hget", 1),
         ("pexpire", 1),
     ];
     let refreshed = assert_commands(&mut admin, "reload", &reload, backend.refresh(&lease)).await;
     refreshed.expect("refresh after flush");
-    let steady = [("evalsha", 1), ("get", 1), ("pexpire", 1)];
+    let steady = [("evalsha", 1), ("get", 1), ("hget", 1), ("pexpire", 1)];
     let refreshed = assert_commands(&mut admin, "steady", &steady, backend.refresh(&lease)).await;
     refreshed.expect("refresh");
     backend.release(&lease).await.expect("release after flush");
@@ -629,5 +666,290 @@ async fn a_fence_counter_beyond_exact_integers_is_refused_not_repeated() {
             stored, bad,
             "the counter is left for an operator to inspect"
         );
+    }
+}
+
+/// Stored-format compatibility. A lock value written before notes existed (no note key)
+/// reads as a holder without a note, in `inspect` and `list`. A grant with a note keeps the
+/// lock value's old shape `<token>:<ms>:<hex nonce>:<owner>` (an older client parses the
+/// owner unchanged) and puts the note in the note hash, bound to that value; when a client
+/// that knows nothing of notes overwrites the value (its same-owner retake), the old note
+/// is no longer shown.
+#[tokio::test]
+async fn values_without_notes_still_parse_and_notes_never_change_the_value() {
+    let Some(url) = common::redis_url() else {
+        return;
+    };
+    let backend = backend_on(&url, Duration::from_secs(2)).await;
+    let mut admin = common::admin(&url).await;
+    let owner = Identity::unique();
+    let old = common::fresh_name("old-value");
+    let keys = backend.keys(&old);
+    let value = common::stored_value(7, &owner);
+    common::raw_set(&mut admin, keys.lock(), &value, Duration::from_secs(30)).await;
+    let found = backend.inspect(&old).await.expect("inspect").expect("held");
+    assert_eq!(found.owner(), &owner);
+    assert_eq!(found.token().map(|t| t.get()), Some(7));
+    assert_eq!(found.note(), None);
+    let listed = backend.list(old.as_str()).await.expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        listed[0].holder(),
+        &found
+            .clone()
+            .with_expires_in(listed[0].holder().expires_in().expect("ttl"))
+    );
+
+    let noted = common::fresh_name("noted");
+    let keys = backend.keys(&noted);
+    let note = lockcore::Note::new("ci run 42").expect("note");
+    let request = AcquireRequest::new(noted.clone(), owner.clone(), Duration::from_secs(30))
+        .with_note(Some(note.clone()));
+    let lease = take(&backend, &request).await;
+    let raw: String = redis::cmd("GET")
+        .arg(keys.lock())
+        .query_async(&mut admin)
+        .await
+        .expect("GET");
+    let (token, rest) = raw.split_once(':').expect("token");
+    let (ms, rest) = rest.split_once(':').expect("ms");
+    let (nonce, stored_owner) = rest.split_once(':').expect("nonce");
+    assert!(
+        token.parse::<u64>().is_ok() && ms.parse::<u64>().is_ok(),
+        "{raw}"
+    );
+    assert!(nonce.bytes().all(|b| b.is_ascii_hexdigit()), "{raw}");
+    assert_eq!(
+        stored_owner,
+        owner.as_str(),
+        "the note leaked into the value"
+    );
+    let hash: std::collections::HashMap<String, String> = redis::cmd("HGETALL")
+        .arg(keys.note())
+        .query_async(&mut admin)
+        .await
+        .expect("HGETALL");
+    assert_eq!(hash.get("grant"), Some(&raw));
+    assert_eq!(hash.get("note").map(String::as_str), Some(note.as_str()));
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(keys.note())
+        .query_async(&mut admin)
+        .await
+        .expect("PTTL");
+    assert!(
+        pttl > 0 && pttl <= 30_000,
+        "the note key must expire with the grant: {pttl}"
+    );
+
+    // An older client's retake writes a new value and leaves the note key alone.
+    let retaken = common::stored_value(token.parse::<u64>().expect("token") + 1, &owner);
+    common::raw_set(&mut admin, keys.lock(), &retaken, Duration::from_secs(30)).await;
+    let found = backend
+        .inspect(&noted)
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(
+        found.note(),
+        None,
+        "a note shown for a grant it does not belong to"
+    );
+    let listed = backend.list(noted.as_str()).await.expect("list");
+    assert_eq!(listed[0].holder().note(), None);
+    drop(lease);
+    backend.break_lock(&noted).await.expect("break");
+    assert!(
+        !common::exists(&mut admin, keys.note()).await,
+        "break leaves the note"
+    );
+    backend.break_lock(&old).await.expect("break");
+}
+
+/// `list` reports only lock keys: fence counters, note hashes, a hash where a lock key
+/// would be, and a key whose name is not UTF-8 are left out without failing the listing.
+/// A foreign string value is listed as `inspect` reports it (it blocks the lock).
+#[tokio::test]
+async fn list_skips_keys_that_are_not_lock_keys() {
+    let Some(url) = common::redis_url() else {
+        return;
+    };
+    let backend = backend_on(&url, Duration::from_secs(2)).await;
+    let mut admin = common::admin(&url).await;
+    let base = common::fresh_name("odd");
+    let under = |rest: &str| lockcore::LockName::new(format!("{base}/{rest}")).expect("valid");
+    let ttl = Duration::from_secs(30);
+    let held = under("held");
+    let note = lockcore::Note::new("listed").expect("note");
+    let lease = take(
+        &backend,
+        &AcquireRequest::new(held.clone(), Identity::unique(), ttl).with_note(Some(note.clone())),
+    )
+    .await;
+    let foreign = under("foreign");
+    common::raw_set(
+        &mut admin,
+        backend.keys(&foreign).lock(),
+        "my_random_value",
+        ttl,
+    )
+    .await;
+    let hashed = backend.keys(&under("hash"));
+    let orphans = backend.keys(&under("orphan"));
+    let prefix = backend.config().prefix().to_owned();
+    let mut bad_name = format!("{{{prefix}:{base}/").into_bytes();
+    bad_name.extend_from_slice(b"\xff}:lock");
+    let mut pipe = redis::pipe();
+    pipe.cmd("HSET")
+        .arg(hashed.lock())
+        .arg("f")
+        .arg("v")
+        .ignore();
+    pipe.cmd("PEXPIRE").arg(hashed.lock()).arg(30_000).ignore();
+    pipe.cmd("SET")
+        .arg(orphans.fence())
+        .arg("12")
+        .arg("PX")
+        .arg(30_000)
+        .ignore();
+    pipe.cmd("HSET")
+        .arg(orphans.note())
+        .arg("grant")
+        .arg("x")
+        .arg("note")
+        .arg("y")
+        .ignore();
+    pipe.cmd("PEXPIRE").arg(orphans.note()).arg(30_000).ignore();
+    pipe.cmd("SET")
+        .arg(&bad_name)
+        .arg(common::stored_value(1, &Identity::unique()))
+        .arg("PX")
+        .arg(30_000)
+        .ignore();
+    pipe.query_async::<()>(&mut admin).await.expect("pipeline");
+
+    let listed = backend.list(&format!("{base}/")).await.expect("list");
+    let names: Vec<&str> = listed.iter().map(|e| e.name().as_str()).collect();
+    assert_eq!(names, [foreign.as_str(), held.as_str()]);
+    let inspected = backend
+        .inspect(&foreign)
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(listed[0].holder().owner(), inspected.owner());
+    assert_eq!(listed[1].holder().note(), Some(&note));
+    assert_eq!(listed[1].holder().token(), lease.token());
+    backend.release(&lease).await.expect("release");
+    for key in [
+        hashed.lock(),
+        orphans.fence(),
+        orphans.note(),
+        backend.keys(&foreign).lock(),
+    ] {
+        common::raw_del(&mut admin, key).await;
+    }
+    redis::cmd("DEL")
+        .arg(&bad_name)
+        .query_async::<()>(&mut admin)
+        .await
+        .expect("DEL");
+}
+
+/// A listing longer than one `SCAN` page: every held lock appears once, sorted, and the
+/// server ran more than one `SCAN` (pages, not one `KEYS`).
+#[tokio::test]
+async fn list_pages_through_many_locks() {
+    if common::redis_url().is_none() {
+        return;
+    }
+    let server = common::PrivateRedis::start().await;
+    let backend = backend_on(&server.url(), Duration::from_secs(5)).await;
+    let stats = &mut common::admin(&server.url()).await;
+    let base = common::fresh_name("many");
+    let mut leases = Vec::new();
+    for i in 0..1200 {
+        let name = format!("{base}/{i:04}");
+        let req = AcquireRequest::new(
+            lockcore::LockName::new(&name).expect("valid"),
+            Identity::unique(),
+            Duration::from_secs(60),
+        );
+        leases.push(take(&backend, &req).await);
+    }
+    let before = common::command_calls(stats).await;
+    let listed = backend.list(base.as_str()).await.expect("list");
+    let after = common::command_calls(stats).await;
+    let ran = common::calls_between(&before, &after);
+    let names: Vec<&str> = listed.iter().map(|e| e.name().as_str()).collect();
+    let expected: Vec<&str> = leases.iter().map(|l| l.name().as_str()).collect();
+    assert_eq!(names, expected);
+    assert!(ran.get("scan").copied().unwrap_or(0) > 1, "{ran:?}");
+    assert_eq!(ran.get("keys"), None, "{ran:?}");
+}
+
+/// A refresh extends the note with the grant: past the first TTL, a refreshed lease still
+/// shows its note (the note key has its own `PX`, extended by the refresh script).
+#[tokio::test]
+async fn a_refreshed_lease_keeps_its_note_past_the_first_ttl() {
+    let Some(url) = common::redis_url() else {
+        return;
+    };
+    let backend = backend_on(&url, Duration::from_secs(2)).await;
+    let name = common::fresh_name("note-refresh");
+    let note = lockcore::Note::new("kept").expect("note");
+    let ttl = Duration::from_millis(800);
+    let req =
+        AcquireRequest::new(name.clone(), Identity::unique(), ttl).with_note(Some(note.clone()));
+    let lease = take(&backend, &req).await;
+    tokio::time::sleep(ttl / 2).await;
+    backend.refresh(&lease).await.expect("refresh");
+    tokio::time::sleep(ttl * 3 / 4).await;
+    let found = backend
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .expect("still held");
+    assert_eq!(
+        found.note(),
+        Some(&note),
+        "the note expired before its refreshed grant"
+    );
+    backend.release(&lease).await.expect("release");
+}
+
+/// Glob characters in a prefix match only themselves, including where an unescaped
+/// pattern would match *less* (a class `[ab]` matches `a` or `b`, not `[ab]`; `\*` matches
+/// `*`, not `\*`), which filtering the scanned names afterwards cannot repair.
+#[tokio::test]
+async fn list_prefixes_with_glob_characters_match_only_themselves() {
+    let Some(url) = common::redis_url() else {
+        return;
+    };
+    let backend = backend_on(&url, Duration::from_secs(2)).await;
+    let base = common::fresh_name("glob");
+    let under = |rest: &str| lockcore::LockName::new(format!("{base}/{rest}")).expect("valid");
+    let ttl = Duration::from_secs(30);
+    let names = ["k[ab]1", "ka1", r"k\*1", "k*1", "k]1", "k?1"].map(under);
+    let mut leases = Vec::new();
+    for name in &names {
+        let req = AcquireRequest::new(name.clone(), Identity::unique(), ttl);
+        leases.push(take(&backend, &req).await);
+    }
+    for (prefix, only) in [
+        ("k[ab]", "k[ab]1"),
+        ("ka", "ka1"),
+        (r"k\*", r"k\*1"),
+        ("k*", "k*1"),
+        ("k]", "k]1"),
+        ("k?", "k?1"),
+    ] {
+        let listed = backend
+            .list(&format!("{base}/{prefix}"))
+            .await
+            .expect("list");
+        let listed: Vec<&str> = listed.iter().map(|e| e.name().as_str()).collect();
+        assert_eq!(listed, [format!("{base}/{only}")], "prefix {prefix:?}");
+    }
+    for lease in &leases {
+        backend.release(lease).await.expect("release");
     }
 }

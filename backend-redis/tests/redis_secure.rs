@@ -21,7 +21,7 @@ use tokio::time::Instant;
 /// default prefix `anylock`. Keep the two in sync.
 const RECIPE: &str = "resetkeys resetchannels -@all ~{anylock:* &{anylock:* \
     +ping +evalsha +script|load +get +set +pttl +pexpire +del +publish +time \
-    +subscribe +unsubscribe +acl|whoami";
+    +hset +hget +hmget +scan +subscribe +unsubscribe +acl|whoami";
 
 /// Connects with `url` and expects the error kind; checks the password never shows and
 /// returns the error's text.
@@ -35,6 +35,12 @@ async fn refused(url: &str, kind: ErrorKind, password: &str) -> String {
     err.to_string()
 }
 
+/// The recipe documented before notes and listing (no `HSET`, `HGET`, `HMGET`, `SCAN`):
+/// users created from it must keep working for everything but notes and `list`.
+const RECIPE_BEFORE_NOTES: &str = "resetkeys resetchannels -@all ~{anylock:* &{anylock:* \
+    +ping +evalsha +script|load +get +set +pttl +pexpire +del +publish +time \
+    +subscribe +unsubscribe +acl|whoami";
+
 /// A per-test ACL user with [`RECIPE`]'s rules (and the server's password), deleted on drop.
 struct RecipeUser {
     name: String,
@@ -43,12 +49,16 @@ struct RecipeUser {
 
 impl RecipeUser {
     async fn create(secure: &Secure) -> RecipeUser {
+        Self::create_with(secure, RECIPE).await
+    }
+
+    async fn create_with(secure: &Secure, recipe: &str) -> RecipeUser {
         let name = format!("anylock_test_{:08x}", rand::random::<u32>());
         let mut admin = secure.admin().await;
         let mut setuser = redis::cmd("ACL");
         setuser.arg("SETUSER").arg(&name).arg("on");
         setuser.arg(format!(">{}", secure.password));
-        setuser.arg(RECIPE.split_whitespace().collect::<Vec<_>>());
+        setuser.arg(recipe.split_whitespace().collect::<Vec<_>>());
         setuser
             .query_async::<()>(&mut admin)
             .await
@@ -76,8 +86,8 @@ impl Drop for RecipeUser {
 }
 
 /// Right credentials, client certificate and `ca`: a least-privilege user (the documented
-/// ACL recipe) acquires, waits (woken by the release notification), refreshes, inspects,
-/// breaks and releases.
+/// ACL recipe) acquires with a note, waits (woken by the release notification), refreshes,
+/// inspects, lists, breaks and releases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_least_privilege_recipe_runs_every_operation() {
     let Some(secure) = Secure::from_env() else {
@@ -92,7 +102,9 @@ async fn the_least_privilege_recipe_runs_every_operation() {
     );
     let name = common::fresh_name("recipe");
     let ttl = Duration::from_secs(10);
-    let holder = Locker::new(backend.clone()).with_options(LockOptions::new(ttl));
+    let note = lockcore::Note::new("recipe run").expect("note");
+    let holder =
+        Locker::new(backend.clone()).with_options(LockOptions::new(ttl).with_note(note.clone()));
     let guard = holder.acquire(name.as_str()).await.expect("acquire");
     assert!(guard.fence_token().is_some());
     let found = backend
@@ -101,7 +113,11 @@ async fn the_least_privilege_recipe_runs_every_operation() {
         .expect("inspect")
         .expect("held");
     assert_eq!(found.owner(), guard.lease().owner());
+    assert_eq!(found.note(), Some(&note));
     backend.refresh(&guard.lease()).await.expect("refresh");
+    let listed = backend.list(name.as_str()).await.expect("list");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].holder().note(), Some(&note));
     let waiting = LockOptions::new(ttl).with_wait(WaitMode::Timeout(Duration::from_secs(20)));
     let waiter = Locker::new(backend.clone()).with_options(waiting);
     let started = Instant::now();
@@ -127,6 +143,52 @@ async fn the_least_privilege_recipe_runs_every_operation() {
         panic!("held after break");
     };
     backend.release(&lease).await.expect("release");
+}
+
+/// A user created from the recipe of the previous version keeps working after the upgrade
+/// for every operation without a note; an acquire with a note is refused before anything
+/// is granted (the script writes the note first), and `list` is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_recipe_before_notes_still_runs_everything_but_notes_and_list() {
+    let Some(secure) = Secure::from_env() else {
+        return;
+    };
+    let user = RecipeUser::create_with(&secure, RECIPE_BEFORE_NOTES).await;
+    let url = secure.url_as(&user.name, &secure.password);
+    let backend = RedisBackend::from_url(&url).await.expect("connect");
+    let name = common::fresh_name("old-recipe");
+    let ttl = Duration::from_secs(10);
+    let request = AcquireRequest::new(name.clone(), Identity::unique(), ttl);
+    let Acquire::Acquired(lease) = backend.acquire(&request).await.expect("acquire") else {
+        panic!("held");
+    };
+    let found = backend
+        .inspect(&name)
+        .await
+        .expect("inspect")
+        .expect("held");
+    assert_eq!(found.owner(), lease.owner());
+    assert_eq!(found.note(), None);
+    backend.refresh(&lease).await.expect("refresh");
+    let rival = AcquireRequest::new(name.clone(), Identity::unique(), ttl);
+    assert!(matches!(
+        backend.acquire(&rival).await,
+        Ok(Acquire::Held(_))
+    ));
+    backend.release(&lease).await.expect("release");
+    let noted = rival.with_note(Some(lockcore::Note::new("needs HSET").expect("note")));
+    let err = backend
+        .acquire(&noted)
+        .await
+        .expect_err("HSET is not granted");
+    assert!(!err.is_temporary(), "{err}");
+    assert_eq!(
+        backend.inspect(&name).await.expect("inspect"),
+        None,
+        "{err}"
+    );
+    let err = backend.list("").await.expect_err("SCAN is not granted");
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
 }
 
 /// The same over Redlock with the secure server as its only node.

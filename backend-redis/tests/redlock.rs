@@ -422,6 +422,64 @@ async fn break_lock_removes_the_grant_everywhere() {
     assert_eq!(nodes.backend.break_lock(&name).await.expect("break"), None);
 }
 
+/// `list` reports a name only when a majority of nodes holds the same grant (as `inspect`
+/// and acquire see it), with the note stored on every node; a minority's leftovers are
+/// not listed. With a node silent, a name seen on a bare minority might be held on the
+/// silent node too: the listing is then an error, not a guess.
+#[tokio::test]
+async fn list_reports_majority_grants_and_refuses_to_guess() {
+    let Some(nodes) = Nodes::start(Duration::from_millis(300)).await else {
+        return;
+    };
+    let base = common::fresh_name("list");
+    let under = |rest: &str| LockName::new(format!("{base}/{rest}")).expect("valid");
+    let (majority, minority, ours) = (under("majority"), under("minority"), under("ours"));
+    let other = Identity::unique();
+    nodes
+        .set_on(0..3, &majority, &common::stored_value(0, &other))
+        .await;
+    nodes
+        .set_on(0..2, &minority, &common::stored_value(0, &other))
+        .await;
+    let note = lockcore::Note::new("redlock note").expect("note");
+    let req = request(&ours).with_note(Some(note.clone()));
+    let lease = acquired(nodes.backend.acquire(&req).await.expect("acquire"));
+    let listed = nodes.backend.list(base.as_str()).await.expect("list");
+    let names: Vec<&str> = listed.iter().map(|e| e.name().as_str()).collect();
+    assert_eq!(names, [majority.as_str(), ours.as_str()]);
+    assert_eq!(listed[0].holder().owner(), &other);
+    assert!(listed[0].holder().expires_in().is_some_and(|t| t <= TTL));
+    assert_eq!(listed[1].holder().owner(), &req.owner);
+    assert_eq!(listed[1].holder().note(), Some(&note));
+    let inspected = nodes.backend.inspect(&ours).await.expect("inspect");
+    assert_eq!(inspected.and_then(|h| h.note().cloned()), Some(note));
+
+    // Node 4 silent: `minority` (on nodes 0 and 1) could hold a majority with it.
+    nodes.fault(4..5, Fault::Blackhole);
+    let err = nodes
+        .backend
+        .list(base.as_str())
+        .await
+        .expect_err("a guess");
+    assert!(err.is_temporary(), "{err}");
+    nodes.fault(4..5, Fault::Pass);
+    let mut again = None;
+    for _ in 0..20 {
+        if let Ok(listed) = nodes.backend.list(base.as_str()).await {
+            again = Some(listed.len());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(again, Some(2), "never listed after the node came back");
+    nodes.backend.release(&lease).await.expect("release");
+    for name in [&majority, &minority] {
+        nodes.backend.break_lock(name).await.expect("break");
+    }
+    let left = nodes.backend.list(base.as_str()).await.expect("list");
+    assert!(left.is_empty(), "{left:?}");
+}
+
 /// `backend_redis::connect` picks the backend from the URL: `redis://` → single instance;
 /// `redlock://h1,h2,…` or a list of node URLs → Redlock; the descriptors match the free
 /// functions the facade uses for its table.

@@ -2,6 +2,7 @@
 
 pub(crate) mod quorum;
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
@@ -12,17 +13,17 @@ use futures_util::future::join_all;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use lockcore::{
     Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion,
-    ExpiryClock, Fairness, FenceToken, Fencing, Guarantees, HolderInfo, Lease, LockBackend,
-    LockName, ReleaseEvents, Result, Waiting,
+    ExpiryClock, Fairness, FenceToken, Fencing, Guarantees, HeldLock, HolderInfo, Lease,
+    LockBackend, LockName, ReleaseEvents, Result, Waiting,
 };
 use tokio::time::Instant;
 
 use self::quorum::{Vote, Votes};
-use crate::backend::ttl_millis;
+use crate::backend::{note_arg, ttl_millis};
 use crate::client::{AcquireReply, Node, RefreshReply};
 use crate::config::RedlockConfig;
 use crate::eviction;
-use crate::keys::{self, LockKeys};
+use crate::keys::{self, Found, LockKeys};
 
 const BACKEND: &str = "redlock";
 
@@ -48,6 +49,11 @@ const NOTES: &str = "Mutual exclusion holds only while clock drift, network dela
 /// - `refresh` extends on every node and needs a quorum again; `Lost` when a majority says
 ///   the key is no longer ours.
 /// - `break_lock` deletes whatever grant is on every node; it needs a quorum of answers.
+/// - A note is stored on every node with the grant, by the same acquire script, and shown
+///   from the nodes that hold the reported grant.
+/// - `list` lists every node (`SCAN` in pages, as [`RedisBackend`](crate::RedisBackend))
+///   at once and reports a name only when a majority holds the same grant, as `inspect`
+///   would: a snapshot per node, not one linearizable read.
 /// - No fencing: [`fence_token`](LockBackend::fence_token) is always `None` (seed 003).
 ///
 /// Cheap to clone; clones share the connections.
@@ -95,6 +101,7 @@ pub fn guarantees() -> Guarantees {
     .with_fairness(Fairness::None)
     .with_same_owner_retake(true)
     .with_durability(Durability::LostOnRestart)
+    .with_listing(true)
     .with_notes(NOTES)
 }
 
@@ -122,15 +129,16 @@ async fn acquire_vote(
     ttl_ms: u64,
     owner: &str,
     value: &str,
-) -> Vote<(String, i64)> {
+    note: &str,
+) -> Vote<Found> {
     let suffix = &value[1..];
-    match node.acquire(keys, false, ttl_ms, owner, suffix).await {
+    match node.acquire(keys, false, ttl_ms, owner, suffix, note).await {
         Ok(AcquireReply::Granted(stored)) if stored == value => Vote::Yes,
         Ok(AcquireReply::Granted(_)) => Vote::Failed(Error::new(
             ErrorKind::Protocol,
             format!("acquire on {}: stored an unexpected value", node.label()),
         )),
-        Ok(AcquireReply::Held { value, pttl }) => Vote::No((value, pttl)),
+        Ok(AcquireReply::Held(found)) => Vote::No(found),
         Err(err) => Vote::Failed(err),
     }
 }
@@ -147,8 +155,8 @@ async fn refresh_vote(node: &Node, keys: &LockKeys, value: &str, ttl_ms: u64) ->
     }
 }
 
-/// Counts per-node reads of `(value, PTTL)`: answered nodes are yes votes.
-fn tally_found(replies: Vec<Result<Option<(String, i64)>>>) -> (Votes<()>, Vec<(String, i64)>) {
+/// Counts per-node reads of `(value, PTTL, note)`: answered nodes are yes votes.
+fn tally_found(replies: Vec<Result<Option<Found>>>) -> (Votes<()>, Vec<Found>) {
     let mut votes = Votes::new(replies.len());
     let mut seen = Vec::new();
     for reply in replies {
@@ -164,13 +172,19 @@ fn tally_found(replies: Vec<Result<Option<(String, i64)>>>) -> (Votes<()>, Vec<(
 }
 
 /// The holder whose value is on at least `quorum` nodes (keys on a minority hold nothing).
-fn quorum_holder(seen: &[(String, i64)], quorum: usize) -> Option<HolderInfo> {
+fn quorum_holder(seen: &[Found], quorum: usize) -> Option<HolderInfo> {
     let (leader, count) = quorum::leading_grant(seen);
     if count < quorum {
         return None;
     }
-    let same: Vec<_> = seen.iter().filter(|(v, _)| *v == leader).cloned().collect();
+    let same: Vec<_> = seen.iter().filter(|f| f.value == leader).cloned().collect();
     quorum::best_holder(&same)
+}
+
+/// Whether the nodes that did not answer (`failed` of them) could complete a quorum for a
+/// grant seen on only `count` nodes: then nobody can say whether it is held.
+fn undecided(count: usize, failed: usize, quorum: usize) -> bool {
+    count < quorum && count + failed >= quorum
 }
 
 fn in_context(err: Error, name: &LockName) -> Error {
@@ -288,7 +302,7 @@ impl RedlockBackend {
         &self,
         keys: &LockKeys,
         value: &str,
-        votes: Votes<(String, i64)>,
+        votes: Votes<Found>,
         elapsed: Duration,
     ) -> Result<Acquire> {
         for outcome in self.release_everywhere(keys, value).await {
@@ -319,6 +333,7 @@ impl LockBackend for RedlockBackend {
         let ttl_ms = ttl_millis(request.ttl).map_err(|e| in_context(e, name))?;
         let keys = self.keys(name);
         let owner = request.owner.as_str();
+        let note = note_arg(request);
         let value = format!(
             "0{}",
             keys::value_suffix(&keys::new_nonce(), &request.owner)
@@ -327,7 +342,7 @@ impl LockBackend for RedlockBackend {
         let nodes = &self.inner.nodes;
         let requests = nodes
             .iter()
-            .map(|node| acquire_vote(node, &keys, ttl_ms, owner, &value))
+            .map(|node| acquire_vote(node, &keys, ttl_ms, owner, &value, note))
             .collect();
         let votes = gather(requests, |v| v.has_quorum() || v.quorum_impossible()).await;
         let elapsed = started.elapsed();
@@ -398,10 +413,45 @@ impl LockBackend for RedlockBackend {
         let (votes, seen) = tally_found(replies);
         let (_, count) = quorum::leading_grant(&seen);
         // Free unless the nodes that did not answer could complete someone's quorum.
-        if count < votes.quorum() && count + votes.failed.len() >= votes.quorum() {
+        if undecided(count, votes.failed.len(), votes.quorum()) {
             return Err(in_context(votes.failure("inspect"), name));
         }
         Ok(quorum_holder(&seen, votes.quorum()))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let key_prefix = self.inner.config.prefix();
+        let nodes = &self.inner.nodes;
+        let listed = join_all(nodes.iter().map(|node| node.list(key_prefix, prefix))).await;
+        let mut votes: Votes<()> = Votes::new(listed.len());
+        // Each name's grants, one per node that holds a key for it.
+        let mut by_name: BTreeMap<LockName, Vec<Found>> = BTreeMap::new();
+        for outcome in listed {
+            match outcome {
+                Ok(found) => {
+                    votes.record(Vote::Yes);
+                    // One entry per node and name (`SCAN` may repeat a key).
+                    let once: BTreeMap<LockName, Found> = found.into_iter().collect();
+                    for (name, found) in once {
+                        by_name.entry(name).or_default().push(found);
+                    }
+                }
+                Err(err) => votes.record(Vote::Failed(err)),
+            }
+        }
+        // A name on no answering node could still be held on the silent ones.
+        if undecided(0, votes.failed.len(), votes.quorum()) {
+            return Err(votes.failure("list").with_backend(BACKEND));
+        }
+        let mut held = Vec::new();
+        for (name, seen) in by_name {
+            let (_, count) = quorum::leading_grant(&seen);
+            if undecided(count, votes.failed.len(), votes.quorum()) {
+                return Err(in_context(votes.failure("list"), &name));
+            }
+            held.extend(quorum_holder(&seen, votes.quorum()).map(|h| HeldLock::new(name, h)));
+        }
+        Ok(held)
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {

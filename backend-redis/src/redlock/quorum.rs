@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use lockcore::{Error, ErrorKind, HolderInfo};
 
-use crate::keys;
+use crate::keys::{self, Found};
 
 /// A strict majority of `nodes`: N/2 + 1.
 pub(crate) fn quorum(nodes: usize) -> usize {
@@ -116,28 +116,39 @@ impl<R> Votes<R> {
     }
 }
 
-/// The most informative holder among refusals `(stored value, PTTL)`: the owner seen on
-/// the most nodes, with the earliest expiry among them (nothing can change before then).
-pub(crate) fn best_holder(held: &[(String, i64)]) -> Option<HolderInfo> {
-    let mut by_owner: HashMap<String, (usize, &str, i64)> = HashMap::new();
-    for (value, pttl) in held {
+/// The most informative holder among refusals: the owner seen on the most nodes, with the
+/// earliest expiry among them (nothing can change before then), and the note bound to its
+/// value on any node.
+pub(crate) fn best_holder(held: &[Found]) -> Option<HolderInfo> {
+    let mut by_owner: HashMap<String, (usize, &Found, i64)> = HashMap::new();
+    for found in held {
         let entry = by_owner
-            .entry(keys::owner_of(value))
-            .or_insert((0, value.as_str(), *pttl));
+            .entry(keys::owner_of(&found.value))
+            .or_insert((0, found, found.pttl));
         entry.0 += 1;
-        if *pttl >= 0 && (entry.2 < 0 || *pttl < entry.2) {
-            entry.2 = *pttl;
+        if found.pttl >= 0 && (entry.2 < 0 || found.pttl < entry.2) {
+            entry.2 = found.pttl;
         }
     }
-    let (_, value, pttl) = by_owner.into_values().max_by_key(|(count, ..)| *count)?;
-    Some(keys::holder_info(value, pttl))
+    let (_, first, pttl) = by_owner.into_values().max_by_key(|(count, ..)| *count)?;
+    let note = held
+        .iter()
+        .filter(|f| f.value == first.value && !f.note.is_empty())
+        .map(|f| f.note.as_str())
+        .next()
+        .unwrap_or("");
+    Some(keys::holder_info(&Found::new(
+        first.value.as_str(),
+        pttl,
+        note,
+    )))
 }
 
 /// The stored value seen on the most nodes and on how many (`("", 0)` when none).
-pub(crate) fn leading_grant(seen: &[(String, i64)]) -> (String, usize) {
+pub(crate) fn leading_grant(seen: &[Found]) -> (String, usize) {
     let mut counts: HashMap<&str, usize> = HashMap::new();
-    for (value, _) in seen {
-        *counts.entry(value.as_str()).or_default() += 1;
+    for found in seen {
+        *counts.entry(found.value.as_str()).or_default() += 1;
     }
     counts
         .into_iter()
@@ -210,22 +221,28 @@ mod tests {
 
     #[test]
     fn best_holder_is_the_most_common_owner_with_its_earliest_expiry() {
-        let a = "0:1:ab:owner-a".to_owned();
-        let b = "0:1:cd:owner-b".to_owned();
-        let held = [(a.clone(), 900), (b, 100), (a.clone(), 500), (a, -1)];
+        let a = "0:1:ab:owner-a";
+        let b = "0:1:cd:owner-b";
+        let held = [
+            Found::new(a, 900, ""),
+            Found::new(b, 100, "b's note"),
+            Found::new(a, 500, "a's note"),
+            Found::new(a, -1, ""),
+        ];
         let holder = best_holder(&held).expect("someone");
         assert_eq!(holder.owner().as_str(), "owner-a");
         assert_eq!(holder.expires_in(), Some(Duration::from_millis(500)));
         assert_eq!(holder.token(), None);
+        assert_eq!(holder.note().map(lockcore::Note::as_str), Some("a's note"));
         assert!(best_holder(&[]).is_none());
     }
 
     #[test]
     fn leading_grant_counts_identical_values() {
         let seen = [
-            ("a".to_owned(), 1),
-            ("b".to_owned(), 1),
-            ("a".to_owned(), 2),
+            Found::new("a", 1, ""),
+            Found::new("b", 1, ""),
+            Found::new("a", 2, ""),
         ];
         assert_eq!(leading_grant(&seen), ("a".to_owned(), 2));
         assert_eq!(leading_grant(&[]), (String::new(), 0));
