@@ -283,7 +283,10 @@ mod tests {
             serde_json::from_slice(&encode_value(&me, None)).expect("JSON");
         assert!(bare.get("note").is_none(), "{bare}");
         // A value from the previous version (no note field) still decodes.
-        let old = format!(r#"{{"owner":"{}","acquired_unix_ms":1700000000000}}"#, me.as_str());
+        let old = format!(
+            r#"{{"owner":"{}","acquired_unix_ms":1700000000000}}"#,
+            me.as_str()
+        );
         let stored = decode_value(old.as_bytes(), 7);
         assert_eq!((stored.owner, stored.note), (me.clone(), None));
         // The previous version's reader (the same struct without `note`) reads a new value.

@@ -100,11 +100,21 @@ fn stored_values() -> impl Strategy<Value = Vec<u8>> {
         Just(Vec::new()),
         (owner.clone(), time)
             .prop_map(|(o, t)| format!("{{\"owner\":{o},\"acquired_unix_ms\":{t}}}").into_bytes()),
-        owner.clone().prop_map(|o| format!("{{\"owner\":{o},\"extra\":1}}").into_bytes()),
-        (owner, any::<String>(), proptest::sample::select(vec!["1", "null", "[]", "\"\""]))
+        owner
+            .clone()
+            .prop_map(|o| format!("{{\"owner\":{o},\"extra\":1}}").into_bytes()),
+        (
+            owner,
+            any::<String>(),
+            proptest::sample::select(vec!["1", "null", "[]", "\"\""])
+        )
             .prop_map(|(o, n, odd)| {
                 let note = serde_json::Value::String(n).to_string();
-                let note = if o.len() % 2 == 0 { note } else { odd.to_owned() };
+                let note = if o.len() % 2 == 0 {
+                    note
+                } else {
+                    odd.to_owned()
+                };
                 format!("{{\"owner\":{o},\"note\":{note}}}").into_bytes()
             }),
         any::<Vec<u8>>(),
@@ -235,8 +245,16 @@ proptest! {
     #[test]
     fn prop_listing_prefixes_match_exactly_the_names_under_them(
         layout_prefix in prop_oneof![Just(String::new()), "[a-z%/]{1,6}/"],
-        name in r"[a%/_*?\\\[2F5é]{1,8}",
-        prefix in r"[a%/_*?\\\[2F5é]{0,4}",
+        (name, prefix) in r"[a%/_*?\\\[2F5é]{1,8}".prop_flat_map(|name| {
+            // Half the time a true prefix of the name (cut at a character boundary),
+            // else any short string: both sides of the equivalence get exercised.
+            let cuts: Vec<usize> = name.char_indices().map(|(i, _)| i).chain([name.len()]).collect();
+            let cut = proptest::sample::select(cuts).prop_map({
+                let name = name.clone();
+                move |at| name[..at].to_owned()
+            });
+            (Just(name), prop_oneof![cut, r"[a%/_*?\\\[2F5é]{0,4}"])
+        }),
         lease in 0i64..,
     ) {
         let layout = Layout::new(&layout_prefix);
