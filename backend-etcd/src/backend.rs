@@ -244,20 +244,24 @@ impl EtcdBackend {
     }
 
     /// The owner key of every lock whose name starts with `prefix`, by name (so sorted):
-    /// a keys-only scan of `P + escape(prefix)` in pages of [`LIST_PAGE`], every page at
-    /// the first page's revision (one snapshot); per lock, the key with the lowest create
-    /// revision, the rule acquire and inspect use, so a waiter's queue key is never taken
-    /// for the holder. Keys that belong to no nameable lock are skipped. Memory: one key
-    /// per lock plus one page.
+    /// a keys-only scan of `P + escape(prefix)` in pages of [`LIST_PAGE`], each page
+    /// starting after the last key of the one before; per lock, the key with the lowest
+    /// create revision, the rule acquire and inspect use, so a waiter's queue key is never
+    /// taken for the holder. Keys that belong to no nameable lock are skipped. Memory: one
+    /// key (without its value) per lock plus one page.
+    ///
+    /// The pages are not pinned to one revision (a pinned read fails once etcd compacts
+    /// that revision, which a long listing can meet): a key that exists throughout the
+    /// scan is seen in whichever page covers its place, and a newer key never has a lower
+    /// create revision than it, so a lock held throughout is found with its holder, and
+    /// every key seen existed, so a lock free throughout is not (its expired leases are
+    /// filtered by [`held`](Self::held)).
     async fn heads_under(&self, prefix: &str) -> Result<BTreeMap<LockName, KeyValue>> {
         let range = self.layout.list_prefix(prefix);
         let (mut from, end) = requests::prefix_range(&range);
-        let mut revision = 0;
         let mut heads = BTreeMap::new();
         loop {
-            let page = self.client.keys_page(&from, &end, revision, LIST_PAGE);
-            let (kvs, more, read) = page.await?;
-            revision = read;
+            let (kvs, more) = self.client.keys_page(&from, &end, LIST_PAGE).await?;
             let Some(last) = kvs.last() else {
                 break;
             };
@@ -463,7 +467,7 @@ impl LockBackend for EtcdBackend {
         self.holder(name).await.map_err(|e| e.with_lock(name))
     }
 
-    /// A keys-only Range over `P + escape(prefix)` per 500 keys (one snapshot), then per
+    /// A keys-only Range over `P + escape(prefix)` per 500 keys, then per
     /// held lock a Range for the owner key's value and a LeaseTimeToLive, concurrently,
     /// 16 locks at a time: `pages + 2 × locks` RPCs. Each entry is what `inspect` reports.
     async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {

@@ -460,21 +460,17 @@ impl EtcdClient {
         Ok(resp.kvs.into_iter().next())
     }
 
-    /// One page of a keys-only scan of `[from, range_end)` at `revision` (0: now): the
-    /// keys, whether more follow, and the revision read (pass it to the next page so
-    /// every page reads the same snapshot).
+    /// One page of a keys-only scan of `[from, range_end)` (linearizable): the keys, and
+    /// whether more follow.
     pub(crate) async fn keys_page(
         &self,
         from: &[u8],
         range_end: &[u8],
-        revision: i64,
         limit: i64,
-    ) -> Result<(Vec<KeyValue>, bool, i64)> {
-        let request = requests::keys_page(from, range_end, revision, limit);
+    ) -> Result<(Vec<KeyValue>, bool)> {
+        let request = requests::keys_page(from, range_end, limit);
         let resp = self.call(Op::List, request, range_rpc).await?;
-        let read = revision_of(resp.header.as_ref(), Op::List)?;
-        let revision = if revision > 0 { revision } else { read };
-        Ok((resp.kvs, resp.more, revision))
+        Ok((resp.kvs, resp.more))
     }
 
     /// LeaseTimeToLive: the remaining TTL, `None` when the lease is gone.
