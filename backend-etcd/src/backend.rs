@@ -1,5 +1,7 @@
 //! [`EtcdBackend`]: the [`LockBackend`] implementation.
 
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,17 +9,24 @@ use std::time::Duration;
 use anylock_etcd_proto::mvccpb::KeyValue;
 use anylock_etcd_proto::mvccpb::event::EventType;
 use async_trait::async_trait;
-use futures_util::stream;
+use futures_util::{StreamExt, TryStreamExt, stream};
 use lockcore::{
     Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion,
-    ExpiryClock, Fairness, FenceToken, Fencing, Guarantees, HolderInfo, Lease, LockBackend,
-    LockName, QueueTicket, ReleaseEvents, Result, Waiting,
+    ExpiryClock, Fairness, FenceToken, Fencing, Guarantees, HeldLock, HolderInfo, Lease,
+    LockBackend, LockName, QueueTicket, ReleaseEvents, Result, Waiting,
 };
 
 use crate::client::{Created, EtcdClient};
 use crate::config::EtcdConfig;
 use crate::keys::{self, Layout};
 use crate::queue::{Claim, Queue};
+use crate::requests;
+
+/// Keys a listing reads per Range (keys only: about 100 bytes each).
+const LIST_PAGE: i64 = 500;
+
+/// Held locks whose value and lease TTL a listing reads at once.
+const LIST_CONCURRENCY: usize = 16;
 
 /// Locks in etcd, laid out like etcd's own `concurrency.Mutex` (see the crate docs).
 ///
@@ -129,7 +138,7 @@ impl EtcdBackend {
     ) -> Result<Acquire> {
         let prefix = self.layout.lock_prefix(&request.name);
         let key = self.layout.key(&request.name, lease.0);
-        let value = keys::encode_value(&request.owner);
+        let value = keys::encode_value(&request.owner, request.note.as_ref());
         let retaken = self
             .client
             .retake(&prefix, &head, &key, &value, lease.0)
@@ -163,7 +172,7 @@ impl EtcdBackend {
         let (lease, granted) = granted.map_err(|e| e.with_lock(name))?;
         let prefix = self.layout.lock_prefix(name);
         let key = self.layout.key(name, lease);
-        let value = keys::encode_value(&request.owner);
+        let value = keys::encode_value(&request.owner, request.note.as_ref());
         let created = match self
             .client
             .create_if_free(&prefix, &key, &value, lease)
@@ -233,6 +242,79 @@ impl EtcdBackend {
             None => Duration::ZERO,
         }))
     }
+
+    /// The owner key of every lock whose name starts with `prefix`, by name (so sorted):
+    /// a keys-only scan of `P + escape(prefix)` in pages of [`LIST_PAGE`], each page
+    /// starting after the last key of the one before; per lock, the key with the lowest
+    /// create revision, the rule acquire and inspect use, so a waiter's queue key is never
+    /// taken for the holder. Keys that belong to no nameable lock are skipped. Memory: one
+    /// key (without its value) per lock plus one page.
+    ///
+    /// The pages are not pinned to one revision (a pinned read fails once etcd compacts
+    /// that revision, which a long listing can meet): a key that exists throughout the
+    /// scan is seen in whichever page covers its place, and a newer key never has a lower
+    /// create revision than it, so a lock held throughout is found with its holder, and
+    /// every key seen existed, so a lock free throughout is not (its expired leases are
+    /// filtered by [`held`](Self::held)).
+    async fn heads_under(&self, prefix: &str) -> Result<BTreeMap<LockName, KeyValue>> {
+        let range = self.layout.list_prefix(prefix);
+        let (mut from, end) = requests::prefix_range(&range);
+        let mut heads = BTreeMap::new();
+        loop {
+            let (kvs, more) = self.client.keys_page(&from, &end, LIST_PAGE).await?;
+            let Some(last) = kvs.last() else {
+                break;
+            };
+            let mut next = last.key.clone();
+            next.push(0);
+            for kv in kvs {
+                let Some(name) = self.layout.lock_of(&kv.key) else {
+                    continue;
+                };
+                // Always true (see `Layout::list_prefix`); kept so a layout bug shows as
+                // a missing entry rather than a foreign one.
+                if !name.as_str().starts_with(prefix) {
+                    continue;
+                }
+                match heads.entry(name) {
+                    Entry::Vacant(slot) => {
+                        slot.insert(kv);
+                    }
+                    Entry::Occupied(mut slot) => {
+                        if kv.create_revision < slot.get().create_revision {
+                            slot.insert(kv);
+                        }
+                    }
+                }
+            }
+            if !more {
+                break;
+            }
+            from = next;
+        }
+        Ok(heads)
+    }
+
+    /// The owner key `head` (read without its value) as `inspect` reports it: its value
+    /// read now and its lease's TTL, concurrently (Range + LeaseTimeToLive). Left out when
+    /// the key is gone or is no longer the same key (released or taken over during the
+    /// listing), or its lease has expired.
+    async fn held(&self, name: LockName, head: KeyValue) -> Result<Option<HeldLock>> {
+        let (stored, remaining) = tokio::join!(self.client.get(&head.key), self.remaining(&head));
+        let context = |e: Error| e.with_lock(&name);
+        let Some(stored) = stored.map_err(context)? else {
+            return Ok(None);
+        };
+        if stored.create_revision != head.create_revision || stored.lease != head.lease {
+            return Ok(None);
+        }
+        let remaining = remaining.map_err(context)?;
+        if remaining == Some(Duration::ZERO) {
+            return Ok(None);
+        }
+        let holder = holder_info(&stored, remaining);
+        Ok(Some(HeldLock::new(name, holder)))
+    }
 }
 
 /// The resolution of the TTLs etcd reports (whole seconds, rounded down).
@@ -249,6 +331,7 @@ pub fn guarantees() -> Guarantees {
     .with_waiting(Waiting::Notified)
     .with_fairness(Fairness::Fifo)
     .with_same_owner_retake(true)
+    .with_listing(true)
     .with_durability(Durability::SurvivesRestart)
     .with_notes(
         "Leases expire on the etcd leader's clock (whole seconds, at least ~2 s); the \
@@ -261,12 +344,12 @@ pub fn guarantees() -> Guarantees {
 }
 
 fn holder_info(head: &KeyValue, remaining: Option<Duration>) -> HolderInfo {
-    let (owner, acquired_at) = keys::decode_value(&head.value, head.lease);
-    let mut holder = HolderInfo::new(owner);
+    let stored = keys::decode_value(&head.value, head.lease);
+    let mut holder = HolderInfo::new(stored.owner).with_note(stored.note);
     if let Ok(rev) = u64::try_from(head.create_revision) {
         holder = holder.with_token(FenceToken::new(rev));
     }
-    if let Some(at) = acquired_at {
+    if let Some(at) = stored.acquired_at {
         holder = holder.with_acquired_at(at);
     }
     if let Some(left) = remaining {
@@ -382,6 +465,18 @@ impl LockBackend for EtcdBackend {
     /// A Range for the owner key, then its lease's TTL (2 RPCs).
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         self.holder(name).await.map_err(|e| e.with_lock(name))
+    }
+
+    /// A keys-only Range over `P + escape(prefix)` per 500 keys, then per
+    /// held lock a Range for the owner key's value and a LeaseTimeToLive, concurrently,
+    /// 16 locks at a time: `pages + 2 × locks` RPCs. Each entry is what `inspect` reports.
+    async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let heads = self.heads_under(prefix).await?;
+        let entries = stream::iter(heads)
+            .map(|(name, head)| self.held(name, head))
+            .buffered(LIST_CONCURRENCY);
+        let found: Vec<Option<HeldLock>> = entries.try_collect().await?;
+        Ok(found.into_iter().flatten().collect())
     }
 
     /// Deletes the owner key, as `etcdctl del` would (Range + LeaseTimeToLive + DeleteRange).

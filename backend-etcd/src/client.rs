@@ -37,6 +37,7 @@ pub(crate) enum Op {
     Delete,
     KeepAlive,
     Get,
+    List,
     LeaseTimeToLive,
     Watch,
     Authenticate,
@@ -54,6 +55,7 @@ impl Op {
             Self::Delete => "DeleteRange",
             Self::KeepAlive => "LeaseKeepAlive",
             Self::Get => "Range",
+            Self::List => "Range (list)",
             Self::LeaseTimeToLive => "LeaseTimeToLive",
             Self::Watch => "Watch",
             Self::Authenticate => "Authenticate",
@@ -456,6 +458,19 @@ impl EtcdClient {
         let request = requests::first_created(prefix);
         let resp = self.call(Op::Get, request, range_rpc).await?;
         Ok(resp.kvs.into_iter().next())
+    }
+
+    /// One page of a keys-only scan of `[from, range_end)` (linearizable): the keys, and
+    /// whether more follow.
+    pub(crate) async fn keys_page(
+        &self,
+        from: &[u8],
+        range_end: &[u8],
+        limit: i64,
+    ) -> Result<(Vec<KeyValue>, bool)> {
+        let request = requests::keys_page(from, range_end, limit);
+        let resp = self.call(Op::List, request, range_rpc).await?;
+        Ok((resp.kvs, resp.more))
     }
 
     /// LeaseTimeToLive: the remaining TTL, `None` when the lease is gone.

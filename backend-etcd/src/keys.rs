@@ -13,7 +13,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lockcore::{Identity, LockName};
+use lockcore::{Identity, LockName, Note};
 use serde::{Deserialize, Serialize};
 
 /// The key layout of one backend: its key prefix.
@@ -46,6 +46,58 @@ impl Layout {
     }
 }
 
+impl Layout {
+    /// The range that holds the keys of every lock whose name starts with `prefix`:
+    /// `P + escape(prefix)` (`P` alone for `""`).
+    ///
+    /// Why one byte-prefix range is exact: `escape` replaces each character on its own by
+    /// a fixed code (`%25` for `%`, `%2F` for `/`, the character's own UTF-8 otherwise),
+    /// and no code is a prefix of another (UTF-8 is prefix-free, only the two escapes
+    /// start with `%`, and they differ in their third byte). So `escape(prefix)` is a byte
+    /// prefix of `escape(name)` exactly when `prefix` is a prefix of `name`: reading both
+    /// left to right, each code of `escape(prefix)` must be the code of `name`'s character
+    /// at that place. The prefix is never given to a pattern language, so `*`, `_`, `?`,
+    /// `[` and `\` match only themselves.
+    pub(crate) fn list_prefix(&self, prefix: &str) -> Vec<u8> {
+        let mut key = self.prefix.clone();
+        escape_into(prefix, &mut key);
+        key.into_bytes()
+    }
+
+    /// The lock that a key under `P` belongs to: the part before the first `/` after `P`,
+    /// unescaped (the rest, normally the lease id in hex, may be anything: every key in
+    /// the lock's range is one of its contenders, as acquire and inspect see it).
+    ///
+    /// `None` for a key that belongs to no lock anylock could name: outside `P`, without a
+    /// `/`, not UTF-8, an escape other than `%25` and `%2F` (which anylock never writes,
+    /// so no name's range holds it), or a name lockcore rejects.
+    pub(crate) fn lock_of(&self, key: &[u8]) -> Option<LockName> {
+        let rest = key.strip_prefix(self.prefix.as_bytes())?;
+        let slash = rest.iter().position(|b| *b == b'/')?;
+        let escaped = std::str::from_utf8(&rest[..slash]).ok()?;
+        let name = unescape(escaped)?;
+        LockName::new(name).ok()
+    }
+}
+
+/// The inverse of `escape_into`, strict: `%` must start `%25` or `%2F`.
+fn unescape(escaped: &str) -> Option<String> {
+    let mut out = String::with_capacity(escaped.len());
+    let mut rest = escaped;
+    while let Some(at) = rest.find('%') {
+        out.push_str(&rest[..at]);
+        let code = rest.get(at..at + 3)?;
+        out.push(match code {
+            "%25" => '%',
+            "%2F" => '/',
+            _ => return None,
+        });
+        rest = &rest[at + 3..];
+    }
+    out.push_str(rest);
+    Some(out)
+}
+
 /// The end of the range of keys starting with `prefix` (etcd's `WithPrefix` rule).
 pub(crate) fn range_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
@@ -69,57 +121,81 @@ fn escape_into(name: &str, out: &mut String) {
 }
 
 /// What anylock writes as the value of its contender key: JSON, so people reading
-/// `etcdctl get --prefix` see who holds a lock and since when.
+/// `etcdctl get --prefix` see who holds a lock, since when, and why.
+///
+/// `note` was added after the first release: it is optional and left out when absent, so
+/// values written before it still decode (note = none) and an older anylock reading a
+/// value with a note ignores the unknown field (serde's default; never add
+/// `deny_unknown_fields` here). `etcdctl lock` and Go never read the value.
 #[derive(Debug, Serialize, Deserialize)]
 struct Value {
     owner: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     acquired_unix_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
 }
 
-/// The value for a key that `owner` creates now.
-pub(crate) fn encode_value(owner: &Identity) -> Vec<u8> {
+/// The value for a key that `owner` creates (or claims) now as the grant, with its note.
+pub(crate) fn encode_value(owner: &Identity, note: Option<&Note>) -> Vec<u8> {
     let acquired_unix_ms = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .ok()
         .and_then(|d| u64::try_from(d.as_millis()).ok());
+    encode(owner, acquired_unix_ms, note)
+}
+
+/// The value of a queued waiter's key: the owner and its note, without an acquisition
+/// time (the claim that turns the place into the grant rewrites it with
+/// [`encode_value`]).
+pub(crate) fn encode_queued_value(owner: &Identity, note: Option<&Note>) -> Vec<u8> {
+    encode(owner, None, note)
+}
+
+fn encode(owner: &Identity, acquired_unix_ms: Option<u64>, note: Option<&Note>) -> Vec<u8> {
     let value = Value {
         owner: owner.as_str().to_owned(),
         acquired_unix_ms,
+        note: note.map(|n| n.as_str().to_owned()),
     };
     serde_json::to_vec(&value).unwrap_or_else(|_| owner.as_str().as_bytes().to_vec())
 }
 
-/// The value of a queued waiter's key: the owner, without an acquisition time (the
-/// claim that turns the place into the grant rewrites it with [`encode_value`]).
-pub(crate) fn encode_queued_value(owner: &Identity) -> Vec<u8> {
-    let value = Value {
-        owner: owner.as_str().to_owned(),
-        acquired_unix_ms: None,
-    };
-    serde_json::to_vec(&value).unwrap_or_else(|_| owner.as_str().as_bytes().to_vec())
+/// What a stored key says about its holder.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Stored {
+    pub(crate) owner: Identity,
+    pub(crate) acquired_at: Option<SystemTime>,
+    pub(crate) note: Option<Note>,
 }
 
-/// Who a stored key names, and when it was acquired if the writer said.
+/// Who a stored key names, when it was acquired and its note, if the writer said.
 ///
 /// Keys written by `etcdctl lock` and Go's `concurrency.Mutex` have an empty value; they
 /// are shown as `etcd-lease/<lease id hex>`. A value that is not anylock's JSON is shown
-/// as it is.
-pub(crate) fn decode_value(value: &[u8], lease: i64) -> (Identity, Option<SystemTime>) {
+/// as it is, with no note. A stored note is read lossily ([`Note::from_stored`]): anyone
+/// with write access to the prefix may have written it.
+pub(crate) fn decode_value(value: &[u8], lease: i64) -> Stored {
     if value.is_empty() {
-        return (Identity::from_stored(format!("etcd-lease/{lease:x}")), None);
+        return Stored {
+            owner: Identity::from_stored(format!("etcd-lease/{lease:x}")),
+            acquired_at: None,
+            note: None,
+        };
     }
     match serde_json::from_slice::<Value>(value) {
-        Ok(parsed) => {
-            let at = parsed
+        Ok(parsed) => Stored {
+            owner: Identity::from_stored(parsed.owner),
+            acquired_at: parsed
                 .acquired_unix_ms
-                .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
-            (Identity::from_stored(parsed.owner), at)
-        }
-        Err(_) => (
-            Identity::from_stored(String::from_utf8_lossy(value).into_owned()),
-            None,
-        ),
+                .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+            note: parsed.note.as_deref().and_then(Note::from_stored),
+        },
+        Err(_) => Stored {
+            owner: Identity::from_stored(String::from_utf8_lossy(value).into_owned()),
+            acquired_at: None,
+            note: None,
+        },
     }
 }
 
@@ -173,19 +249,93 @@ mod tests {
     #[test]
     fn values_round_trip_and_foreign_values_are_readable() {
         let me = Identity::unique();
-        let value = encode_value(&me);
+        let value = encode_value(&me, None);
         assert!(is_owned_by(&value, &me));
         assert!(!is_owned_by(&value, &Identity::unique()));
-        let (who, at) = decode_value(&value, 7);
-        assert_eq!(who, me);
-        assert!(at.is_some());
-        let (who, at) = decode_value(b"", 0x1f);
-        assert_eq!(who.as_str(), "etcd-lease/1f");
-        assert!(at.is_none());
-        assert_eq!(decode_value(b"plain", 1).0.as_str(), "plain");
+        let stored = decode_value(&value, 7);
+        assert_eq!(stored.owner, me);
+        assert!(stored.acquired_at.is_some());
+        assert_eq!(stored.note, None);
+        let stored = decode_value(b"", 0x1f);
+        assert_eq!(stored.owner.as_str(), "etcd-lease/1f");
+        assert!(stored.acquired_at.is_none());
+        assert_eq!(stored.note, None);
+        let plain = decode_value(b"plain", 1);
+        assert_eq!((plain.owner.as_str(), plain.note), ("plain", None));
         assert!(!is_owned_by(b"", &me));
-        let queued = encode_queued_value(&me);
+        let queued = encode_queued_value(&me, None);
         assert!(is_owned_by(&queued, &me));
-        assert_eq!(decode_value(&queued, 7), (me.clone(), None));
+        let stored = decode_value(&queued, 7);
+        assert_eq!((stored.owner, stored.acquired_at), (me.clone(), None));
+    }
+
+    #[test]
+    fn notes_are_stored_in_an_optional_field_both_versions_read() {
+        let me = Identity::unique();
+        let note = Note::new("run 42 — ✓").expect("note");
+        let value = encode_value(&me, Some(&note));
+        assert_eq!(decode_value(&value, 7).note, Some(note.clone()));
+        assert!(is_owned_by(&value, &me));
+        let queued = encode_queued_value(&me, Some(&note));
+        assert_eq!(decode_value(&queued, 7).note, Some(note));
+        // No note: no field at all, byte for byte what the previous version wrote.
+        let bare: serde_json::Value =
+            serde_json::from_slice(&encode_value(&me, None)).expect("JSON");
+        assert!(bare.get("note").is_none(), "{bare}");
+        // A value from the previous version (no note field) still decodes.
+        let old = format!(
+            r#"{{"owner":"{}","acquired_unix_ms":1700000000000}}"#,
+            me.as_str()
+        );
+        let stored = decode_value(old.as_bytes(), 7);
+        assert_eq!((stored.owner, stored.note), (me.clone(), None));
+        // The previous version's reader (the same struct without `note`) reads a new value.
+        #[derive(Deserialize)]
+        struct OldValue {
+            owner: String,
+            acquired_unix_ms: Option<u64>,
+        }
+        let noted = Note::new("x").expect("note");
+        let old: OldValue =
+            serde_json::from_slice(&encode_value(&me, Some(&noted))).expect("old reader");
+        assert_eq!(old.owner, me.as_str());
+        assert!(old.acquired_unix_ms.is_some());
+    }
+
+    #[test]
+    fn stored_notes_are_read_lossily_and_empty_means_none() {
+        let stored = decode_value(br#"{"owner":"o","note":"a\u001b[2Jb"}"#, 1);
+        assert_eq!(stored.note.expect("note").as_str(), "a\u{fffd}[2Jb");
+        assert_eq!(decode_value(br#"{"owner":"o","note":""}"#, 1).note, None);
+        // A note of the wrong type makes the value foreign: shown as it is, no note.
+        let odd = decode_value(br#"{"owner":"o","note":5}"#, 1);
+        assert_eq!(odd.note, None);
+    }
+
+    #[test]
+    fn listing_prefixes_escape_like_names_and_keys_map_back_to_names() {
+        let layout = Layout::new("locks/");
+        assert_eq!(layout.list_prefix(""), b"locks/");
+        assert_eq!(layout.list_prefix("a%/_*"), b"locks/a%25%2F_*");
+        for n in ["deploy", "team/ci", "100%", "a%2Fb", "a*?[z]", "é/%"] {
+            let lock = name(n);
+            let key = layout.key(&lock, 0x1f);
+            assert_eq!(layout.lock_of(&key), Some(lock.clone()), "{n}");
+            assert_eq!(layout.lock_of(&layout.lock_prefix(&lock)), Some(lock));
+        }
+        for foreign in [
+            &b"other/x/1"[..],
+            b"locks/noslash",
+            b"locks//1",
+            b"locks/a%2f/1",
+            b"locks/a%/1",
+            b"locks/a%2/1",
+            b"locks/\xff/1",
+            b"locks/a\x07/1",
+        ] {
+            assert_eq!(layout.lock_of(foreign), None, "{foreign:?}");
+        }
+        // Anything after the first `/` is a contender of the lock, as inspect sees it.
+        assert_eq!(layout.lock_of(b"locks/a/b/c"), Some(name("a")));
     }
 }

@@ -27,6 +27,12 @@
 //!   cancellation) revokes the queue lease. Woken by a `Watch` for delete events under
 //!   `P + N + "/"`.
 //! - break (operator): delete the owner key, as `etcdctl del` would.
+//! - list (operator): keys-only `Range`s over `P + escape(prefix)`, 500 keys a page;
+//!   per lock the key with the lowest create revision is the holder; per holder a `Range`
+//!   for its value and a `LeaseTimeToLive`, concurrently.
+//!
+//! A note given at acquire is an optional `note` field of the key's JSON value, written
+//! by the same `Txn` that makes the grant.
 //!
 //! See `docs/etcd.md` for guarantees, how FIFO waiting works and its caveats, and
 //! measurements.

@@ -100,7 +100,23 @@ fn stored_values() -> impl Strategy<Value = Vec<u8>> {
         Just(Vec::new()),
         (owner.clone(), time)
             .prop_map(|(o, t)| format!("{{\"owner\":{o},\"acquired_unix_ms\":{t}}}").into_bytes()),
-        owner.prop_map(|o| format!("{{\"owner\":{o},\"extra\":1}}").into_bytes()),
+        owner
+            .clone()
+            .prop_map(|o| format!("{{\"owner\":{o},\"extra\":1}}").into_bytes()),
+        (
+            owner,
+            any::<String>(),
+            proptest::sample::select(vec!["1", "null", "[]", "\"\""])
+        )
+            .prop_map(|(o, n, odd)| {
+                let note = serde_json::Value::String(n).to_string();
+                let note = if o.len() % 2 == 0 {
+                    note
+                } else {
+                    odd.to_owned()
+                };
+                format!("{{\"owner\":{o},\"note\":{note}}}").into_bytes()
+            }),
         any::<Vec<u8>>(),
         any::<String>().prop_map(String::into_bytes),
     ]
@@ -179,7 +195,13 @@ proptest! {
     /// against foreign values being mistaken for ours.
     #[test]
     fn prop_stored_values_decode_without_panicking(value in stored_values(), lease in any::<i64>()) {
-        let (owner, at) = decode_value(&value, lease);
+        let stored = decode_value(&value, lease);
+        let (owner, at) = (stored.owner, stored.acquired_at);
+        if let Some(note) = &stored.note {
+            prop_assert!(!note.as_str().is_empty());
+            prop_assert!(note.as_str().len() <= lockcore::MAX_NOTE_LEN);
+            prop_assert!(!note.as_str().chars().any(char::is_control), "{note:?}");
+        }
         if value.is_empty() {
             prop_assert_eq!(owner.as_str(), format!("etcd-lease/{lease:x}"));
             prop_assert!(at.is_none());
@@ -215,6 +237,32 @@ proptest! {
         if a != b {
             prop_assert!(!key.starts_with(&pb), "{a:?} inside {b:?}");
         }
+    }
+
+    /// Guards against a listing range that misses a lock under the prefix or takes in
+    /// one outside it (an escape that is not prefix-free), and keys that do not map back
+    /// to their lock's name.
+    #[test]
+    fn prop_listing_prefixes_match_exactly_the_names_under_them(
+        layout_prefix in prop_oneof![Just(String::new()), "[a-z%/]{1,6}/"],
+        (name, prefix) in r"[a%/_*?\\\[2F5é]{1,8}".prop_flat_map(|name| {
+            // Half the time a true prefix of the name (cut at a character boundary),
+            // else any short string: both sides of the equivalence get exercised.
+            let cuts: Vec<usize> = name.char_indices().map(|(i, _)| i).chain([name.len()]).collect();
+            let cut = proptest::sample::select(cuts).prop_map({
+                let name = name.clone();
+                move |at| name[..at].to_owned()
+            });
+            (Just(name), prop_oneof![cut, r"[a%/_*?\\\[2F5é]{0,4}"])
+        }),
+        lease in 0i64..,
+    ) {
+        let layout = Layout::new(&layout_prefix);
+        let lock = LockName::new(&name).expect("valid");
+        let key = layout.key(&lock, lease);
+        let range = layout.list_prefix(&prefix);
+        prop_assert_eq!(key.starts_with(&range), name.starts_with(&prefix), "{} under {}", name, prefix);
+        prop_assert_eq!(layout.lock_of(&key), Some(lock));
     }
 
     /// Guards against the range end of any byte prefix (0xff bytes included) panicking or

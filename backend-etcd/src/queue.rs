@@ -125,7 +125,7 @@ impl Queue {
         }
         let (lease, granted_ttl) = self.client.grant(ttl_secs).await?;
         let key = self.layout.key(&request.name, lease);
-        let value = keys::encode_queued_value(&request.owner);
+        let value = keys::encode_queued_value(&request.owner, request.note.as_ref());
         let revision = match self.put_place(&key, &value, lease).await {
             Ok(revision) => revision,
             Err(err) => {
@@ -180,7 +180,7 @@ impl Queue {
         let Some(place) = self.places().get(&slot).cloned() else {
             return Ok(Claim::NotQueued);
         };
-        let value = keys::encode_value(&request.owner);
+        let value = keys::encode_value(&request.owner, request.note.as_ref());
         match self.claim_txn(&slot.0, &place, &value).await? {
             Seen::Behind(head) => return Ok(Claim::Behind(head)),
             Seen::Vanished => return Ok(self.forget(&slot, &place)),

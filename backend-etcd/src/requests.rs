@@ -41,6 +41,21 @@ pub(crate) fn first_created(prefix: &[u8]) -> RangeRequest {
     }
 }
 
+/// One page of a listing scan: the keys in `[from, range_end)` in key order, without
+/// their values (a waiter's or a foreign key's value is never needed, and a page of keys
+/// stays small however large the values are), at most `limit`.
+pub(crate) fn keys_page(from: &[u8], range_end: &[u8], limit: i64) -> RangeRequest {
+    RangeRequest {
+        key: from.to_vec(),
+        range_end: range_end.to_vec(),
+        limit,
+        keys_only: true,
+        sort_order: SortOrder::Ascend.into(),
+        sort_target: SortTarget::Key.into(),
+        ..RangeRequest::default()
+    }
+}
+
 /// Range on `prefix` that only counts.
 pub(crate) fn count(prefix: &[u8]) -> RangeRequest {
     let (key, range_end) = prefix_range(prefix);

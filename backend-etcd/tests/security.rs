@@ -236,7 +236,7 @@ async fn tls_parameters_on_plaintext_are_refused_before_connecting() {
 
 /// Hole 9: the least-privilege recipe (a role with readwrite on exactly the key prefix)
 /// is enough for everything the backend does, including a waiting (queued) acquire and
-/// the watch that wakes it; hole 8: the report says TLS, verified, client certificate, and
+/// the watch that wakes it, and a listing; hole 8: the report says TLS, verified, client certificate, and
 /// who we are, without the password.
 #[tokio::test]
 async fn the_least_privilege_role_runs_every_operation() {
@@ -272,6 +272,10 @@ async fn the_least_privilege_role_runs_every_operation() {
         .expect("inspect")
         .expect("held");
     assert_eq!(holder.owner(), guard.lease().owner());
+    // Listing ranges inside the prefix only, so the role allows it too.
+    let listed = backend.list(lock.as_str()).await.expect("list");
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].holder().owner(), guard.lease().owner());
     let options = LockOptions::default().with_wait(WaitMode::Timeout(Duration::from_secs(20)));
     let waiter = tokio::spawn({
         let locker = locker.clone();
