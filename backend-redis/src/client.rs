@@ -350,16 +350,34 @@ impl Node {
     /// opens the connection too (TCP, TLS handshake, `AUTH`), so it may take the connect
     /// timeout plus the per-call timeout: a Redlock node's 50 ms alone is too short for a
     /// TLS handshake on a busy machine.
+    ///
+    /// Then loads every script (`SCRIPT LOAD`, one pipelined round trip, within the same
+    /// limit), so the first lock call is one `EVALSHA` rather than `EVALSHA`, `NOSCRIPT`,
+    /// `SCRIPT LOAD` and `EVALSHA` again: three round trips and a compile that a Redlock
+    /// node's 50 ms can miss over TLS on a busy machine. Best effort: a refusal or timeout
+    /// leaves the scripts to load on first use, as after a `SCRIPT FLUSH`.
     pub(crate) async fn ping(&self) -> Result<()> {
         let mut conn = self.manager.clone();
         let ping = redis::cmd("PING");
         let limit = self.connect_timeout + self.timeout;
+        let started = tokio::time::Instant::now();
         let reply = tokio::time::timeout(limit, ping.query_async::<Value>(&mut conn)).await;
         match reply {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(err)) => Err(map_error(&err, Call::Ping, &self.label)),
-            Err(_) => Err(timed_out(Call::Ping, &self.label, limit)),
+            Ok(Ok(_)) => {}
+            Ok(Err(err)) => return Err(map_error(&err, Call::Ping, &self.label)),
+            Err(_) => return Err(timed_out(Call::Ping, &self.label, limit)),
         }
+        let mut load = redis::pipe();
+        for lua in crate::scripts::ALL_LUA {
+            load.cmd("SCRIPT").arg("LOAD").arg(lua);
+        }
+        let left = limit.saturating_sub(started.elapsed());
+        match tokio::time::timeout(left, load.query_async::<Vec<String>>(&mut conn)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(err)) => tracing::debug!(node = %self.label, %err, "scripts not preloaded"),
+            Err(_) => tracing::debug!(node = %self.label, "scripts not preloaded in time"),
+        }
+        Ok(())
     }
 
     /// One `TIME`: the server's clock, as seconds and microseconds since the Unix epoch.

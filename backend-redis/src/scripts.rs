@@ -145,6 +145,16 @@ end
 return out
 ";
 
+/// Every script, for loading them all at connect.
+pub(crate) const ALL_LUA: [&str; 6] = [
+    ACQUIRE_LUA,
+    REFRESH_LUA,
+    RELEASE_LUA,
+    BREAK_LUA,
+    INSPECT_LUA,
+    READ_MANY_LUA,
+];
+
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 pub(crate) static REFRESH: LazyLock<Script> = LazyLock::new(|| Script::new(REFRESH_LUA));
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));

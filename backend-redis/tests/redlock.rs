@@ -502,3 +502,32 @@ async fn connect_picks_the_backend_from_the_url() {
     let backend = backend_redis::connect(&compact).await.expect("redlock://");
     assert_eq!(backend.backend_name(), "redlock");
 }
+
+/// `connect` loads every script, so the first lock call on each node is one `EVALSHA`
+/// (no `NOSCRIPT`, `SCRIPT LOAD`, second `EVALSHA`: three round trips and a compile that
+/// the 50 ms node timeout can miss over TLS on a busy machine). On a private server, whose
+/// script cache starts empty.
+#[tokio::test]
+async fn connect_preloads_the_scripts() {
+    if common::redlock_urls().is_none() {
+        return;
+    }
+    let server = common::PrivateRedis::start().await;
+    let mut admin = common::admin(&server.url()).await;
+    let config = RedlockConfig::from_node_urls(&[server.url()])
+        .expect("valid URL")
+        .with_node_timeout(Duration::from_secs(5));
+    let backend = RedlockBackend::connect(config).await.expect("connect");
+    let before = common::command_calls(&mut admin).await;
+    let name = common::fresh_name("preload");
+    let lease = acquired(backend.acquire(&request(&name)).await.expect("acquire"));
+    let after = common::command_calls(&mut admin).await;
+    let ran = common::calls_between(&before, &after);
+    assert_eq!(ran.get("evalsha"), Some(&1), "{ran:?}");
+    assert_eq!(
+        ran.get("script|load"),
+        None,
+        "the first acquire reloaded: {ran:?}"
+    );
+    backend.release(&lease).await.expect("release");
+}
