@@ -9,7 +9,11 @@ use lockcore::{Error, ErrorKind, HeldLock, HolderInfo, LockName, LockOptions, Lo
 use crate::run::{ago, timestamp};
 
 pub(crate) fn describe(name: &str, holder: &HolderInfo) -> String {
-    let mut text = format!("{name} is held by {}", holder.owner());
+    let mut text = format!(
+        "{} is held by {}",
+        lockcore::display_safe(name),
+        holder.owner()
+    );
     if let Some(since) = holder.acquired_at() {
         text.push_str(&format!(
             "\n  since:       {} ({} ago)",
@@ -97,7 +101,7 @@ fn list_row(held: &lockcore::HeldLock) -> [String; 5] {
     let holder = held.holder();
     let dash = || "-".to_owned();
     [
-        held.name().to_string(),
+        lockcore::display_safe(held.name().as_str()).into_owned(),
         holder.owner().to_string(),
         holder.expires_in().map_or_else(dash, |left| {
             humantime::format_duration(Duration::from_secs(left.as_secs())).to_string()

@@ -186,7 +186,11 @@ pub(crate) async fn acquire_with_status(
 
 /// "waiting for NAME, held by host/pid since T, expires in S".
 pub(crate) fn describe_wait(name: &str, holder: &HolderInfo) -> String {
-    let mut line = format!("waiting for {name}, held by {}", holder.owner().host_pid());
+    let mut line = format!(
+        "waiting for {}, held by {}",
+        lockcore::display_safe(name),
+        lockcore::display_safe(holder.owner().host_pid())
+    );
     if let Some(since) = holder.acquired_at() {
         line.push_str(&format!(" since {}", timestamp(since)));
     }

@@ -160,7 +160,54 @@ fn a_bad_note_is_refused(scene: &Scene) {
     assert_eq!(code(&status), 1, "nothing was taken: {}", stdout(&status));
 }
 
+/// An owner written by anyone who can write the lock store (terminal escapes, a bidi
+/// override) and a name with a bidi override reach the terminal only as U+FFFD: `list`,
+/// `status` and a waiting `run` print no escape byte.
+fn hostile_owners_and_names_reach_no_terminal(scene: &Scene) {
+    use anylock::lockcore::{Acquire, AcquireRequest, Identity, LockName};
+    let evil_owner = "mallory\x1b]0;pwned\x07\x1b[31m\u{202e}";
+    let name = "deploy-\u{202e}cod.exe";
+    let runtime = tokio::runtime::Runtime::new().expect("runtime");
+    runtime.block_on(async {
+        let backend = anylock::connect(&scene.backend).await.expect("connect");
+        let request = AcquireRequest::new(
+            LockName::new(name).expect("name"),
+            Identity::from_stored(evil_owner),
+            Duration::from_secs(300),
+        );
+        let outcome = backend.acquire(&request).await.expect("acquire");
+        assert!(matches!(outcome, Acquire::Acquired(_)), "{outcome:?}");
+    });
+    let mut child = scene.spawn(&["run", name, "-w", "1", "--", "true"]);
+    wait_child(&mut child, Duration::from_secs(60));
+    let waited = child.wait_with_output().expect("output");
+    let outputs = [
+        scene.output(&["list"]),
+        scene.output(&["status", name]),
+        scene.output(&["run", name, "-n", "--", "true"]),
+        waited,
+    ];
+    for out in &outputs {
+        for stream in [&out.stdout, &out.stderr] {
+            let text = String::from_utf8_lossy(stream);
+            assert!(
+                !text.contains(['\x1b', '\x07', '\u{202e}']),
+                "raw: {text:?}"
+            );
+        }
+    }
+    assert!(
+        stdout(&outputs[0]).contains("mallory\u{fffd}]0;pwned"),
+        "{}",
+        stdout(&outputs[0])
+    );
+    // JSON escapes the control characters and keeps the stored owner exact.
+    let listed = json(&stdout(&scene.output(&["list", "--json"])));
+    assert_eq!(listed[0]["owner"], evil_owner);
+}
+
 on_all_five_backends!(
+    hostile_owners_and_names_reach_no_terminal,
     list_and_status_show_holders_and_notes,
     a_waiting_run_shows_the_holders_note,
     run_note_lives_and_dies_with_its_lease,

@@ -144,6 +144,8 @@ impl Identity {
     }
 
     /// The `host/pid` part, for people; a [named](Identity::named) identity whole.
+    ///
+    /// Raw, as stored: print it through [`display_safe`](crate::display_safe).
     pub fn host_pid(&self) -> &str {
         if self.named_id().is_some() {
             return &self.0;
@@ -156,9 +158,12 @@ impl Identity {
     }
 }
 
+/// For people: characters [unsafe to show](crate::is_unsafe_to_show) (an owner read back
+/// from a server may hold terminal escapes) become U+FFFD. Backends store and compare
+/// [`as_str`](Identity::as_str), never this.
 impl fmt::Display for Identity {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&crate::display_safe(&self.0))
     }
 }
 

@@ -61,7 +61,7 @@ pub use identity::{AUTO_PREFIX, Identity, MAX_NAMED_LEN, MAX_TASK_LEN, NAMED_PRE
 pub use locker::Locker;
 pub use memory::{Defect, MemoryBackend};
 pub use name::{LockName, MAX_NAME_LEN};
-pub use note::{HeldLock, MAX_NOTE_LEN, Note, validate_prefix};
+pub use note::{HeldLock, MAX_NOTE_LEN, Note, display_safe, is_unsafe_to_show, validate_prefix};
 pub use options::{LockOptions, MAX_REFRESH_FAILURES, MAX_TTL, MIN_TTL, WaitMode};
 pub use secret::is_secret_param;
 pub use security::{ConnectionSecurity, TlsDetails, Transport, Verification};

@@ -1,5 +1,6 @@
 //! Notes stored with a lease ([`Note`]) and the entries of a listing ([`HeldLock`]).
 
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
@@ -9,6 +10,36 @@ use crate::types::HolderInfo;
 
 /// The longest note accepted, in bytes of UTF-8.
 pub const MAX_NOTE_LEN: usize = 512;
+
+/// Whether `ch` must not reach a terminal as it is: a control character (C0, DEL, C1), or
+/// an invisible or direction-changing format character (bidi embeddings, overrides and
+/// isolates, zero-width characters, the BOM) that can make text read as something else.
+pub fn is_unsafe_to_show(ch: char) -> bool {
+    ch.is_control()
+        || matches!(
+            ch,
+            '\u{061c}' | '\u{200b}'..='\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2060}'..='\u{2069}' | '\u{feff}'
+        )
+}
+
+/// `text` with every character [unsafe to show](is_unsafe_to_show) replaced by U+FFFD, for
+/// printing what a server returned (owners, names, notes written by anyone). Borrows when
+/// there is nothing to replace.
+///
+/// ```
+/// assert_eq!(lockcore::display_safe("host/1\x1b]0;pwned\x07"), "host/1\u{fffd}]0;pwned\u{fffd}");
+/// assert_eq!(lockcore::display_safe("a\u{202e}b"), "a\u{fffd}b");
+/// ```
+pub fn display_safe(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(is_unsafe_to_show) {
+        return Cow::Borrowed(text);
+    }
+    Cow::Owned(
+        text.chars()
+            .map(|c| if is_unsafe_to_show(c) { '\u{fffd}' } else { c })
+            .collect(),
+    )
+}
 
 /// A short text stored with a lease for people (a CI run URL, a host and job), shown by
 /// `inspect` and `list`: at most [`MAX_NOTE_LEN`] bytes, no control characters.
@@ -34,7 +65,8 @@ impl Note {
     /// # Errors
     /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) when the note is empty,
     /// longer than [`MAX_NOTE_LEN`] bytes, or contains a control character (a newline
-    /// included: notes are shown on one line).
+    /// included: notes are shown on one line) or an invisible or direction-changing
+    /// character ([`is_unsafe_to_show`]).
     pub fn new(text: impl AsRef<str>) -> Result<Self, Error> {
         let text = text.as_ref();
         if text.is_empty() {
@@ -46,21 +78,25 @@ impl Note {
                 text.len()
             )));
         }
-        if let Some((pos, ch)) = text.char_indices().find(|(_, c)| c.is_control()) {
+        if let Some((pos, ch)) = text.char_indices().find(|(_, c)| is_unsafe_to_show(*c)) {
             return Err(Error::invalid_input(format!(
-                "note contains the control character {ch:?} at byte {pos}"
+                "note contains the control or invisible character {ch:?} at byte {pos}"
             )));
         }
         Ok(Self(Arc::from(text)))
     }
 
-    /// A note read back from a server, which may have been written by anyone: control
-    /// characters become U+FFFD and the text is cut to [`MAX_NOTE_LEN`] bytes (at a
+    /// A note read back from a server, which may have been written by anyone: control,
+    /// invisible and direction-changing characters ([`is_unsafe_to_show`]) become U+FFFD and the text is cut to [`MAX_NOTE_LEN`] bytes (at a
     /// character boundary), so showing it can never move a terminal's cursor.
     pub fn lossy(text: &str) -> Self {
         let mut clean = String::with_capacity(text.len().min(MAX_NOTE_LEN));
         for ch in text.chars() {
-            let ch = if ch.is_control() { '\u{fffd}' } else { ch };
+            let ch = if is_unsafe_to_show(ch) {
+                '\u{fffd}'
+            } else {
+                ch
+            };
             if clean.len() + ch.len_utf8() > MAX_NOTE_LEN {
                 break;
             }
@@ -156,7 +192,9 @@ mod tests {
         assert!(long.to_string().contains("513 bytes"), "{long}");
         assert!(Note::new("tab\there").is_err());
         assert!(Note::new("bell\u{7}").is_err());
-        assert!(Note::new("ünïcode ✓").is_ok());
+        assert!(Note::new("ünïcode ✓ עברית").is_ok());
+        assert!(Note::new("evil\u{202e}txt.exe").is_err());
+        assert!(Note::new("zero\u{200b}width").is_err());
     }
 
     #[test]
