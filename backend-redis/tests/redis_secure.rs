@@ -18,8 +18,14 @@ use lockcore::{
 use tokio::time::Instant;
 
 /// The least-privilege ACL rules of docs/tls-and-auth.md ("Redis and Redlock"), for the
-/// default prefix `anylock`. Keep the two in sync.
+/// default prefix `anylock`. Keep the two in sync. No `SCAN`: it ignores key patterns, so
+/// it would let every lock client list every key name in the database.
 const RECIPE: &str = "resetkeys resetchannels -@all ~{anylock:* &{anylock:* \
+    +ping +evalsha +script|load +get +set +pttl +pexpire +del +publish +time \
+    +hset +hget +hmget +subscribe +unsubscribe +acl|whoami";
+
+/// The operator's rules for `anylock list`: the recipe plus `SCAN` (docs/tls-and-auth.md).
+const OPERATOR_RECIPE: &str = "resetkeys resetchannels -@all ~{anylock:* &{anylock:* \
     +ping +evalsha +script|load +get +set +pttl +pexpire +del +publish +time \
     +hset +hget +hmget +scan +subscribe +unsubscribe +acl|whoami";
 
@@ -115,7 +121,17 @@ async fn the_least_privilege_recipe_runs_every_operation() {
     assert_eq!(found.owner(), guard.lease().owner());
     assert_eq!(found.note(), Some(&note));
     backend.refresh(&guard.lease()).await.expect("refresh");
-    let listed = backend.list(name.as_str()).await.expect("list");
+    let err = backend
+        .list(name.as_str())
+        .await
+        .expect_err("no SCAN for the app");
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    let operator = RecipeUser::create_with(&secure, OPERATOR_RECIPE).await;
+    let url = secure.url_as(&operator.name, &secure.password);
+    let admin = RedisBackend::from_url(&url)
+        .await
+        .expect("connect as operator");
+    let listed = admin.list(name.as_str()).await.expect("list");
     assert_eq!(listed.len(), 1, "{listed:?}");
     assert_eq!(listed[0].holder().note(), Some(&note));
     let waiting = LockOptions::new(ttl).with_wait(WaitMode::Timeout(Duration::from_secs(20)));
