@@ -167,15 +167,33 @@ pub(crate) struct WaitArgs {
 #[derive(Debug, Args)]
 pub(crate) struct NoteArgs {
     /// Text stored with the lease and shown by `status` and `list`, such as the CI run's
-    /// URL (at most 512 bytes, one line). Anyone who can read the lock can read it: no
+    /// URL (at most 512 bytes, one line; empty means none, so `--note "$CI_JOB_URL"`
+    /// works where the variable is unset). Anyone who can read the lock can read it: no
     /// secrets.
     #[arg(long, env = "ANYLOCK_NOTE", value_name = "TEXT", value_parser = parse_note)]
-    pub(crate) note: Option<lockcore::Note>,
+    pub(crate) note: Option<NoteText>,
 }
 
-/// A note as lockcore checks it.
-fn parse_note(text: &str) -> Result<lockcore::Note, String> {
-    lockcore::Note::new(text).map_err(|e| e.message().to_owned())
+/// A parsed `--note`: `None` when the text was empty. (A newtype: clap reads a bare
+/// `Option<Option<_>>` as a flag whose value is optional.)
+#[derive(Debug, Clone)]
+pub(crate) struct NoteText(Option<lockcore::Note>);
+
+impl NoteArgs {
+    /// The note to store, if one was given and is not empty.
+    pub(crate) fn get(&self) -> Option<&lockcore::Note> {
+        self.note.as_ref().and_then(|text| text.0.as_ref())
+    }
+}
+
+/// A note as lockcore checks it; empty (or only spaces) is no note.
+fn parse_note(text: &str) -> Result<NoteText, String> {
+    if text.trim().is_empty() {
+        return Ok(NoteText(None));
+    }
+    lockcore::Note::new(text)
+        .map(|note| NoteText(Some(note)))
+        .map_err(|e| e.message().to_owned())
 }
 
 #[derive(Debug, Args)]

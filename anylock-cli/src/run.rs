@@ -123,7 +123,7 @@ pub(crate) fn options(args: &RunArgs, config: &Config) -> Result<LockOptions, Er
     grace(args, config)?;
     let wait = wait_mode(args.waiting.no_wait, args.waiting.wait, config)?;
     let mut options = LockOptions::new(ttl).with_wait(wait);
-    if let Some(note) = &args.note.note {
+    if let Some(note) = args.note.get() {
         options = options.with_note(note.clone());
     }
     options.validate()?;

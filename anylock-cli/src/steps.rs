@@ -43,7 +43,7 @@ async fn acquire_inner(args: &AcquireArgs, config: &Config, quiet: bool) -> Resu
         args.waiting.wait,
         config,
     )?);
-    if let Some(note) = &args.note.note {
+    if let Some(note) = args.note.get() {
         options = options.with_note(note.clone());
     }
     options.validate()?;

@@ -149,15 +149,37 @@ fn run_note_lives_and_dies_with_its_lease(scene: &Scene) {
     );
 }
 
-/// A note that is not one short line is refused before anything is taken.
+/// A note that is not one short line is refused before anything is taken; an empty one is
+/// no note.
 fn a_bad_note_is_refused(scene: &Scene) {
-    for bad in ["two\nlines", &"x".repeat(513), ""] {
+    for bad in ["two\nlines", &"x".repeat(513), "bidi\u{202e}override"] {
         let out = scene.output(&["run", "job", "--note", bad, "--", "true"]);
         assert_eq!(code(&out), 2, "{bad:?}: {}", stderr(&out));
         assert!(stderr(&out).contains("note"), "{}", stderr(&out));
     }
     let status = scene.output(&["status", "job"]);
     assert_eq!(code(&status), 1, "nothing was taken: {}", stdout(&status));
+    // Empty is no note: `--note "$CI_JOB_URL"` with the variable unset still runs.
+    let empty = scene.output(&[
+        "run",
+        "job",
+        "--note",
+        "",
+        "-c",
+        "\"$ANYLOCK_BIN\" status job --json",
+    ]);
+    assert_eq!(code(&empty), 0, "{}", stderr(&empty));
+    assert!(
+        json(&stdout(&empty)).get("note").is_none(),
+        "{}",
+        stdout(&empty)
+    );
+    let from_env = scene
+        .command(&["run", "job", "--", "true"])
+        .env("ANYLOCK_NOTE", " ")
+        .output()
+        .expect("run");
+    assert_eq!(code(&from_env), 0, "{}", stderr(&from_env));
 }
 
 /// An owner written by anyone who can write the lock store (terminal escapes, a bidi
