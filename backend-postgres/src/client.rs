@@ -164,7 +164,7 @@ impl Client {
                 if found.complete() || !create {
                     return Ok(found);
                 }
-                create_schema(conn, &names).await.map(|()| Found {
+                create_schema_retrying(conn, &names).await.map(|()| Found {
                     present: true,
                     has_note: true,
                     // A sequence made just now has CACHE 1; an existing one was read.
@@ -214,6 +214,38 @@ impl Found {
     }
 }
 
+/// How long the `ALTER TABLE` that adds the `note` column may wait for the table's lock.
+/// It needs `ACCESS EXCLUSIVE`, and while it waits every other client's statement on the
+/// table queues behind it: waiting for the whole client timeout (10 s) would stall the
+/// fleet's refreshes (and lose leases with short TTLs) behind one long transaction.
+const SET_ALTER_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '200ms'";
+/// Attempts of the upgrade while the table is busy, 100 ms apart (about 3 s in all).
+const ALTER_ATTEMPTS: u32 = 10;
+
+/// [`create_schema`], tried again while the `ALTER TABLE` gives up on the table's lock
+/// (`lock_not_available`): each wait is short, so the other clients' statements are held
+/// up at most 200 ms at a time ([`SET_ALTER_LOCK_TIMEOUT`]).
+async fn create_schema_retrying(conn: &mut PgConnection, names: &Names) -> Result<(), sqlx::Error> {
+    let mut attempt = 1;
+    loop {
+        match create_schema(conn, names).await {
+            Err(err) if is_lock_not_available(&err) && attempt < ALTER_ATTEMPTS => {
+                tracing::debug!(table = %names.table, attempt, "table busy; adding the note column later");
+                attempt += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+/// SQLSTATE 55P03: a lock wait ran into `lock_timeout`.
+fn is_lock_not_available(err: &sqlx::Error) -> bool {
+    err.as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "55P03")
+}
+
 /// Creates the missing objects and adds a missing `note` column, in one transaction, after
 /// taking a transaction-scoped advisory lock so that concurrent creators queue. What
 /// exists is checked again under the lock: a creator that queued behind another runs no
@@ -238,6 +270,10 @@ async fn create_schema(conn: &mut PgConnection, names: &Names) -> Result<(), sql
                 .await?;
         }
     } else if !found.has_note {
+        sqlx::query(SET_ALTER_LOCK_TIMEOUT)
+            .persistent(false)
+            .execute(&mut *tx)
+            .await?;
         sqlx::query(sql::add_note_column(names))
             .persistent(false)
             .execute(&mut *tx)

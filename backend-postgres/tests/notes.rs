@@ -290,3 +290,53 @@ async fn stored_notes_are_cleaned_and_cleared() {
     let names: Vec<_> = listed.iter().map(|e| e.name().as_str()).collect();
     assert_eq!(names, [kept.name().as_str()]);
 }
+
+/// The upgrade's `ALTER TABLE` waits for its `ACCESS EXCLUSIVE` lock only briefly at a
+/// time: while one client keeps a transaction open on an old table, a new version's
+/// connect must not hold every other client's statement on the table behind its waiting
+/// `ALTER` (for the whole 10 s client timeout, which would lose short leases fleet-wide).
+/// Once the transaction ends, the connect completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upgrade_does_not_stall_other_clients_behind_a_long_transaction() {
+    let Some(url) = shared_url() else { return };
+    let admin = admin(&url).await;
+    let schema = fresh_schema("busy");
+    let _cleanup = common::drop_schema_later(&url, &schema);
+    let (held, owner) = (fresh_name("busy"), Identity::unique());
+    old_schema(&admin, &schema, &held, &owner).await;
+    let table = table(&schema);
+
+    // A client of the old version in a long transaction on the table (ACCESS SHARE).
+    let mut long = admin.begin().await.expect("begin");
+    sqlx::query(AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+        .execute(&mut *long)
+        .await
+        .expect("read in the long transaction");
+
+    let connect = tokio::spawn(PostgresBackend::connect(common::config(&url, &schema)));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Another client reads the table over and over for 1.5 s; none of its reads may wait
+    // long behind the queued ALTER (200 ms per attempt, 100 ms apart).
+    let mut worst = Duration::ZERO;
+    let until = tokio::time::Instant::now() + Duration::from_millis(1500);
+    while tokio::time::Instant::now() < until {
+        let started = tokio::time::Instant::now();
+        sqlx::query(AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
+            .execute(&admin)
+            .await
+            .expect("other client's read");
+        worst = worst.max(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    long.commit().await.expect("end the long transaction");
+    let backend = connect
+        .await
+        .expect("join")
+        .expect("the connect completes once the table is free");
+    assert!(has_note_column(&admin, &schema).await);
+    assert!(
+        worst < Duration::from_millis(1000),
+        "another client's read waited {worst:?} behind the upgrade"
+    );
+    assert!(backend.inspect(&held).await.expect("inspect").is_some());
+}
