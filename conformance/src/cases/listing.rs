@@ -36,8 +36,13 @@ pub async fn list_shows_held_locks(h: &dyn Harness) -> Report {
     let ttl = Duration::from_secs(60);
     let held = ["a_1", "ab1", "a%/x", "a*?[z]", "b"].map(under);
     let mut leases = Vec::new();
-    for name in &held {
-        leases.push(grant(&*backend, name, &Identity::unique(), ttl).await);
+    for (i, name) in held.iter().enumerate() {
+        let note = (i == 0).then(|| Note::new("listed with a note").expect("note"));
+        let request = AcquireRequest::new(name.clone(), Identity::unique(), ttl).with_note(note);
+        match backend.acquire(&request).await.expect("acquire") {
+            Acquire::Acquired(lease) => leases.push(lease),
+            Acquire::Held(holder) => panic!("{name} unexpectedly held by {}", holder.owner()),
+        }
     }
     let released = under("released");
     let lease = grant(&*backend, &released, &Identity::unique(), ttl).await;
@@ -65,6 +70,13 @@ pub async fn list_shows_held_locks(h: &dyn Harness) -> Report {
         assert_eq!(
             entry.holder().token(),
             inspected.token(),
+            "{}",
+            entry.name()
+        );
+        assert_eq!(entry.holder().note(), inspected.note(), "{}", entry.name());
+        assert_eq!(
+            entry.holder().expires_in().is_some(),
+            inspected.expires_in().is_some(),
             "{}",
             entry.name()
         );
@@ -101,18 +113,21 @@ pub async fn list_shows_held_locks(h: &dyn Harness) -> Report {
     Report::new().metric("listed", all.len() as f64)
 }
 
-/// A note given at acquire is stored with the grant: `inspect` (and `list`, where claimed)
-/// show it while the lease is refreshed; a same-owner retake replaces it; the next
-/// holder's grant without a note shows none.
+/// A note given at acquire is stored with the grant: `inspect`, a rival's `Held` answer
+/// (and `list`, where claimed) show it, also after the lease was refreshed past its first
+/// TTL; a same-owner retake replaces it; the next grant without a note shows none, after a
+/// release and after a break.
 ///
 /// Checks: `AcquireRequest::note` and `HolderInfo::note`. Guards against notes lost on
-/// refresh (a rewrite of the stored value that drops the field) and a note outliving its
-/// grant (a CI run URL shown for the wrong run).
+/// refresh (a rewrite of the stored value that drops the field, a note key whose own
+/// expiry is not extended) and a note outliving its grant (a CI run URL shown for the
+/// wrong run).
 pub async fn note_is_stored_with_the_grant(h: &dyn Harness) -> Report {
     let backend = h.backend();
+    let timing = h.timing();
     let name = fresh("note");
     let note = Note::new("run https://ci.example/run/42?attempt=1 — ünïcode ✓").expect("note");
-    let options = LockOptions::new(Duration::from_secs(30))
+    let options = LockOptions::new(timing.ttl)
         .with_wait(WaitMode::TryOnce)
         .with_note(note.clone());
     let owner = Identity::unique();
@@ -126,8 +141,15 @@ pub async fn note_is_stored_with_the_grant(h: &dyn Harness) -> Report {
         shown(backend.inspect(&name).await.expect("inspect")),
         Some(note.clone())
     );
+    let rival = AcquireRequest::new(name.clone(), Identity::unique(), timing.ttl);
+    match backend.acquire(&rival).await.expect("rival attempt") {
+        Acquire::Held(holder) => assert_eq!(holder.note(), Some(&note), "Held without the note"),
+        Acquire::Acquired(_) => panic!("a rival took a held lock"),
+    }
 
-    backend.refresh(&guard.lease()).await.expect("refresh");
+    // The guard refreshes every TTL/8; two TTLs later the note must still be there.
+    tokio::time::sleep(timing.ttl * 2 + timing.slack).await;
+    assert!(guard.is_held(), "the guard lost its lease");
     assert_eq!(
         shown(backend.inspect(&name).await.expect("inspect")),
         Some(note.clone()),
@@ -170,5 +192,39 @@ pub async fn note_is_stored_with_the_grant(h: &dyn Harness) -> Report {
         "the previous grant's note outlived it"
     );
     backend.release(&plain).await.expect("release");
+
+    // A break removes the grant with its note.
+    let noted = AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(30))
+        .with_note(Some(note.clone()));
+    let Acquire::Acquired(lease) = backend.acquire(&noted).await.expect("acquire") else {
+        panic!("{name} is held after its release");
+    };
+    match backend.break_lock(&name).await {
+        Ok(removed) => {
+            let removed = removed.and_then(|h| h.note().cloned());
+            assert_eq!(
+                removed,
+                Some(note),
+                "break reports the removed grant's note"
+            );
+            let after = grant(
+                &*backend,
+                &name,
+                &Identity::unique(),
+                Duration::from_secs(30),
+            )
+            .await;
+            assert_eq!(
+                shown(backend.inspect(&name).await.expect("inspect")),
+                None,
+                "the broken grant's note outlived it"
+            );
+            backend.release(&after).await.expect("release");
+        }
+        Err(e) if e.kind() == ErrorKind::Unsupported => {
+            backend.release(&lease).await.expect("release");
+        }
+        Err(e) => panic!("break: {e}"),
+    }
     Report::new()
 }
