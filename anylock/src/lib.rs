@@ -51,8 +51,8 @@ pub use lockcore;
 pub use lockcore::{
     Backoff, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
     FenceToken, Fencing, Guarantees, Health, HeldLock, HolderInfo, Identity, LockBackend,
-    LockGuard, LockName, LockOptions, Locker, LostReason, Note, Result, Transport, WaitMode,
-    Waiting,
+    LockGuard, LockName, LockOptions, Locker, LostReason, MAX_NOTE_LEN, Note, Result, Transport,
+    WaitMode, Waiting, display_safe, validate_prefix,
 };
 pub use table::guarantees_markdown;
 pub use url::{BackendUrl, redact};

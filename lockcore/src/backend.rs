@@ -158,8 +158,9 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     ///   `[`) are interpreted.
     /// - A snapshot read: a lock taken or released during the call may or may not appear,
     ///   but a lock held throughout the call does, and one free throughout does not.
-    /// - Cost grows with the number of stored locks under the prefix (a scan); it is an
-    ///   operator's tool, not for hot paths.
+    /// - A scan: its cost grows with what the backend must read to find the prefix's
+    ///   locks, which on some backends is every key in the database or every row of the
+    ///   table (each backend's docs say which); an operator's tool, not for hot paths.
     /// - Backends that cannot enumerate their locks return
     ///   [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) (the default), and say
     ///   so with [`Guarantees::listing`](crate::Guarantees::listing) `false`.
