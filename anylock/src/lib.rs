@@ -1,7 +1,7 @@
 //! anylock: one lease-lock API over several coordination systems, chosen by URL.
 //!
 //! [`connect`] turns a backend URL into an `Arc<dyn LockBackend>`; hand it to a
-//! [`Locker`](lockcore::Locker). Swap backends by changing the URL in your configuration.
+//! [`Locker`]. Swap backends by changing the URL in your configuration.
 //!
 //! ```no_run
 //! use std::time::Duration;
