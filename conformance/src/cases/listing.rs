@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use lockcore::{
-    Acquire, AcquireRequest, ErrorKind, HeldLock, Identity, LockName, LockOptions, Locker, Note,
-    WaitMode,
+    Acquire, AcquireRequest, ErrorKind, HeldLock, Identity, LockBackend, LockName, LockOptions,
+    Locker, Note, WaitMode,
 };
 
 use super::{fresh, grant};
@@ -179,19 +179,7 @@ pub async fn note_is_stored_with_the_grant(h: &dyn Harness) -> Report {
     } else {
         guard.release().await.expect("release");
     }
-    let plain = grant(
-        &*backend,
-        &name,
-        &Identity::unique(),
-        Duration::from_secs(30),
-    )
-    .await;
-    assert_eq!(
-        shown(backend.inspect(&name).await.expect("inspect")),
-        None,
-        "the previous grant's note outlived it"
-    );
-    backend.release(&plain).await.expect("release");
+    next_grant_has_no_note(&*backend, &name, "the previous grant's note outlived it").await;
 
     // A break removes the grant with its note.
     let noted = AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(30))
@@ -207,19 +195,7 @@ pub async fn note_is_stored_with_the_grant(h: &dyn Harness) -> Report {
                 Some(note),
                 "break reports the removed grant's note"
             );
-            let after = grant(
-                &*backend,
-                &name,
-                &Identity::unique(),
-                Duration::from_secs(30),
-            )
-            .await;
-            assert_eq!(
-                shown(backend.inspect(&name).await.expect("inspect")),
-                None,
-                "the broken grant's note outlived it"
-            );
-            backend.release(&after).await.expect("release");
+            next_grant_has_no_note(&*backend, &name, "the broken grant's note outlived it").await;
         }
         Err(e) if e.kind() == ErrorKind::Unsupported => {
             backend.release(&lease).await.expect("release");
@@ -227,4 +203,13 @@ pub async fn note_is_stored_with_the_grant(h: &dyn Harness) -> Report {
         Err(e) => panic!("break: {e}"),
     }
     Report::new()
+}
+
+/// A grant without a note on the free `name` shows none (`why` says whose note would have
+/// outlived its grant); released at once.
+async fn next_grant_has_no_note(backend: &dyn LockBackend, name: &LockName, why: &str) {
+    let plain = grant(backend, name, &Identity::unique(), Duration::from_secs(30)).await;
+    let holder = backend.inspect(name).await.expect("inspect").expect("held");
+    assert_eq!(holder.note(), None, "{why}");
+    backend.release(&plain).await.expect("release");
 }
