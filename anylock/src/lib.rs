@@ -42,6 +42,8 @@ mod url;
 #[doc = include_str!("../../README.md")]
 pub struct ReadmeDoctests;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use lockcore::MemoryBackend;
@@ -68,75 +70,159 @@ pub struct Scheme {
     pub backend: &'static str,
 }
 
-/// Every scheme anylock knows, compiled in or not.
-pub const SCHEMES: &[Scheme] = &[
-    Scheme {
-        scheme: "local",
-        feature: Some("local"),
-        backend: "embedded SQLite (one machine)",
-    },
-    Scheme {
-        scheme: "memory",
+/// Every scheme anylock knows, compiled in or not (from [`BACKENDS`]' rows).
+pub const SCHEMES: &[Scheme] = &{
+    const COUNT: usize = {
+        let mut count = 0;
+        let mut i = 0;
+        while i < BACKENDS.len() {
+            count += BACKENDS[i].schemes.len();
+            i += 1;
+        }
+        count
+    };
+    let mut all = [Scheme {
+        scheme: "",
         feature: None,
-        backend: "in-process memory",
-    },
-    Scheme {
-        scheme: "redis",
-        feature: Some("redis"),
-        backend: "Redis",
-    },
-    Scheme {
-        scheme: "rediss",
-        feature: Some("redis"),
-        backend: "Redis over TLS",
-    },
-    Scheme {
-        scheme: "redlock",
-        feature: Some("redis"),
-        backend: "Redlock over Redis nodes",
-    },
-    Scheme {
-        scheme: "redlocks",
-        feature: Some("redis"),
-        backend: "Redlock over Redis nodes, TLS",
-    },
-    Scheme {
-        scheme: "postgres",
-        feature: Some("postgres"),
-        backend: "PostgreSQL",
-    },
-    Scheme {
-        scheme: "postgresql",
-        feature: Some("postgres"),
-        backend: "PostgreSQL",
-    },
-    Scheme {
-        scheme: "etcd",
-        feature: Some("etcd"),
-        backend: "etcd",
-    },
-    Scheme {
-        scheme: "etcds",
-        feature: Some("etcd"),
-        backend: "etcd over TLS",
-    },
-    Scheme {
-        scheme: "gs",
-        feature: Some("gcs"),
-        backend: "Google Cloud Storage",
-    },
-];
+        backend: "",
+    }; COUNT];
+    let (mut i, mut n) = (0, 0);
+    while i < BACKENDS.len() {
+        let row = &BACKENDS[i];
+        let mut j = 0;
+        while j < row.schemes.len() {
+            all[n] = Scheme {
+                scheme: row.schemes[j].0,
+                feature: row.feature,
+                backend: row.schemes[j].1,
+            };
+            n += 1;
+            j += 1;
+        }
+        i += 1;
+    }
+    all
+};
 
 /// The URL used when nothing is configured: the embedded backend at its default location.
 pub const DEFAULT_URL: &str = "local:";
+
+/// A boxed `open` future.
+type Opening<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn LockBackend>, Error>> + Send + 'a>>;
+
+/// One backend: the single table the facade dispatches from. Each backend crate has the
+/// same face (`SCHEMES`, `async fn open(url)`, `guarantees()`); a row names them.
+struct Backend {
+    /// The name in the guarantees table and `anylock --version`.
+    name: &'static str,
+    /// The cargo feature that compiles it in (`None`: always there).
+    feature: Option<&'static str>,
+    /// Its schemes and what each connects to.
+    schemes: &'static [(&'static str, &'static str)],
+    /// Opens a URL of one of its schemes; `None` when the feature is off.
+    open: Option<for<'a> fn(&'a str) -> Opening<'a>>,
+    /// Its promises; `None` when the feature is off.
+    guarantees: Option<fn() -> Guarantees>,
+}
+
+/// A backend crate's `open` as a plain function pointer returning a boxed future.
+#[allow(unused_macros)] // with every backend feature off
+macro_rules! opener {
+    ($krate:ident) => {{
+        fn open(url: &str) -> Opening<'_> {
+            Box::pin($krate::open(url))
+        }
+        open as for<'a> fn(&'a str) -> Opening<'a>
+    }};
+}
+
+/// `Some(f)` when `$feature` is compiled in, else `None`.
+macro_rules! when {
+    ($feature:literal, $f:expr) => {{
+        #[cfg(feature = $feature)]
+        let f = Some($f);
+        #[cfg(not(feature = $feature))]
+        let f = None;
+        f
+    }};
+}
+
+/// Every backend anylock knows, compiled in or not, in the guarantees table's order.
+const BACKENDS: &[Backend] = &[
+    Backend {
+        name: "local",
+        feature: Some("local"),
+        schemes: &[("local", "embedded SQLite (one machine)")],
+        open: when!("local", opener!(backend_local)),
+        guarantees: when!("local", backend_local::guarantees as fn() -> Guarantees),
+    },
+    Backend {
+        name: "redis",
+        feature: Some("redis"),
+        schemes: &[("redis", "Redis"), ("rediss", "Redis over TLS")],
+        open: when!("redis", opener!(backend_redis)),
+        guarantees: when!("redis", backend_redis::guarantees as fn() -> Guarantees),
+    },
+    Backend {
+        name: "redlock",
+        feature: Some("redis"),
+        schemes: &[
+            ("redlock", "Redlock over Redis nodes"),
+            ("redlocks", "Redlock over Redis nodes, TLS"),
+        ],
+        open: when!("redis", opener!(backend_redis)),
+        guarantees: when!(
+            "redis",
+            backend_redis::redlock_guarantees as fn() -> Guarantees
+        ),
+    },
+    Backend {
+        name: "postgres",
+        feature: Some("postgres"),
+        schemes: &[("postgres", "PostgreSQL"), ("postgresql", "PostgreSQL")],
+        open: when!("postgres", opener!(backend_postgres)),
+        guarantees: when!(
+            "postgres",
+            backend_postgres::guarantees as fn() -> Guarantees
+        ),
+    },
+    Backend {
+        name: "etcd",
+        feature: Some("etcd"),
+        schemes: &[("etcd", "etcd"), ("etcds", "etcd over TLS")],
+        open: when!("etcd", opener!(backend_etcd)),
+        guarantees: when!("etcd", backend_etcd::guarantees as fn() -> Guarantees),
+    },
+    Backend {
+        name: "gcs",
+        feature: Some("gcs"),
+        schemes: &[("gs", "Google Cloud Storage")],
+        open: when!("gcs", opener!(backend_gcs)),
+        guarantees: when!("gcs", backend_gcs::guarantees as fn() -> Guarantees),
+    },
+    Backend {
+        name: "memory",
+        feature: None,
+        schemes: &[("memory", "in-process memory")],
+        open: Some(open_memory),
+        guarantees: Some(memory_guarantees),
+    },
+];
+
+fn open_memory(_: &str) -> Opening<'_> {
+    Box::pin(async { Ok(Arc::new(MemoryBackend::new()) as Arc<dyn LockBackend>) })
+}
+
+fn memory_guarantees() -> Guarantees {
+    MemoryBackend::new().guarantees()
+}
 
 /// Connects to the backend named by `url`.
 ///
 /// # Errors
 /// - [`ErrorKind::InvalidInput`] for an unknown scheme (naming the known ones) or a
 ///   malformed URL;
-/// - [`ErrorKind::Config`] when the scheme's cargo feature is disabled (naming it) or its
-///   backend is not available in this release;
+/// - [`ErrorKind::Config`] when the scheme's cargo feature is disabled (naming it);
 /// - the backend's own error when it cannot connect.
 pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, Error> {
     connect_url(&BackendUrl::new(url)).await
@@ -152,50 +238,23 @@ pub async fn connect_config(config: &Config) -> Result<Arc<dyn LockBackend>, Err
 
 async fn connect_url(url: &BackendUrl) -> Result<Arc<dyn LockBackend>, Error> {
     let scheme = url.scheme();
-    let known = SCHEMES
+    let backend = BACKENDS
         .iter()
-        .find(|s| s.scheme == scheme)
+        .find(|b| b.schemes.iter().any(|(s, _)| *s == scheme))
         .ok_or_else(|| unknown(url))?;
-    if let Some(feature) = known.feature.filter(|f| !feature_enabled(f)) {
+    let Some(open) = backend.open else {
         return Err(Error::new(
             ErrorKind::Config,
             format!(
-                "{scheme}: URLs need the `{feature}` cargo feature of the anylock crate, \
-                 which this build does not enable"
+                "{scheme}: URLs need the `{}` cargo feature of the anylock crate, which this \
+                 build does not enable",
+                backend.feature.unwrap_or(backend.name)
             ),
         ));
-    }
+    };
     // Schemes are case-insensitive (RFC 3986 3.1); the backends match them in lowercase.
-    #[allow(unused_variables)]
     let url = format!("{scheme}{}", &url.expose()[scheme.len()..]);
-    match scheme.as_str() {
-        "memory" => Ok(Arc::new(MemoryBackend::new())),
-        #[cfg(feature = "local")]
-        "local" => {
-            let config = backend_local::LocalConfig::from_url(&url)?;
-            Ok(Arc::new(backend_local::LocalBackend::open(config).await?))
-        }
-        #[cfg(feature = "redis")]
-        "redis" | "rediss" | "redlock" | "redlocks" => backend_redis::connect(&url).await,
-        #[cfg(feature = "postgres")]
-        "postgres" | "postgresql" => {
-            let config = backend_postgres::PostgresConfig::from_url(&url)?;
-            Ok(Arc::new(
-                backend_postgres::PostgresBackend::connect(config).await?,
-            ))
-        }
-        #[cfg(feature = "gcs")]
-        "gs" => Ok(Arc::new(backend_gcs::GcsBackend::from_url(&url)?)),
-        #[cfg(feature = "etcd")]
-        "etcd" | "etcds" => Ok(Arc::new(backend_etcd::EtcdBackend::from_url(&url).await?)),
-        _ => Err(Error::new(
-            ErrorKind::Config,
-            format!(
-                "the {} backend ({scheme}:) is not available in this release yet",
-                known.backend
-            ),
-        )),
-    }
+    open(&url).await
 }
 
 fn unknown(url: &BackendUrl) -> Error {
@@ -206,37 +265,12 @@ fn unknown(url: &BackendUrl) -> Error {
     ))
 }
 
-// Not `matches!`: each arm is a different compile-time `cfg!`, all true in a full build.
-#[allow(clippy::match_like_matches_macro)]
-fn feature_enabled(feature: &str) -> bool {
-    match feature {
-        "local" => cfg!(feature = "local"),
-        "redis" => cfg!(feature = "redis"),
-        "postgres" => cfg!(feature = "postgres"),
-        "etcd" => cfg!(feature = "etcd"),
-        "gcs" => cfg!(feature = "gcs"),
-        _ => false,
-    }
-}
-
 /// The guarantees of every backend compiled into this build, by name, without connecting.
 pub fn compiled_guarantees() -> Vec<(&'static str, Guarantees)> {
-    [
-        #[cfg(feature = "local")]
-        ("local", backend_local::guarantees()),
-        #[cfg(feature = "redis")]
-        ("redis", backend_redis::guarantees()),
-        #[cfg(feature = "redis")]
-        ("redlock", backend_redis::redlock_guarantees()),
-        #[cfg(feature = "postgres")]
-        ("postgres", backend_postgres::guarantees()),
-        #[cfg(feature = "etcd")]
-        ("etcd", backend_etcd::guarantees()),
-        #[cfg(feature = "gcs")]
-        ("gcs", backend_gcs::guarantees()),
-        ("memory", MemoryBackend::new().guarantees()),
-    ]
-    .into()
+    BACKENDS
+        .iter()
+        .filter_map(|b| b.guarantees.map(|g| (b.name, g())))
+        .collect()
 }
 
 #[cfg(test)]
@@ -248,10 +282,38 @@ mod tests {
         let err = connect("mongodb://u:pw@h/x").await.expect_err("unknown");
         assert_eq!(err.kind(), ErrorKind::InvalidInput);
         let text = err.to_string();
-        assert!(text.contains("local, memory, redis"), "{text}");
+        assert!(text.contains("local, redis, rediss, redlock"), "{text}");
+        assert!(text.contains("gs, memory"), "{text}");
         assert!(!text.contains("pw@"), "password leaked: {text}");
         let err = connect("no-scheme-at-all").await.expect_err("unknown");
         assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    }
+
+    /// The table's schemes are the ones each backend crate says it opens.
+    #[test]
+    fn the_table_matches_each_crates_schemes() {
+        let rows = |name: &str| -> Vec<&str> {
+            let row = BACKENDS.iter().find(|b| b.name == name).expect("row");
+            row.schemes.iter().map(|(s, _)| *s).collect()
+        };
+        #[cfg(feature = "local")]
+        assert_eq!(rows("local"), backend_local::SCHEMES);
+        #[cfg(feature = "redis")]
+        {
+            assert_eq!(rows("redis"), backend_redis::SCHEMES);
+            assert_eq!(rows("redlock"), backend_redis::REDLOCK_SCHEMES);
+        }
+        #[cfg(feature = "postgres")]
+        assert_eq!(rows("postgres"), backend_postgres::SCHEMES);
+        #[cfg(feature = "etcd")]
+        assert_eq!(rows("etcd"), backend_etcd::SCHEMES);
+        #[cfg(feature = "gcs")]
+        assert_eq!(rows("gcs"), backend_gcs::SCHEMES);
+        let names: Vec<_> = BACKENDS.iter().map(|b| b.name).collect();
+        let mut unique = names.clone();
+        unique.dedup();
+        assert_eq!(names, unique);
+        assert_eq!(rows("memory"), ["memory"]);
     }
 
     #[cfg(not(feature = "local"))]

@@ -270,7 +270,7 @@ proptest! {
         let err = connect_err(&url);
         prop_assert_eq!(err.kind(), ErrorKind::InvalidInput);
         let text = shown(&err);
-        prop_assert!(text.contains("local, memory, redis"), "{text}");
+        prop_assert!(text.contains("local, redis, rediss"), "{text}");
         prop_assert!(password.leaked_in(&text).is_none(), "{url}: {text}");
     }
 

@@ -10,9 +10,9 @@ use std::time::Duration;
 use lockcore::Error;
 
 /// The URL scheme of the etcd backend (plain HTTP/2).
-pub const SCHEME: &str = "etcd";
+pub(crate) const SCHEME: &str = "etcd";
 /// The URL scheme of the etcd backend over TLS.
-pub const TLS_SCHEME: &str = "etcds";
+pub(crate) const TLS_SCHEME: &str = "etcds";
 /// The port used when an endpoint names none.
 pub const DEFAULT_PORT: u16 = 2379;
 /// The environment variable [`EtcdConfig::from_env`] reads.

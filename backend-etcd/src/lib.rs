@@ -63,5 +63,17 @@ mod requests;
 mod secure;
 
 pub use backend::{EtcdBackend, guarantees};
-pub use config::{DEFAULT_PORT, EtcdConfig, SCHEME, TLS_SCHEME, URL_ENV};
+pub use config::{DEFAULT_PORT, EtcdConfig, URL_ENV};
 pub use lockcore;
+
+/// The URL schemes this crate opens (`etcds` is TLS).
+pub const SCHEMES: &[&str] = &[config::SCHEME, config::TLS_SCHEME];
+
+/// Opens the backend `url` names: parses it ([`EtcdConfig::from_url`]) and connects to
+/// every member ([`EtcdBackend::connect`]).
+///
+/// # Errors
+/// As [`EtcdBackend::from_url`].
+pub async fn open(url: &str) -> lockcore::Result<std::sync::Arc<dyn lockcore::LockBackend>> {
+    Ok(std::sync::Arc::new(EtcdBackend::from_url(url).await?))
+}

@@ -61,5 +61,15 @@ pub use config::{
 pub use lockcore;
 pub use token_command::PLAIN_TOKEN_LIFE;
 
-/// The URL scheme of this backend.
+/// The URL schemes this crate opens.
 pub const SCHEMES: &[&str] = &["gs"];
+
+/// Opens the backend `url` names ([`GcsBackend::from_url`]). No request is made: the
+/// first lock call authenticates and reaches the bucket. Async so that every backend
+/// crate's `open` has the same shape.
+///
+/// # Errors
+/// As [`GcsBackend::from_url`].
+pub async fn open(url: &str) -> lockcore::Result<std::sync::Arc<dyn lockcore::LockBackend>> {
+    Ok(std::sync::Arc::new(GcsBackend::from_url(url)?))
+}

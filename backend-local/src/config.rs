@@ -8,7 +8,7 @@ use std::time::Duration;
 use lockcore::Error;
 
 /// The URL scheme of the embedded backend.
-pub const SCHEME: &str = "local";
+pub(crate) const SCHEME: &str = "local";
 
 /// Where the embedded backend keeps its lock table.
 ///

@@ -32,5 +32,22 @@ mod prop_tests;
 mod suspend_tests;
 
 pub use backend::{LocalBackend, guarantees};
-pub use config::{LocalConfig, SCHEME};
+pub use config::LocalConfig;
 pub use lockcore;
+
+use std::sync::Arc;
+
+use lockcore::{LockBackend, Result};
+
+/// The URL schemes this crate opens.
+pub const SCHEMES: &[&str] = &[config::SCHEME];
+
+/// Opens the backend `url` names (`local:` or `local:/path/locks.sqlite3`): parses it
+/// ([`LocalConfig::from_url`]) and opens the database ([`LocalBackend::open`]).
+///
+/// # Errors
+/// As [`LocalConfig::from_url`] and [`LocalBackend::open`].
+pub async fn open(url: &str) -> Result<Arc<dyn LockBackend>> {
+    let config = LocalConfig::from_url(url)?;
+    Ok(Arc::new(LocalBackend::open(config).await?))
+}

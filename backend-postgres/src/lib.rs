@@ -55,5 +55,14 @@ pub use limits::MAX_STATEMENT_TIMEOUT;
 pub use notify::KEEPALIVE;
 pub use {lockcore, sqlx};
 
-/// The URL schemes this backend serves.
+/// The URL schemes this crate opens.
 pub const SCHEMES: &[&str] = &["postgres", "postgresql"];
+
+/// Opens the backend `url` names: parses it ([`PostgresConfig::from_url`]) and connects
+/// ([`PostgresBackend::connect`]).
+///
+/// # Errors
+/// As [`PostgresBackend::from_url`].
+pub async fn open(url: &str) -> lockcore::Result<std::sync::Arc<dyn lockcore::LockBackend>> {
+    Ok(std::sync::Arc::new(PostgresBackend::from_url(url).await?))
+}

@@ -59,7 +59,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), lockcore::Error> {
 //! let url = "redlock://h1:6379,h2:6379,h3:6379,h4:6379,h5:6379";
-//! let backend = backend_redis::connect(url).await?;
+//! let backend = backend_redis::open(url).await?;
 //! assert_eq!(backend.backend_name(), "redlock");
 //! # Ok(()) }
 //! ```
@@ -94,7 +94,7 @@ pub const SCHEMES: &[&str] = &["redis", "rediss"];
 /// URL schemes of the Redlock backend (`redlocks` is TLS).
 pub const REDLOCK_SCHEMES: &[&str] = &["redlock", "redlocks"];
 
-/// Connects to the backend a URL names: `redis://`/`rediss://` for one server;
+/// Opens the backend a URL names: `redis://`/`rediss://` for one server;
 /// `redlock://`/`redlocks://`, or several comma-separated `redis://` URLs, for Redlock.
 ///
 /// # Errors
@@ -102,7 +102,7 @@ pub const REDLOCK_SCHEMES: &[&str] = &["redlock", "redlocks"];
 ///
 /// # Cancel safety
 /// Cancel safe.
-pub async fn connect(url: &str) -> Result<Arc<dyn LockBackend>> {
+pub async fn open(url: &str) -> Result<Arc<dyn LockBackend>> {
     let url = url.trim();
     let redlock = REDLOCK_SCHEMES
         .iter()

@@ -480,7 +480,7 @@ async fn list_reports_majority_grants_and_refuses_to_guess() {
     assert!(left.is_empty(), "{left:?}");
 }
 
-/// `backend_redis::connect` picks the backend from the URL: `redis://` → single instance;
+/// `backend_redis::open` picks the backend from the URL: `redis://` → single instance;
 /// `redlock://h1,h2,…` or a list of node URLs → Redlock; the descriptors match the free
 /// functions the facade uses for its table.
 #[tokio::test]
@@ -488,10 +488,10 @@ async fn connect_picks_the_backend_from_the_url() {
     let (Some(single), Some(urls)) = (common::redis_url(), common::redlock_urls()) else {
         return;
     };
-    let backend = backend_redis::connect(&single).await.expect("single");
+    let backend = backend_redis::open(&single).await.expect("single");
     assert_eq!(backend.backend_name(), "redis");
     assert_eq!(backend.guarantees(), backend_redis::guarantees());
-    let backend = backend_redis::connect(&urls.join(",")).await.expect("list");
+    let backend = backend_redis::open(&urls.join(",")).await.expect("list");
     assert_eq!(backend.backend_name(), "redlock");
     assert_eq!(backend.guarantees(), backend_redis::redlock_guarantees());
     let hosts: Vec<&str> = urls
@@ -499,7 +499,7 @@ async fn connect_picks_the_backend_from_the_url() {
         .filter_map(|u| conformance::env::host_port(u))
         .collect();
     let compact = format!("redlock://{}/0?prefix=x", hosts.join(","));
-    let backend = backend_redis::connect(&compact).await.expect("redlock://");
+    let backend = backend_redis::open(&compact).await.expect("redlock://");
     assert_eq!(backend.backend_name(), "redlock");
 }
 

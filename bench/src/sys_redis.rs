@@ -23,7 +23,7 @@ const RSLOCK_WAIT: &str = "polled: retries 0–200 ms apart";
 
 /// A single Redis at `url` (`redis://host:port/db`).
 pub(crate) async fn single(url: &str, ctx: &Ctx) -> Res<System> {
-    let backend = backend_redis::connect(&with_param(url, "prefix", PREFIX)).await?;
+    let backend = backend_redis::open(&with_param(url, "prefix", PREFIX)).await?;
     let conn = connection(url).await?;
     let ping = Entry::new("raw PING", Role::Raw, Arc::new(Ping(vec![conn.clone()])));
     let set_del = Entry::new(
