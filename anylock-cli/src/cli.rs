@@ -290,18 +290,10 @@ pub(crate) fn parse_conflict_code(text: &str) -> Result<u8, String> {
     Ok(code)
 }
 
-/// A duration as `humantime` reads it (`90s`, `5m`, `1h 30m`), or bare seconds (`90`,
-/// `2.5`), as flock's `-w` and `timeout(1)` take them.
+/// A duration as [`lockcore::parse_duration`] reads it (`90s`, `5m`, `1h 30m`, or bare
+/// seconds `90`), the one parser the config file uses too.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    if !text.is_empty() && text.chars().all(|c| c.is_ascii_digit() || c == '.') {
-        return text
-            .parse::<f64>()
-            .ok()
-            .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
-            .ok_or_else(|| format!("{text:?} is not a number of seconds"));
-    }
-    humantime::parse_duration(text).map_err(|e| e.to_string())
+    lockcore::parse_duration(text).map_err(|e| e.message().to_owned())
 }
 
 /// What happens to processes left in the command's group after the command exits.

@@ -12,8 +12,6 @@ use lockcore::{
     Error, ErrorKind, HolderInfo, LockBackend, LockGuard, LockOptions, Locker, WaitMode,
 };
 
-/// Default lease TTL for commands.
-const DEFAULT_TTL: Duration = Duration::from_secs(30);
 /// Default time between SIGTERM and SIGKILL when the lock is lost.
 const DEFAULT_GRACE: Duration = Duration::from_secs(10);
 
@@ -80,33 +78,17 @@ fn hold_at_least(args: &RunArgs, ttl: Duration) -> Result<Option<Duration>, Erro
     }
 }
 
-fn duration(text: &str, what: &str) -> Result<Duration, Error> {
-    crate::cli::parse_duration(text).map_err(|e| {
-        Error::new(
-            ErrorKind::Config,
-            format!("invalid {what} {text:?} in the config: {e}"),
-        )
-    })
-}
-
-fn ttl(args: &RunArgs, config: &Config) -> Result<Duration, Error> {
-    Ok(match (args.ttl, &config.ttl) {
-        (Some(ttl), _) => ttl,
-        (None, Some(text)) => duration(text, "ttl")?,
-        (None, None) => DEFAULT_TTL,
-    })
+/// `--ttl` (or `ANYLOCK_TTL`), else the config's `ttl`, else lockcore's default.
+fn ttl(args: &RunArgs, config: &Config) -> Duration {
+    args.ttl.or(config.ttl).unwrap_or(lockcore::DEFAULT_TTL)
 }
 
 /// `--grace`, which must be shorter than the TTL: after a loss the command may only run
 /// while the lease cannot yet have expired on the server. The default is cut at loss time
 /// to what the lease has left instead.
 fn grace(args: &RunArgs, config: &Config) -> Result<Duration, Error> {
-    let ttl = ttl(args, config)?;
-    let configured = match &config.grace {
-        Some(text) => Some(duration(text, "grace")?),
-        None => None,
-    };
-    match args.grace.or(configured) {
+    let ttl = ttl(args, config);
+    match args.grace.or(config.grace) {
         None => Ok(DEFAULT_GRACE),
         Some(grace) if grace < ttl => Ok(grace),
         Some(grace) => Err(Error::invalid_input(format!(
@@ -119,7 +101,7 @@ fn grace(args: &RunArgs, config: &Config) -> Result<Duration, Error> {
 }
 
 pub(crate) fn options(args: &RunArgs, config: &Config) -> Result<LockOptions, Error> {
-    let ttl = ttl(args, config)?;
+    let ttl = ttl(args, config);
     grace(args, config)?;
     let wait = wait_mode(args.waiting.no_wait, args.waiting.wait, config)?;
     let mut options = LockOptions::new(ttl).with_wait(wait);
@@ -136,11 +118,10 @@ pub(crate) fn wait_mode(
     wait: Option<Duration>,
     config: &Config,
 ) -> Result<WaitMode, Error> {
-    Ok(match (no_wait, wait, config.wait.as_deref()) {
+    Ok(match (no_wait, wait, config.wait) {
         (true, _, _) => WaitMode::TryOnce,
         (false, Some(wait), _) => WaitMode::Timeout(wait),
-        (false, None, Some("forever") | None) => WaitMode::Forever,
-        (false, None, Some(text)) => WaitMode::Timeout(duration(text, "wait")?),
+        (false, None, configured) => configured.unwrap_or(WaitMode::Forever),
     })
 }
 

@@ -2,9 +2,10 @@
 
 use std::fmt;
 use std::path::Path;
+use std::time::Duration;
 
-use lockcore::{Error, ErrorKind};
-use serde::Deserialize;
+use lockcore::{DEFAULT_TTL, Error, ErrorKind, LockOptions, WaitMode};
+use serde::{Deserialize, Deserializer};
 
 use crate::url::BackendUrl;
 
@@ -12,21 +13,73 @@ use crate::url::BackendUrl;
 ///
 /// ```toml
 /// backend = "redis://:password@redis.internal:6379/0"
-/// ttl = "30s"
+/// ttl = "30s"        # or bare seconds: ttl = 30
+/// wait = "5m"        # or "forever"
+/// ```
+///
+/// Durations are read once, at load, by [`lockcore::parse_duration`] (the CLI's parser):
+/// a bad one is a [`ErrorKind::Config`] error then, not at first use.
+///
+/// ```
+/// use std::time::Duration;
+/// let config = anylock::Config::from_toml("ttl = \"1m\"\nwait = 5")?;
+/// let options = config.lock_options()?;
+/// assert_eq!(options.ttl(), Duration::from_secs(60));
+/// assert_eq!(options.wait(), anylock::WaitMode::Timeout(Duration::from_secs(5)));
+/// # Ok::<(), anylock::Error>(())
 /// ```
 ///
 /// `Debug` redacts the backend URL's secrets.
-#[derive(Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// The backend URL; `None` means the embedded default ([`DEFAULT_URL`](crate::DEFAULT_URL)).
     pub backend: Option<String>,
-    /// The default lease TTL, as a human duration (`30s`, `5m`).
-    pub ttl: Option<String>,
-    /// The default wait, as a human duration, or `"forever"`.
-    pub wait: Option<String>,
+    /// The default lease TTL (`None`: [`DEFAULT_TTL`]).
+    #[serde(default, deserialize_with = "duration")]
+    pub ttl: Option<Duration>,
+    /// The default wait: `"forever"` or a duration (`None`: forever).
+    #[serde(default, deserialize_with = "wait")]
+    pub wait: Option<WaitMode>,
     /// The default grace between SIGTERM and SIGKILL when a lock is lost (`anylock run`).
-    pub grace: Option<String>,
+    #[serde(default, deserialize_with = "duration")]
+    pub grace: Option<Duration>,
+}
+
+/// A duration written as text (`"30s"`) or as a number of seconds (`30`, `2.5`).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Written {
+    Text(String),
+    Seconds(f64),
+}
+
+impl Written {
+    fn duration(self) -> Result<Duration, String> {
+        match self {
+            Self::Text(text) => lockcore::parse_duration(&text).map_err(|e| e.message().to_owned()),
+            Self::Seconds(secs) => Duration::try_from_secs_f64(secs)
+                .map_err(|_| format!("{secs} is not a number of seconds")),
+        }
+    }
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let written = Written::deserialize(d)?;
+    written
+        .duration()
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+fn wait<'de, D: Deserializer<'de>>(d: D) -> Result<Option<WaitMode>, D::Error> {
+    match Written::deserialize(d)? {
+        Written::Text(text) if text.trim() == "forever" => Ok(Some(WaitMode::Forever)),
+        written => written
+            .duration()
+            .map(|d| Some(WaitMode::Timeout(d)))
+            .map_err(serde::de::Error::custom),
+    }
 }
 
 impl Config {
@@ -68,6 +121,24 @@ impl Config {
         })
     }
 
+    /// Lock options from this config: its TTL (or [`DEFAULT_TTL`]) and wait (or forever),
+    /// everything else at lockcore's defaults; so library users need not re-read the
+    /// config's durations themselves.
+    ///
+    /// # Errors
+    /// [`ErrorKind::Config`] when the options are invalid (a TTL out of range), naming it.
+    pub fn lock_options(&self) -> Result<LockOptions, Error> {
+        let options = LockOptions::new(self.ttl.unwrap_or(DEFAULT_TTL))
+            .with_wait(self.wait.unwrap_or(WaitMode::Forever));
+        options.validate().map_err(|e| {
+            Error::new(
+                ErrorKind::Config,
+                format!("invalid anylock config: {}", e.message()),
+            )
+        })?;
+        Ok(options)
+    }
+
     /// The backend URL, or the embedded default.
     pub fn backend_url(&self) -> BackendUrl {
         BackendUrl::new(self.backend.as_deref().unwrap_or(crate::DEFAULT_URL))
@@ -93,7 +164,7 @@ mod tests {
     fn parses_and_redacts() {
         let config = Config::from_toml("backend = \"redis://:hunter2@h:1/0\"\nttl = \"30s\"\n")
             .expect("valid");
-        assert_eq!(config.ttl.as_deref(), Some("30s"));
+        assert_eq!(config.ttl, Some(Duration::from_secs(30)));
         assert!(!format!("{config:?}").contains("hunter2"));
         assert!(!config.backend_url().to_string().contains("hunter2"));
     }
@@ -104,6 +175,31 @@ mod tests {
         assert_eq!(err.kind(), ErrorKind::Config);
         assert!(err.to_string().contains("backnd"), "{err}");
         assert!(Config::from_toml("backend = ").is_err());
+    }
+
+    #[test]
+    fn durations_are_read_at_load() {
+        let config =
+            Config::from_toml("ttl = 90\nwait = \"forever\"\ngrace = \"2.5\"").expect("ok");
+        assert_eq!(config.ttl, Some(Duration::from_secs(90)));
+        assert_eq!(config.wait, Some(WaitMode::Forever));
+        assert_eq!(config.grace, Some(Duration::from_millis(2500)));
+        let err = Config::from_toml("ttl = \"soon\"").expect_err("bad");
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(
+            err.to_string().contains("\"soon\" is not a duration"),
+            "{err}"
+        );
+        let err = Config::from_toml("ttl = -1").expect_err("negative");
+        assert_eq!(err.kind(), ErrorKind::Config);
+        let err = Config::from_toml("ttl = \"1ms\"")
+            .expect("parses")
+            .lock_options();
+        assert_eq!(err.expect_err("too short").kind(), ErrorKind::Config);
+        assert_eq!(
+            Config::default().lock_options().expect("ok").ttl(),
+            DEFAULT_TTL
+        );
     }
 
     #[test]

@@ -5,10 +5,11 @@
 //! loopback hosts only, so a parser that wrongly accepts one stays on this machine.
 
 use std::error::Error as _;
+use std::time::Duration;
 
 use anylock::{BackendUrl, Config, SCHEMES, redact};
 use conformance::prop::config;
-use lockcore::{Error, ErrorKind};
+use lockcore::{Error, ErrorKind, WaitMode};
 use proptest::prelude::*;
 
 /// Every scheme the crate docs list, the TLS variants included.
@@ -328,25 +329,43 @@ proptest! {
         }
     }
 
-    /// Guards against values that do not survive TOML (escapes, quotes, unicode): whatever
-    /// strings a config holds, writing it as TOML and parsing it gives the same config.
+    /// Guards against values that do not survive TOML (escapes, quotes, unicode in the
+    /// backend) and durations that do not read back as written (humantime text or bare
+    /// seconds): writing a config as TOML and parsing it gives the same config.
     #[test]
     fn prop_toml_config_round_trips(
         backend in proptest::option::of(any::<String>()),
-        ttl in proptest::option::of(any::<String>()),
-        wait in proptest::option::of(any::<String>()),
-        grace in proptest::option::of(any::<String>()),
+        ttl_ms in proptest::option::of(0u64..10_000_000),
+        wait_ms in proptest::option::of(proptest::option::of(0u64..10_000_000)),
+        grace_s in proptest::option::of(0u32..100_000),
     ) {
+        let human = |ms: u64| toml::Value::String(
+            humantime::format_duration(Duration::from_millis(ms)).to_string(),
+        );
         let mut table = toml::Table::new();
-        let fields = [("backend", &backend), ("ttl", &ttl), ("wait", &wait), ("grace", &grace)];
-        for (key, value) in fields {
-            if let Some(value) = value {
-                table.insert(key.to_owned(), toml::Value::String(value.clone()));
-            }
+        if let Some(backend) = &backend {
+            table.insert("backend".to_owned(), toml::Value::String(backend.clone()));
+        }
+        if let Some(ms) = ttl_ms {
+            table.insert("ttl".to_owned(), human(ms));
+        }
+        match wait_ms {
+            Some(Some(ms)) => drop(table.insert("wait".to_owned(), human(ms))),
+            Some(None) => drop(table.insert("wait".to_owned(), "forever".into())),
+            None => {}
+        }
+        if let Some(secs) = grace_s {
+            table.insert("grace".to_owned(), toml::Value::Integer(secs.into()));
         }
         let text = toml::to_string(&table).expect("serializable");
         let parsed = Config::from_toml(&text).expect("round trip");
-        prop_assert_eq!(parsed, Config { backend, ttl, wait, grace });
+        let expected = Config {
+            backend,
+            ttl: ttl_ms.map(Duration::from_millis),
+            wait: wait_ms.map(|w| w.map_or(WaitMode::Forever, |ms| WaitMode::Timeout(Duration::from_millis(ms)))),
+            grace: grace_s.map(|s| Duration::from_secs(s.into())),
+        };
+        prop_assert_eq!(parsed, expected);
     }
 }
 

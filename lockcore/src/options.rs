@@ -27,7 +27,7 @@ pub enum WaitMode {
 
 /// Options for one acquisition and the lease it produces.
 ///
-/// Defaults (seed 000, scaled to the TTL): TTL 60 s, refresh every TTL/8, Lost after 3
+/// Defaults (seed 000, scaled to the TTL): TTL 30 s ([`DEFAULT_TTL`]), refresh every TTL/8, Lost after 3
 /// consecutive refresh failures, drift allowance TTL×1% + 2 ms, wait forever, backoff from
 /// 20 ms doubling up to 1 s with full jitter, each backend call bounded by the TTL.
 ///
@@ -52,10 +52,41 @@ pub struct LockOptions {
     note: Option<Note>,
 }
 
+/// The lease TTL when none is given: [`LockOptions::default`], the `anylock` CLI's `run`,
+/// and [`anylock::Config`](https://docs.rs/anylock-facade) without a `ttl`.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
 impl Default for LockOptions {
     fn default() -> Self {
-        Self::new(Duration::from_secs(60))
+        Self::new(DEFAULT_TTL)
     }
+}
+
+/// Reads a duration as people write them: humantime (`500ms`, `30s`, `5m`, `1h 30m`) or
+/// bare seconds (`90`, `2.5`), as flock's `-w` and `timeout(1)` take them. The one parser
+/// for TTLs, waits and graces in the CLI, its environment variables and config files.
+///
+/// ```
+/// use std::time::Duration;
+/// assert_eq!(lockcore::parse_duration("1m30s")?, Duration::from_secs(90));
+/// assert_eq!(lockcore::parse_duration("2.5")?, Duration::from_millis(2500));
+/// assert!(lockcore::parse_duration("soon").is_err());
+/// # Ok::<(), lockcore::Error>(())
+/// ```
+///
+/// # Errors
+/// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) with the text and why.
+pub fn parse_duration(text: &str) -> Result<Duration, Error> {
+    let text = text.trim();
+    if !text.is_empty() && text.chars().all(|c| c.is_ascii_digit() || c == '.') {
+        return text
+            .parse::<f64>()
+            .ok()
+            .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
+            .ok_or_else(|| Error::invalid_input(format!("{text:?} is not a number of seconds")));
+    }
+    humantime::parse_duration(text)
+        .map_err(|e| Error::invalid_input(format!("{text:?} is not a duration: {e}")))
 }
 
 impl LockOptions {
