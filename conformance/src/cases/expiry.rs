@@ -104,8 +104,8 @@ pub async fn stale_lease_cannot_release(h: &dyn Harness) -> Report {
 /// A holder whose lease expired and was taken over, then calls `refresh`.
 ///
 /// Checks: `refresh` contract, "fails with Lost when the owner changed; never re-creates".
-/// Guards against a paused process (seed 003) refreshing its way back into a lock someone
-/// else holds.
+/// Guards against a paused process (Kleppmann, "How to do distributed locking") refreshing
+/// its way back into a lock someone else holds.
 pub async fn stale_lease_cannot_refresh(h: &dyn Harness) -> Report {
     let (stale, newer) = expired_and_taken_over(h, "stale-refresh").await;
     let refreshed = h.backend().refresh(&stale).await;
@@ -126,7 +126,7 @@ pub async fn stale_lease_cannot_refresh(h: &dyn Harness) -> Report {
 /// return `None`, never a fake token.
 ///
 /// Checks: `fence_token` contract. Guards against counters that reset when the lock key
-/// is deleted or expires (seed 003: the storage would then accept a stale writer).
+/// is deleted or expires (Kleppmann: the storage would then accept a stale writer).
 pub async fn fence_tokens_strictly_increase(h: &dyn Harness) -> Report {
     let backend = h.backend();
     let guarantees = backend.guarantees();
