@@ -1,4 +1,4 @@
-//! [`GcsBackend`]: seed 000's lock object, judged on the server's clock.
+//! [`GcsBackend`]: the lock object of Lai's GCS locking post, judged on the server's clock.
 
 use std::time::{Duration, SystemTime};
 
@@ -36,7 +36,7 @@ pub fn guarantees() -> Guarantees {
     .with_notes(NOTES)
 }
 
-/// Seed 000's defaults: TTL 5 min, refresh every 37 s, 3 failed refreshes tolerated.
+/// Lai's defaults: TTL 5 min, refresh every 37 s, 3 failed refreshes tolerated.
 pub fn default_options() -> LockOptions {
     LockOptions::new(Duration::from_secs(300))
         .with_refresh_interval(Duration::from_secs(37))
@@ -96,10 +96,10 @@ impl GcsBackend {
         self.client.config()
     }
 
-    /// One attempt (seed 000, "Taking the lock"): create-if-absent; on 412 read the object;
-    /// if it vanished, or is our own leftover or stale on the server's clock (then deleted
-    /// exactly), create once more at once. At most two creates, no loop: anything else is
-    /// reported and lockcore decides when to try again.
+    /// One attempt (Lai's GCS locking post, "Taking the lock"): create-if-absent; on 412
+    /// read the object; if it vanished, or is our own leftover or stale on the server's
+    /// clock (then deleted exactly), create once more at once. At most two creates, no
+    /// loop: anything else is reported and lockcore decides when to try again.
     async fn try_acquire(&self, object: &str, request: &AcquireRequest) -> Result<Acquire> {
         if let Some(acquired) = self.create(object, request).await? {
             return Ok(acquired);
@@ -489,7 +489,7 @@ mod tests {
 
     #[test]
     fn options_must_respect_the_mutation_rate() {
-        validate_options(&default_options()).expect("seed 000's defaults fit");
+        validate_options(&default_options()).expect("Lai's defaults fit");
         let fast = LockOptions::new(Duration::from_secs(3));
         assert_eq!(
             validate_options(&fast).unwrap_err().kind(),

@@ -1,4 +1,5 @@
-//! anylock backend for Google Cloud Storage: seed 000's lock object.
+//! anylock backend for Google Cloud Storage: the lock object of Hongli Lai,
+//! "A robust distributed locking algorithm based on Google Cloud Storage".
 //!
 //! Each lock is one empty object, `prefix + name`, created with `ifGenerationMatch=0`
 //! (create-if-absent) and metadata naming its owner and TTL. Refresh patches the metadata

@@ -134,7 +134,8 @@ async fn a_lock_stale_on_the_server_clock_is_taken_over() {
     );
 }
 
-/// Seed 000: a lock of the same identity is deleted and retaken at once, with a new token.
+/// As in Lai's GCS locking post: a lock of the same identity is deleted and retaken at once,
+/// with a new token.
 #[tokio::test]
 async fn the_same_identity_retakes_at_once() {
     let gcs = Gcs::start().await;

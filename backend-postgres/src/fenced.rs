@@ -1,10 +1,11 @@
 //! Fenced writes: statements that commit only while the lease is still ours.
 //!
 //! A lease alone cannot stop a paused holder from writing after its lease expired and
-//! someone else took over (seed 003). When the protected data lives in the same PostgreSQL
-//! database, the database itself can enforce the fence: [`FencedTx`] is a transaction
-//! whose first statement checks that the lease row still holds this exact grant (owner and
-//! token) and has not expired, and locks that row until the transaction ends.
+//! someone else took over (Kleppmann, "How to do distributed locking"). When the protected
+//! data lives in the same PostgreSQL database, the database itself can enforce the fence:
+//! [`FencedTx`] is a transaction whose first statement checks that the lease row still
+//! holds this exact grant (owner and token) and has not expired, and locks that row until
+//! the transaction ends.
 //!
 //! # Why `FOR KEY SHARE`
 //! A takeover assigns a new token, and `token` carries a `UNIQUE` index, so PostgreSQL

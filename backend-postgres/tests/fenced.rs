@@ -101,7 +101,7 @@ async fn a_fenced_write_commits_while_held() {
     assert_eq!(rig.notes().await, ["mine"]);
 }
 
-/// The required case (seed 003's paused client): the holder pauses past its TTL,
+/// The required case (Kleppmann's paused client): the holder pauses past its TTL,
 /// another client takes over, and the holder's write is rejected with Lost without
 /// running; the new holder's write commits.
 #[tokio::test]

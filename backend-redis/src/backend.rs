@@ -31,7 +31,8 @@ const NOTES: &str = "One Redis node keeps the lock in memory: a crash or restart
     locks. Expiry is decided by the server's clock. Good for efficiency locks; for \
     correctness locks, have the protected resource check the fence token.";
 
-/// The lock on one Redis server (seed 001's single-instance algorithm, plus fencing).
+/// The lock on one Redis server (the single-instance algorithm of the Redlock page,
+/// "Distributed Locks with Valkey", plus fencing).
 ///
 /// - `acquire`: one script (`EVALSHA`): `SET key value NX PX ttl`, and the fence counter
 ///   set to max(counter + 1, server `TIME` in µs), or a retake when the stored owner is the

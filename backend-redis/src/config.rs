@@ -29,8 +29,9 @@ const REDLOCK: Schemes = ("redlock", "redlocks");
 pub const DEFAULT_PREFIX: &str = "anylock";
 /// The single-instance per-call timeout (a reply must arrive within it).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
-/// The Redlock per-node timeout: small against the TTL, as seed 001 asks (5–50 ms for a
-/// 10 s TTL), so one slow node cannot hold an acquisition up.
+/// The Redlock per-node timeout: small against the TTL, as the Redlock page ("Distributed
+/// Locks with Valkey") asks (5–50 ms for a 10 s TTL), so one slow node cannot hold an
+/// acquisition up.
 pub const DEFAULT_NODE_TIMEOUT: Duration = Duration::from_millis(50);
 /// How long one connection attempt (TCP, TLS, AUTH, SELECT) may take.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);

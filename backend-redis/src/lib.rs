@@ -3,16 +3,17 @@
 //! - [`RedisBackend`]: one Redis server. Acquire, refresh and release are one script call
 //!   (one round trip) each; every grant gets a fencing token from a counter key that is
 //!   never deleted; a release publishes a notification so waiters wake at once.
-//! - [`RedlockBackend`]: seed 001's Redlock over N independent servers: a quorum of N/2+1,
-//!   validity = TTL − elapsed − drift, release everywhere on failure. No fencing tokens.
+//! - [`RedlockBackend`]: Redlock ("Distributed Locks with Valkey") over N independent
+//!   servers: a quorum of N/2+1, validity = TTL − elapsed − drift, release everywhere on
+//!   failure. No fencing tokens.
 //!
 //! # Which one to use
 //! - **Efficiency locks** (a lock that saves duplicate work; a rare double grant costs a
 //!   little): use [`RedisBackend`]. It is the cheapest lock here, and Redlock's five
-//!   servers buy little for this use (seed 003).
+//!   servers buy little for this use (Kleppmann, "How to do distributed locking").
 //! - **Correctness locks** (a double grant corrupts data): neither Redis mode is safe by
 //!   itself. Redlock is *not* the answer: its safety depends on timing and it has no
-//!   fencing token (seed 003). Use a consensus or transactional backend (etcd,
+//!   fencing token (Kleppmann, same post). Use a consensus or transactional backend (etcd,
 //!   PostgreSQL), or [`RedisBackend`] with the protected resource rejecting writes whose
 //!   [fence token](lockcore::LockBackend::fence_token) is lower than one it has seen, on a
 //!   node that keeps its data (`appendfsync always`, no failover to an async replica).

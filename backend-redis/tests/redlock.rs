@@ -79,7 +79,7 @@ fn acquired(outcome: Acquire) -> Lease {
     }
 }
 
-/// Seed 001's drift allowance for `TTL`.
+/// The Redlock page's drift allowance for `TTL` ("Distributed Locks with Valkey").
 fn drift() -> Duration {
     TTL / 100 + Duration::from_millis(2)
 }

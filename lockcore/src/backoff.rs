@@ -1,7 +1,8 @@
 //! Bounded exponential backoff with jitter, and the small seedable RNG behind the jitter.
 //!
-//! Seed 000 lists unbounded backoff and synchronized retries among the classic failures of
-//! naive locks; this module is the one place both are prevented.
+//! Lai ("A robust distributed locking algorithm based on Google Cloud Storage") lists
+//! unbounded backoff and synchronized retries among the classic failures of naive locks; this
+//! module is the one place both are prevented.
 
 use std::time::Duration;
 

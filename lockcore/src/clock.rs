@@ -2,9 +2,10 @@
 //!
 //! By default it is the runtime's clock (`tokio::time::Instant`, so tests on tokio's paused
 //! clock stay exact). [`Clock::adjustable`] gives a clock that a [`ClockControl`] can jump
-//! forwards or backwards, to replay a client-side clock fault (seed 003, "Making the lock
-//! safe with fencing": a clock that jumps lets a holder believe its lease is still valid).
-//! Nothing in production needs to adjust it; the reliability harness does.
+//! forwards or backwards, to replay a client-side clock fault (Kleppmann, "How to do
+//! distributed locking", "Making the lock safe with fencing": a clock that jumps lets a
+//! holder believe its lease is still valid). Nothing in production needs to adjust it; the
+//! reliability harness does.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};

@@ -14,7 +14,8 @@ use crate::state::{Health, LostReason};
 use crate::types::{FenceToken, Lease};
 
 /// A held lock. A background task refreshes the lease every refresh interval and tracks its
-/// [`Health`]; check it between steps of your critical section (seed 000, "Lock usage").
+/// [`Health`]; check it between steps of your critical section (Lai's GCS locking post,
+/// "Lock usage").
 ///
 /// Dropping the guard releases the lease best-effort in the background; it never blocks
 /// and never panics, not even outside a runtime (the lease then expires by its TTL). Call

@@ -10,10 +10,11 @@
 //!   processes never share an
 //!   identity even when pids are reused or hosts share a name;
 //! - `host` and `pid`: for people reading `inspect` output, not for correctness;
-//! - `task`: an optional suffix. Seed 000 (Vault) shows that a process-unique identity is
-//!   multi-process safe but *not* task safe: two tasks sharing an identity could both take
-//!   the lock through same-identity instant retake. [`Locker`](crate::Locker) therefore gives
-//!   every acquisition its own task suffix unless you choose an identity yourself.
+//! - `task`: an optional suffix. Lai's GCS locking post (on Vault) shows that a
+//!   process-unique identity is multi-process safe but *not* task safe: two tasks sharing an
+//!   identity could both take the lock through same-identity instant retake.
+//!   [`Locker`](crate::Locker) therefore gives every acquisition its own task suffix unless
+//!   you choose an identity yourself.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

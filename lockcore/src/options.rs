@@ -27,9 +27,10 @@ pub enum WaitMode {
 
 /// Options for one acquisition and the lease it produces.
 ///
-/// Defaults (seed 000, scaled to the TTL): TTL 30 s ([`DEFAULT_TTL`]), refresh every TTL/8, Lost after 3
-/// consecutive refresh failures, drift allowance TTL×1% + 2 ms, wait forever, backoff from
-/// 20 ms doubling up to 1 s with full jitter, each backend call bounded by the TTL.
+/// Defaults (Lai's GCS locking post, scaled to the TTL): TTL 30 s ([`DEFAULT_TTL`]),
+/// refresh every TTL/8, Lost after 3 consecutive refresh failures, drift allowance TTL×1%
+/// + 2 ms, wait forever, backoff from 20 ms doubling up to 1 s with full jitter, each
+/// backend call bounded by the TTL.
 ///
 /// ```
 /// use std::time::Duration;
@@ -175,7 +176,8 @@ impl LockOptions {
         self.max_refresh_failures
     }
 
-    /// The drift allowance (explicit or TTL×1% + 2 ms, seed 001).
+    /// The drift allowance (explicit or TTL×1% + 2 ms, as on the Redlock page, "Distributed
+    /// Locks with Valkey").
     pub fn drift(&self) -> Duration {
         self.drift
             .unwrap_or_else(|| self.ttl / 100 + Duration::from_millis(2))
@@ -215,7 +217,7 @@ impl LockOptions {
     /// setting, when the TTL is outside [`MIN_TTL`]..=[`MAX_TTL`], the refresh interval is
     /// zero, the failure limit is 0 or above [`MAX_REFRESH_FAILURES`], refresh interval ×
     /// failure limit exceeds half the TTL (the lease must turn Lost well before it expires,
-    /// seed 000), the drift is half the TTL or more, or the backoff is invalid.
+    /// Lai's GCS locking post), the drift is half the TTL or more, or the backoff is invalid.
     pub fn validate(&self) -> Result<(), Error> {
         self.validate_ttl()?;
         self.validate_refresh()?;

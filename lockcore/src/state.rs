@@ -1,6 +1,7 @@
 //! The lease health state machine: pure transitions, no runtime, no clock.
 //!
-//! Rules (seed 000, "Refresh failures" and "Detecting unexpected releases"):
+//! Rules (Lai, "A robust distributed locking algorithm based on Google Cloud Storage",
+//! sections "Refresh failures" and "Detecting unexpected releases"):
 //! - a successful refresh makes a live lease [`Health::Healthy`] again;
 //! - a transient failure makes it [`Health::Degraded`] with the count of consecutive
 //!   failures, and [`Health::Lost`] once the count reaches the limit;

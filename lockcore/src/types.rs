@@ -10,8 +10,9 @@ use crate::note::Note;
 /// A fencing token: strictly increasing per lock name across every grant.
 ///
 /// Pass it to the protected resource with every write; the resource rejects writes whose
-/// token is lower than the highest it has seen (seed 003). Backends without fencing
-/// (Redlock) return `None` from [`LockBackend::fence_token`](crate::LockBackend::fence_token).
+/// token is lower than the highest it has seen (Kleppmann, "How to do distributed
+/// locking"). Backends without fencing (Redlock) return `None` from
+/// [`LockBackend::fence_token`](crate::LockBackend::fence_token).
 #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FenceToken(u64);
 

@@ -1,4 +1,5 @@
-//! The faults the harness replays (seed 003), and which backends each applies to.
+//! The faults the harness replays (Kleppmann, "How to do distributed locking"), and which
+//! backends each applies to.
 
 use std::fmt;
 use std::str::FromStr;
@@ -35,8 +36,8 @@ pub enum Fault {
     /// Redlock, with client 1 partitioned to nodes A, B, C and client 2 to C, D, E: node C
     /// is killed and restarted at once while client 1 holds the lock.
     RedlockRestart,
-    /// As `RedlockRestart`, but C stays down longer than the TTL first (seed 001's
-    /// recommended restart delay).
+    /// As `RedlockRestart`, but C stays down longer than the TTL first (the restart delay
+    /// that the Redlock page, "Distributed Locks with Valkey", recommends).
     RedlockDelayedRestart,
     /// PostgreSQL crashes (`SIGQUIT` to the postmaster) and restarts at once; later it
     /// crashes again and stays down for 1.5 TTL.
@@ -135,7 +136,7 @@ impl Fault {
     }
 
     /// Whether the fault stretches the window between a holder's check and its write:
-    /// the client-side faults that no lease can survive without fencing (seed 003).
+    /// the client-side faults that no lease can survive without fencing (Kleppmann).
     pub fn is_client_timing(self) -> bool {
         matches!(self, Fault::Pause | Fault::ClockBack)
     }

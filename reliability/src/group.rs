@@ -152,7 +152,8 @@ pub struct GroupSpec {
     pub lock: String,
     /// Section timing.
     pub workload: Workload,
-    /// Seed 003's Redlock partition: client 1 reaches nodes A, B, C; client 2 C, D, E.
+    /// Kleppmann's Redlock partition ("How to do distributed locking"): client 1 reaches
+    /// nodes A, B, C; client 2 C, D, E.
     pub partition: bool,
     /// Each client in a PID namespace of its own (`Fault::PidNamespaces`).
     pub pid_namespaces: bool,
@@ -243,7 +244,8 @@ pub fn completed(history: &[Event]) -> u64 {
     history.iter().filter(done).count() as u64
 }
 
-/// Seed 003's partition: client 1 cannot reach D and E, client 2 cannot reach A and B.
+/// Kleppmann's partition ("How to do distributed locking"): client 1 cannot reach D and E,
+/// client 2 cannot reach A and B.
 fn partition(id: u32, links: &Links) {
     let cut: &[usize] = match id {
         1 => &[3, 4],

@@ -1,5 +1,5 @@
-//! anylock's reliability harness (issue #10): Kleppmann's failure scenarios (seed 003),
-//! replayed against every backend, with and without fencing.
+//! anylock's reliability harness (issue #10): Kleppmann's failure scenarios ("How to do
+//! distributed locking"), replayed against every backend, with and without fencing.
 //!
 //! Three client processes contend for one lock and do read-modify-write cycles on a
 //! [fenced register](register) through it, while a [script] applies one

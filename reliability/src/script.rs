@@ -17,7 +17,7 @@ use crate::servers::{Lane, node_name};
 
 mod rollback;
 
-/// Redlock's node C (index 2): the node both sides of seed 003's partition reach.
+/// Redlock's node C (index 2): the node both sides of Kleppmann's partition reach.
 const NODE_C: usize = 2;
 
 /// Applies `fault` to `groups` (clients) or `lane` (servers); returns what was done.

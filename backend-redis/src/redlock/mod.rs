@@ -1,4 +1,5 @@
-//! [`RedlockBackend`]: seed 001's Redlock over N independent Redis nodes.
+//! [`RedlockBackend`]: Redlock ("Distributed Locks with Valkey") over N independent Redis
+//! nodes.
 
 pub(crate) mod quorum;
 
@@ -29,16 +30,17 @@ const BACKEND: &str = "redlock";
 
 const NOTES: &str = "Mutual exclusion holds only while clock drift, network delay and \
     process pauses stay small against the TTL: a node whose clock jumps, or a client paused \
-    past its validity, lets two clients hold the lock (seed 003). There is no fencing token, \
-    so the protected resource cannot reject a stale holder: use Redlock for efficiency \
-    locks only, and a fenced backend for correctness. Nodes keep locks in memory: without \
-    appendfsync=always, keep a crashed node down for longer than the longest TTL before it \
-    rejoins (seed 001's delayed restart). A node that may evict keys (maxmemory-policy \
+    past its validity, lets two clients hold the lock (Kleppmann, \"How to do distributed \
+    locking\"). There is no fencing token, so the protected resource cannot reject a stale \
+    holder: use Redlock for efficiency locks only, and a fenced backend for correctness. \
+    Nodes keep locks in memory: without appendfsync=always, keep a crashed node down for \
+    longer than the longest TTL before it rejoins (the delayed restart of the Redlock page, \
+    \"Distributed Locks with Valkey\"). A node that may evict keys (maxmemory-policy \
     other than noeviction, with a maxmemory limit) is refused at connect. Each node's clock \
     decides its key's expiry; the client's validity is the TTL minus the time the quorum \
     took and a drift allowance.";
 
-/// Redlock over N independent Redis nodes (seed 001).
+/// Redlock over N independent Redis nodes ("Distributed Locks with Valkey").
 ///
 /// - `acquire` sends one script (`SET key value NX PX ttl`, or a retake of our own key) to
 ///   every node at once, each bounded by the per-node timeout, and returns as soon as N/2+1
@@ -54,7 +56,8 @@ const NOTES: &str = "Mutual exclusion holds only while clock drift, network dela
 /// - `list` lists every node (`SCAN` in pages, as [`RedisBackend`](crate::RedisBackend))
 ///   at once and reports a name only when a majority holds the same grant, as `inspect`
 ///   would: a snapshot per node, not one linearizable read.
-/// - No fencing: [`fence_token`](LockBackend::fence_token) is always `None` (seed 003).
+/// - No fencing: [`fence_token`](LockBackend::fence_token) is always `None` (Kleppmann,
+///   "How to do distributed locking").
 ///
 /// Cheap to clone; clones share the connections.
 #[derive(Clone)]

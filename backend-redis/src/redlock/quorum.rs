@@ -12,7 +12,8 @@ pub(crate) fn quorum(nodes: usize) -> usize {
     nodes / 2 + 1
 }
 
-/// Seed 001's clock-drift allowance: TTL × 1% + 2 ms.
+/// The clock-drift allowance, TTL × 1% + 2 ms (the Redlock page, "Distributed Locks with
+/// Valkey").
 pub(crate) fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }

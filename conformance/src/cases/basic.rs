@@ -81,7 +81,8 @@ pub async fn acquire_release_reacquire(h: &dyn Harness) -> Report {
 /// nothing after release.
 ///
 /// Checks: `inspect` contract. Guards against the operator question "who holds the deploy
-/// lock?" going unanswered (seed 000's stuck locks are diagnosed this way).
+/// lock?" going unanswered (the "stuck locks" of Lai's GCS locking post are diagnosed this
+/// way).
 pub async fn inspect_shows_the_holder(h: &dyn Harness) -> Report {
     let ttl = Duration::from_secs(30);
     let (name, guard) = hold(h, "inspect", ttl).await;

@@ -21,9 +21,9 @@ use crate::report::Report;
 /// supersedes the abandoned one.
 ///
 /// Checks: `same_owner_retake`. Guards against a restarted worker waiting out a whole TTL
-/// for its own lock (seed 000, Vault's instant recovery), against the abandoned grant
-/// staying refreshable after the retake, and against its late release removing the retake
-/// (a release that compares only the owner).
+/// for its own lock (Lai's GCS locking post, Vault's instant recovery), against the
+/// abandoned grant staying refreshable after the retake, and against its late release
+/// removing the retake (a release that compares only the owner).
 pub async fn same_identity_instant_retake(h: &dyn Harness) -> Report {
     let backend = h.backend();
     if !backend.guarantees().same_owner_retake {
@@ -103,8 +103,8 @@ pub async fn notification_claim(h: &dyn Harness) -> Report {
 
 /// Waiters that arrive in order are served in order.
 ///
-/// Checks: `fairness == Fifo`. Guards against starvation of early waiters (seed 002's FIFO
-/// waiter queue).
+/// Checks: `fairness == Fifo`. Guards against starvation of early waiters (the FIFO waiter
+/// queue of FitrahHaque/Distributed-Lock).
 pub async fn fifo_claim(h: &dyn Harness) -> Report {
     if h.backend().guarantees().fairness != Fairness::Fifo {
         return Report::not_claimed("FIFO fairness not claimed");
@@ -149,7 +149,7 @@ pub async fn fifo_claim(h: &dyn Harness) -> Report {
 /// A held lease and the fence counter survive a server restart.
 ///
 /// Checks: `durability == SurvivesRestart`. Guards against a restart handing a held lock
-/// to a second owner or resetting tokens (seed 001's restart-delay discussion).
+/// to a second owner or resetting tokens (the Redlock page's restart-delay discussion).
 pub async fn durability_claim(h: &dyn Harness) -> Report {
     let backend = h.backend();
     if backend.guarantees().durability != Durability::SurvivesRestart {

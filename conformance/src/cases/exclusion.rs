@@ -120,7 +120,8 @@ pub async fn waiting_acquire_times_out(h: &dyn Harness) -> Report {
 /// caller left is released at once (the TTL is 60 s, so expiry cannot explain it).
 ///
 /// Checks: the acquire loop's cancel safety over this backend. Guards against
-/// `select!`/timeout users leaking locks until their TTL (seed 000's "stuck locks").
+/// `select!`/timeout users leaking locks until their TTL (the "stuck locks" of Lai's GCS
+/// locking post).
 pub async fn dropped_acquire_leaves_nothing_held(h: &dyn Harness) -> Report {
     let ttl = Duration::from_secs(60);
     let slack = h.timing().slack;

@@ -23,9 +23,9 @@ fn fine_locker(h: &dyn Harness, ttl: Duration, wait: Duration) -> Locker {
 /// A crashed holder (no refresh, no release) stops blocking others once its TTL passes, and
 /// not before.
 ///
-/// Checks: `acquire` contract, "the new lease expires `ttl` later". Guards against seed
-/// 000's stuck locks (a crash holds the lock forever) and early expiry (a TTL unit bug, such
-/// as seconds read as milliseconds).
+/// Checks: `acquire` contract, "the new lease expires `ttl` later". Guards against the
+/// "stuck locks" of Lai's GCS locking post (a crash holds the lock forever) and early
+/// expiry (a TTL unit bug, such as seconds read as milliseconds).
 pub async fn expiry_frees_a_crashed_holder(h: &dyn Harness) -> Report {
     let timing = h.timing();
     let name = fresh("expiry");
@@ -87,8 +87,9 @@ async fn expired_and_taken_over(h: &dyn Harness, case: &str) -> (Lease, LockGuar
 
 /// A holder whose lease expired and was taken over, then calls `release`.
 ///
-/// Checks: `release` contract, "never removes another owner's lock". Guards against seed
-/// 000's unintended releases: a slow process deleting the lock its successor now holds.
+/// Checks: `release` contract, "never removes another owner's lock". Guards against the
+/// "unintended releases" of Lai's GCS locking post: a slow process deleting the lock its
+/// successor now holds.
 pub async fn stale_lease_cannot_release(h: &dyn Harness) -> Report {
     let (stale, newer) = expired_and_taken_over(h, "stale-release").await;
     let released = h.backend().release(&stale).await;
@@ -104,8 +105,8 @@ pub async fn stale_lease_cannot_release(h: &dyn Harness) -> Report {
 /// A holder whose lease expired and was taken over, then calls `refresh`.
 ///
 /// Checks: `refresh` contract, "fails with Lost when the owner changed; never re-creates".
-/// Guards against a paused process (seed 003) refreshing its way back into a lock someone
-/// else holds.
+/// Guards against a paused process (Kleppmann, "How to do distributed locking") refreshing
+/// its way back into a lock someone else holds.
 pub async fn stale_lease_cannot_refresh(h: &dyn Harness) -> Report {
     let (stale, newer) = expired_and_taken_over(h, "stale-refresh").await;
     let refreshed = h.backend().refresh(&stale).await;
@@ -126,7 +127,7 @@ pub async fn stale_lease_cannot_refresh(h: &dyn Harness) -> Report {
 /// return `None`, never a fake token.
 ///
 /// Checks: `fence_token` contract. Guards against counters that reset when the lock key
-/// is deleted or expires (seed 003: the storage would then accept a stale writer).
+/// is deleted or expires (Kleppmann: the storage would then accept a stale writer).
 pub async fn fence_tokens_strictly_increase(h: &dyn Harness) -> Report {
     let backend = h.backend();
     let guarantees = backend.guarantees();

@@ -24,7 +24,8 @@ async fn hold(backend: Arc<dyn LockBackend>, options: &LockOptions, case: &str) 
 /// interval, and the refresher does not re-create it.
 ///
 /// Checks: `refresh` contract, "fails with Lost when deleted; never re-creates". Guards
-/// against seed 000's "unexpected releases" going unnoticed while the job runs on.
+/// against the "unexpected releases" of Lai's GCS locking post going unnoticed while the
+/// job runs on.
 pub async fn deleted_lock_turns_the_guard_lost(h: &dyn Harness) -> Report {
     let options = options(h);
     let interval = options.refresh_interval();
@@ -48,7 +49,7 @@ pub async fn deleted_lock_turns_the_guard_lost(h: &dyn Harness) -> Report {
 /// A lock overwritten by another owner turns its guard Lost (not owner) within about one
 /// refresh interval, and the guard does not delete the new owner's lock.
 ///
-/// Checks: `refresh` and `release` compare ownership. Guards against seed 000's
+/// Checks: `refresh` and `release` compare ownership. Guards against Lai's
 /// "ownership changes": continuing, or worse releasing the thief's lock, after a steal.
 pub async fn stolen_lock_turns_the_guard_lost(h: &dyn Harness) -> Report {
     let options = options(h);
@@ -104,7 +105,7 @@ fn record(guard: &LockGuard) -> tokio::task::JoinHandle<Vec<(Instant, Health)>> 
 /// Lost before the TTL ends, and never reports a live state past its validity.
 ///
 /// Checks: the refresher's failure limit and validity deadline over this backend's client
-/// timeouts. Guards against seed 000's "network problems" case: a holder that keeps working
+/// timeouts. Guards against Lai's "network problems" case: a holder that keeps working
 /// after its lease expired on the server because its refreshes hang.
 pub async fn unreachable_backend_degrades_then_loses(h: &dyn Harness) -> Report {
     let cut = h
@@ -143,8 +144,8 @@ pub async fn unreachable_backend_degrades_then_loses(h: &dyn Harness) -> Report 
 /// A short outage (about one refresh interval) degrades the guard, and it returns to
 /// Healthy once the server is reachable again.
 ///
-/// Checks: a success resets the failure count (seed 000: retry transient failures).
-/// Guards against clients that never reconnect after a blip and lose every lock.
+/// Checks: a success resets the failure count (Lai's GCS locking post: retry transient
+/// failures). Guards against clients that never reconnect after a blip and lose every lock.
 pub async fn unreachable_backend_recovers(h: &dyn Harness) -> Report {
     let cut = h
         .cuttable()

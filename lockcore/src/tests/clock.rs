@@ -12,9 +12,10 @@ fn rig_with_clock() -> (Rig, crate::ClockControl) {
     (rig, control)
 }
 
-/// Seed 003's clock scenario on the client: a clock stepped back makes the holder keep
-/// believing in a lease the server has already expired and granted to someone else.
-/// This is the unsafe case; only a fence token protects the resource from it.
+/// Kleppmann's clock scenario ("How to do distributed locking") on the client: a clock
+/// stepped back makes the holder keep believing in a lease the server has already expired
+/// and granted to someone else. This is the unsafe case; only a fence token protects the
+/// resource from it.
 #[test]
 fn a_backward_jump_keeps_a_holder_believing_in_an_expired_lease() {
     crate::tests::bounded(a_backward_jump_keeps_a_holder_believing_in_an_expired_lease_body);
