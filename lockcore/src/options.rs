@@ -28,9 +28,9 @@ pub enum WaitMode {
 /// Options for one acquisition and the lease it produces.
 ///
 /// Defaults (Lai's GCS locking post, scaled to the TTL): TTL 30 s ([`DEFAULT_TTL`]),
-/// refresh every TTL/8, Lost after 3 consecutive refresh failures, drift allowance TTL×1%
-/// + 2 ms, wait forever, backoff from 20 ms doubling up to 1 s with full jitter, each
-/// backend call bounded by the TTL.
+/// refresh every TTL/8, Lost after 3 consecutive refresh failures, drift allowance
+/// TTL×1% + 2 ms, wait forever, backoff from 20 ms doubling up to 1 s with full jitter,
+/// each backend call bounded by the TTL.
 ///
 /// ```
 /// use std::time::Duration;
