@@ -163,6 +163,8 @@ fn protocol(message: impl Into<std::borrow::Cow<'static, str>>) -> Error {
 /// Parses RFC 3339 UTC timestamps as GCS and emulators write them:
 /// `YYYY-MM-DDTHH:MM:SS` (`T` or `t`), then 0–9 fraction digits after a `.`, then `Z` or
 /// `+00:00`. A leap second `:60` reads as the next minute's `:00`.
+/// (humantime refuses times after 2038-01-19T03:14:07Z on 32-bit targets other than
+/// Windows and wasm.)
 pub(crate) fn parse_rfc3339(text: &str) -> Option<SystemTime> {
     let body = text
         .strip_suffix('Z')
