@@ -160,86 +160,37 @@ fn protocol(message: impl Into<std::borrow::Cow<'static, str>>) -> Error {
     Error::new(lockcore::ErrorKind::Protocol, message)
 }
 
-/// Parses RFC 3339 UTC timestamps as GCS and emulators write them: `Z` or `+00:00`, with
-/// any number (0–9) of fraction digits.
+/// Parses RFC 3339 UTC timestamps as GCS and emulators write them:
+/// `YYYY-MM-DDTHH:MM:SS` (`T` or `t`), then 0–9 fraction digits after a `.`, then `Z` or
+/// `+00:00`. A leap second `:60` reads as the next minute's `:00`.
+/// (humantime refuses times after 2038-01-19T03:14:07Z on 32-bit targets other than
+/// Windows and wasm.)
 pub(crate) fn parse_rfc3339(text: &str) -> Option<SystemTime> {
-    let text = text
+    let body = text
         .strip_suffix('Z')
         .or_else(|| text.strip_suffix("+00:00"))?;
-    let (date, time) = text.split_once(['T', 't'])?;
-    let mut ymd = date.splitn(3, '-').map(str::parse::<i64>);
-    let (year, month, day) = (ymd.next()?.ok()?, ymd.next()?.ok()?, ymd.next()?.ok()?);
-    let (hms, fraction) = time.split_once('.').unwrap_or((time, ""));
-    let mut parts = hms.splitn(3, ':').map(str::parse::<u64>);
-    let (h, m, s) = (
-        parts.next()?.ok()?,
-        parts.next()?.ok()?,
-        parts.next()?.ok()?,
-    );
-    // RFC 3339 years have four digits; larger ones would overflow the day arithmetic.
-    if !(0..=9999).contains(&year)
-        || !(1..=12).contains(&month)
-        || !(1..=31).contains(&day)
-        || h > 23
-        || m > 59
-        || s > 60
-    {
+    let (date, time) = (body.get(..10)?, body.get(11..)?);
+    let (hms, fraction) = time.split_at_checked(8)?;
+    let digits = fraction.strip_prefix('.').unwrap_or(fraction);
+    let fraction_ok = digits.len() <= 9
+        && digits.bytes().all(|b| b.is_ascii_digit())
+        && (fraction.is_empty() || fraction.starts_with('.'));
+    if !matches!(body.as_bytes()[10], b'T' | b't') || !fraction_ok {
         return None;
     }
-    if fraction.len() > 9 || !fraction.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let nanos: u32 = format!("{fraction:0<9}").parse().ok()?;
-    let days = u64::try_from(days_from_civil(year, month, day)).ok()?;
-    let secs = days * 86_400 + h * 3600 + m * 60 + s;
-    Some(UNIX_EPOCH + Duration::new(secs, nanos))
+    // humantime checks the fields and the calendar; it reads `:60` as `:59`.
+    let time = humantime::parse_rfc3339(&format!("{date}T{hms}{fraction}Z")).ok()?;
+    let leap = hms.ends_with(":60");
+    Some(time + Duration::from_secs(u64::from(leap)))
 }
 
-/// Formats a time as RFC 3339 UTC with milliseconds.
+/// The last instant RFC 3339 can write: 9999-12-31T23:59:59.999999999Z.
+const LAST_RFC3339: Duration = Duration::new(253_402_300_799, 999_999_999);
+
+/// Formats a time as RFC 3339 UTC with milliseconds (clamped to 1970–9999).
 pub(crate) fn rfc3339(time: SystemTime) -> String {
-    let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = since.as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (year, month, day) = civil_from_days(i64::try_from(days).unwrap_or(0));
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        since.subsec_millis()
-    )
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's `days_from_civil`).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-/// The date of a day count since 1970-01-01 (H. Hinnant's `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    (
-        if month <= 2 {
-            yoe + era * 400 + 1
-        } else {
-            yoe + era * 400
-        },
-        month,
-        day,
-    )
+    let time = time.clamp(UNIX_EPOCH, UNIX_EPOCH + LAST_RFC3339);
+    humantime::format_rfc3339_millis(time).to_string()
 }
 
 #[cfg(test)]
@@ -275,9 +226,36 @@ mod tests {
             "2024-05-07",
             "2024-13-07T00:00:00Z",
             "2024-05-07T12:34:56.x1Z",
+            "2024-05-07T12:34:56.1234567890Z",
+            "2024-05-07T12:34:56z",
+            "2024-05-07T12:34:56+05:30",
+            "2024-05-07 12:34:56Z",
+            "2024-05-07T12:34:56",
+            // Not RFC 3339: the hand-written parser before humantime took these.
+            "2023-02-29T00:00:00Z",
+            "2024-04-31T00:00:00Z",
+            "+2024-05-07T12:34:56Z",
+            "2024-5-7T1:2:3Z",
         ] {
             assert_eq!(parse_rfc3339(bad), None, "{bad}");
         }
+    }
+
+    #[test]
+    fn parses_lowercase_t_and_leap_seconds() {
+        let base = 1_715_085_296_000;
+        assert_eq!(parse_rfc3339("2024-05-07t12:34:56Z"), Some(at(base)));
+        assert_eq!(parse_rfc3339("2024-05-07T12:34:56.Z"), Some(at(base)));
+        assert_eq!(
+            parse_rfc3339("2024-05-07T12:34:56.123456789Z"),
+            Some(at(base) + Duration::from_nanos(123_456_789))
+        );
+        assert_eq!(
+            parse_rfc3339("2024-05-07T12:34:60.5Z"),
+            Some(at(base + 4_500))
+        );
+        assert_eq!(parse_rfc3339("1970-01-01T00:00:00Z"), Some(UNIX_EPOCH));
+        assert_eq!(parse_rfc3339("1969-12-31T23:59:59Z"), None);
     }
 
     #[test]
@@ -285,6 +263,15 @@ mod tests {
         let t = at(1_715_085_296_789);
         assert_eq!(rfc3339(t), "2024-05-07T12:34:56.789Z");
         assert_eq!(parse_rfc3339(&rfc3339(t)), Some(t));
+        assert_eq!(rfc3339(at(951_782_400_000)), "2000-02-29T00:00:00.000Z");
+    }
+
+    #[test]
+    fn formats_out_of_range_times_without_panicking() {
+        let before = UNIX_EPOCH - Duration::from_secs(1);
+        assert_eq!(rfc3339(before), "1970-01-01T00:00:00.000Z");
+        let after = UNIX_EPOCH + Duration::from_secs(253_402_300_800);
+        assert_eq!(rfc3339(after), "9999-12-31T23:59:59.999Z");
     }
 
     fn object(updated_ms: u64, ttl_ms: u64) -> LockObject {

@@ -4,7 +4,7 @@
 mod common;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime};
 
 use backend_gcs::{GcsBackend, GcsConfig};
 use common::Gcs;
@@ -175,20 +175,8 @@ async fn server_expiry(gcs: &Gcs, lock: &str) -> SystemTime {
         .as_str()
         .and_then(|ms| ms.parse().ok())
         .expect("ttl_ms");
-    parse_rfc3339(updated) + Duration::from_millis(ttl_ms + 1)
-}
-
-/// Parses the test server's `updated` (`…T12:34:56.789Z`), enough for these tests.
-fn parse_rfc3339(text: &str) -> SystemTime {
-    let n = |range: std::ops::Range<usize>| text[range].parse::<u64>().expect("digits");
-    let (y, m, d) = (n(0..4), n(5..7), n(8..10));
-    let (y, m) = if m <= 2 { (y - 1, m + 9) } else { (y, m - 3) };
-    let (era, yoe) = (y / 400, y % 400);
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + (153 * m + 2) / 5 + d - 1;
-    let days = era * 146_097 + doe - 719_468;
-    let secs = days * 86_400 + n(11..13) * 3600 + n(14..16) * 60 + n(17..19);
-    let millis = text.get(20..23).and_then(|ms| ms.parse().ok()).unwrap_or(0);
-    UNIX_EPOCH + Duration::from_secs(secs) + Duration::from_millis(millis)
+    humantime::parse_rfc3339(updated).expect("updated is RFC 3339")
+        + Duration::from_millis(ttl_ms + 1)
 }
 
 /// Issue #14 item 6: a refresh PATCH applied but its reply was lost; the next refresh

@@ -46,30 +46,19 @@ pub(crate) fn thread_ticks(stat: &str) -> Option<(String, u64)> {
     Some((name, utime + stime))
 }
 
-/// `2026-11-22 16:40 UTC` for `at`.
-pub(crate) fn utc_date(at: SystemTime) -> String {
-    let secs = at.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
-    let (days, rest) = (secs / 86_400, secs % 86_400);
-    let (y, m, d) = civil_from_days(days as i64);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02} UTC",
-        rest / 3600,
-        rest % 3600 / 60
-    )
-}
+/// The last second RFC 3339 can write: 9999-12-31T23:59:59Z.
+const LAST_RFC3339_SECS: u64 = 253_402_300_799;
 
-/// Days since 1970-01-01 to a proleptic Gregorian (year, month, day): Howard Hinnant's
-/// algorithm.
-fn civil_from_days(days: i64) -> (i64, u32, u32) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (yoe + era * 400 + i64::from(m <= 2), m, d)
+/// `2026-11-22 16:40 UTC` for `at` (clamped to 1970–9999, where humantime's formatting
+/// works).
+pub(crate) fn utc_date(at: SystemTime) -> String {
+    let at = at.clamp(
+        UNIX_EPOCH,
+        UNIX_EPOCH + Duration::from_secs(LAST_RFC3339_SECS),
+    );
+    // `2026-11-22T16:40:00Z`
+    let rfc3339 = humantime::format_rfc3339_seconds(at).to_string();
+    format!("{} {} UTC", &rfc3339[..10], &rfc3339[11..16])
 }
 
 /// One line about the machine: CPU model, cores, memory, kernel, load average now.
@@ -107,6 +96,10 @@ mod tests {
         assert_eq!(utc_date(leap), "2000-02-29 01:01 UTC");
         let later = UNIX_EPOCH + Duration::from_secs(1_795_000_000);
         assert_eq!(utc_date(later), "2026-11-18 11:06 UTC");
+        let before = UNIX_EPOCH - Duration::from_secs(1);
+        assert_eq!(utc_date(before), "1970-01-01 00:00 UTC");
+        let after = UNIX_EPOCH + Duration::from_secs(253_402_300_800);
+        assert_eq!(utc_date(after), "9999-12-31 23:59 UTC");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! JSON resources in and out: object and bucket resources as GCS renders
 //! them, and the request bodies of insert metadata and PATCH.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::{Map, Value, json};
@@ -149,40 +149,19 @@ fn optional_string(fields: &Map<String, Value>, key: &str) -> Result<Option<Stri
     }
 }
 
-/// `2024-05-07T12:34:56.789Z`: UTC, millisecond precision, like GCS.
-pub(crate) fn rfc3339_millis(time: SystemTime) -> String {
-    let since = time.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = since.as_secs();
-    let (days, rem) = (secs / 86_400, secs % 86_400);
-    let (year, month, day) = civil_from_days(i64::try_from(days).unwrap_or(0));
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60,
-        since.subsec_millis()
-    )
-}
+/// The last instant RFC 3339 can write: 9999-12-31T23:59:59.999999999Z.
+const LAST_RFC3339: Duration = Duration::new(253_402_300_799, 999_999_999);
 
-/// Days since 1970-01-01 to a proleptic Gregorian date (H. Hinnant's
-/// `civil_from_days`).
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    (year, month, day)
+/// `2024-05-07T12:34:56.789Z`: UTC, millisecond precision, like GCS (clamped to
+/// 1970–9999, where humantime's formatting works).
+pub(crate) fn rfc3339_millis(time: SystemTime) -> String {
+    let time = time.clamp(UNIX_EPOCH, UNIX_EPOCH + LAST_RFC3339);
+    humantime::format_rfc3339_millis(time).to_string()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
 
     #[test]
     fn formats_rfc3339_with_millis() {
@@ -191,6 +170,10 @@ mod tests {
         assert_eq!(rfc3339_millis(UNIX_EPOCH), "1970-01-01T00:00:00.000Z");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400); // 2000-02-29
         assert_eq!(rfc3339_millis(leap), "2000-02-29T00:00:00.000Z");
+        let before = UNIX_EPOCH - Duration::from_secs(1);
+        assert_eq!(rfc3339_millis(before), "1970-01-01T00:00:00.000Z");
+        let after = UNIX_EPOCH + Duration::from_secs(253_402_300_800);
+        assert_eq!(rfc3339_millis(after), "9999-12-31T23:59:59.999Z");
     }
 
     #[test]

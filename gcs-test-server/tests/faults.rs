@@ -170,49 +170,11 @@ async fn request_log_counts_api_calls() {
 
 fn parse_date(response: &reqwest::Response) -> SystemTime {
     let date = response.headers()["date"].to_str().unwrap();
-    httpdate_parse(date)
-}
-
-/// Parses "Sun, 06 Nov 1994 08:49:37 GMT" (enough for this test).
-fn httpdate_parse(s: &str) -> SystemTime {
-    let months = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
-    ];
-    let p: Vec<&str> = s.split([' ', ':']).collect();
-    let (day, year): (i64, i64) = (p[1].parse().unwrap(), p[3].parse().unwrap());
-    let month = months.iter().position(|m| *m == p[2]).unwrap() as i64 + 1;
-    let (h, mi, se): (i64, i64, i64) = (
-        p[4].parse().unwrap(),
-        p[5].parse().unwrap(),
-        p[6].parse().unwrap(),
-    );
-    let days = days_from_civil(year, month, day);
-    let secs = days * 86_400 + h * 3600 + mi * 60 + se;
-    SystemTime::UNIX_EPOCH + Duration::from_secs(secs as u64)
-}
-
-fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
-    let y = if m <= 2 { y - 1 } else { y };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let doy = (153 * (if m > 2 { m - 3 } else { m + 9 }) + 2) / 5 + d - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    era * 146_097 + doe - 719_468
-}
-
-fn rfc3339_year_hour(s: &str) -> (i64, i64, i64, i64) {
-    let n = |r: std::ops::Range<usize>| s[r].parse::<i64>().unwrap();
-    (
-        n(0..4),
-        n(5..7),
-        n(8..10),
-        n(11..13) * 3600 + n(14..16) * 60 + n(17..19),
-    )
+    httpdate::parse_http_date(date).unwrap()
 }
 
 fn rfc3339_to_system(s: &str) -> SystemTime {
-    let (y, m, d, secs) = rfc3339_year_hour(s);
-    SystemTime::UNIX_EPOCH + Duration::from_secs((days_from_civil(y, m, d) * 86_400 + secs) as u64)
+    humantime::parse_rfc3339(s).unwrap()
 }
 
 fn off_by(a: SystemTime, b: SystemTime) -> i64 {
