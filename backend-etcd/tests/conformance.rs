@@ -15,9 +15,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use backend_etcd::{EtcdBackend, EtcdConfig};
 use common::PrivateCluster;
-use conformance::proxy::{Fault, FaultProxy};
 use conformance::{Cuttable, Harness, Outage, Timing};
 use lockcore::{Identity, LockBackend, LockName};
+use test_kit::proxy::{Fault, FaultProxy};
 use tokio::sync::Mutex;
 
 /// Ports of the private server used by `durability_claim`.
@@ -125,7 +125,7 @@ impl Harness for EtcdHarness {
     async fn cuttable(&self) -> Option<Cuttable> {
         let mut proxies = Vec::new();
         for endpoint in &self.endpoints {
-            let upstream: SocketAddr = conformance::env::host_port(endpoint)
+            let upstream: SocketAddr = test_kit::env::host_port(endpoint)
                 .expect("host:port")
                 .parse()
                 .expect("socket address");

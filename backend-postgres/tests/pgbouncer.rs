@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use backend_postgres::PostgresBackend;
 use common::{fresh_name, fresh_schema, grant, shared_url};
-use conformance::env::{host_port, servers_required};
 use lockcore::{Acquire, Identity, LockBackend, LockOptions, Locker, WaitMode};
 use sqlx::{AssertSqlSafe, Connection, Row};
+use test_kit::env::{host_port, servers_required};
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep, timeout};
 

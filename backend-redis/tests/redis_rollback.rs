@@ -7,9 +7,9 @@ mod common;
 use std::time::Duration;
 
 use backend_redis::{RedisBackend, RedisConfig};
-use conformance::proxy::Fault;
 use lockcore::{Acquire, AcquireRequest, Identity, LockBackend, LockName};
 use redis::aio::MultiplexedConnection;
+use test_kit::proxy::Fault;
 
 async fn backend_on(url: &str, prefix: &str) -> RedisBackend {
     let config = RedisConfig::from_url(url)

@@ -6,10 +6,10 @@ mod common;
 use std::time::Duration;
 
 use backend_redis::{RedlockBackend, RedlockConfig};
-use conformance::proxy::{Fault, FaultProxy};
 use futures_util::future::join_all;
 use lockcore::{Acquire, AcquireRequest, ErrorKind, Identity, Lease, LockBackend, LockName};
 use redis::aio::MultiplexedConnection;
+use test_kit::proxy::{Fault, FaultProxy};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -496,7 +496,7 @@ async fn connect_picks_the_backend_from_the_url() {
     assert_eq!(backend.guarantees(), backend_redis::redlock_guarantees());
     let hosts: Vec<&str> = urls
         .iter()
-        .filter_map(|u| conformance::env::host_port(u))
+        .filter_map(|u| test_kit::env::host_port(u))
         .collect();
     let compact = format!("redlock://{}/0?prefix=x", hosts.join(","));
     let backend = backend_redis::connect(&compact).await.expect("redlock://");

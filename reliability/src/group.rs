@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use conformance::proxy::{Fault as LinkFault, FaultProxy};
 use nix::sys::signal::Signal;
+use test_kit::proxy::{Fault as LinkFault, FaultProxy};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::Mutex;

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 /// The shared cluster's endpoints, or `None` (skip) outside CI when it is not running.
 pub(crate) fn shared_endpoints() -> Option<Vec<String>> {
-    let value = conformance::env::require("ANYLOCK_TEST_ETCD_ENDPOINTS", "etcd")?;
+    let value = test_kit::env::require("ANYLOCK_TEST_ETCD_ENDPOINTS", "etcd")?;
     Some(value.split(',').map(|s| s.trim().to_owned()).collect())
 }
 

@@ -10,17 +10,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use backend_postgres::{PostgresBackend, PostgresConfig};
-use conformance::proxy::FaultProxy;
 use conformance::{Cuttable, Harness, Timing};
 use lockcore::{Acquire, AcquireRequest, Identity, Lease, LockBackend, LockName};
 use sqlx::postgres::{PgPool, PgPoolOptions};
+use test_kit::proxy::FaultProxy;
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 pub(crate) use server::PrivateServer;
 
 /// The shared server's URL (`None`: skip outside CI; panics in CI when unset).
 pub(crate) fn shared_url() -> Option<String> {
-    conformance::env::require("ANYLOCK_TEST_POSTGRES_URL", "PostgreSQL")
+    test_kit::env::require("ANYLOCK_TEST_POSTGRES_URL", "PostgreSQL")
 }
 
 /// A schema name no other run uses.

@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use conformance::env::{host_port, require};
-use conformance::proxy::FaultProxy;
 use lockcore::{Identity, LockName};
 use redis::aio::MultiplexedConnection;
+use test_kit::env::{host_port, require};
+use test_kit::proxy::FaultProxy;
 
 /// The single-instance server URL, or `None` (skip) outside CI.
 pub(crate) fn redis_url() -> Option<String> {
