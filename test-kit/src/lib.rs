@@ -4,8 +4,11 @@
 //! * [`env`]: finding the shared servers started by `scripts/servers` (skip locally, fail
 //!   in CI);
 //! * [`proxy`]: a TCP fault-injection proxy for network faults on loopback;
-//! * [`prop`]: the proptest strategies of every crate's parser property tests.
+//! * [`prop`]: the proptest strategies of every crate's parser property tests;
+//! * [`servers`]: private Redis, PostgreSQL and etcd processes a test may crash, stall or
+//!   restart.
 
 pub mod env;
 pub mod prop;
 pub mod proxy;
+pub mod servers;

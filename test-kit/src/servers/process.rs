@@ -1,9 +1,10 @@
-//! Process helpers: signals by PID, port checks, and a watchdog that stops every server
-//! and client this run started once the orchestrator exits, however it exits.
+//! Process helpers: signals by PID, port checks, scratch directories, and watchdogs that
+//! stop what a test process started once it exits, however it exits.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
@@ -42,12 +43,35 @@ pub async fn wait_gone(pid: u32, limit: Duration) -> bool {
     true
 }
 
+/// A port on loopback that nothing listens on (the OS's pick).
+///
+/// # Panics
+/// When no port can be bound.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// A fresh directory `<temp>/<prefix>-<pid>-<n>` for one server of this test process.
+///
+/// # Errors
+/// When it cannot be created.
+pub fn scratch_dir(prefix: &str) -> Result<PathBuf, String> {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
 /// Fails with the holder's `ss` line when `port` on loopback is taken.
 pub fn ensure_free(port: u16) -> Result<(), String> {
     match TcpListener::bind(("127.0.0.1", port)) {
         Ok(_) => Ok(()),
         Err(e) => Err(format!(
-            "port {port} is in use ({e}); the reliability harness uses 27600-27689: {}",
+            "port {port} is in use ({e}): {}",
             std::process::Command::new("ss")
                 .args(["-ltnpH", &format!("sport = :{port}")])
                 .output()
@@ -117,6 +141,30 @@ pub async fn run(command: &mut Command) -> Result<String, String> {
         ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs the shell command `cleanup` once this process has exited, however it exits (a
+/// detached watchdog polls for it).
+///
+/// # Errors
+/// When `setsid` cannot start the watchdog.
+pub fn on_exit(cleanup: &str) -> Result<(), String> {
+    let script = format!(
+        "while kill -0 {me} 2>/dev/null; do sleep 1; done; {cleanup}",
+        me = std::process::id()
+    );
+    // --fork: setsid returns at once, and the watchdog runs on in its own session.
+    let started = std::process::Command::new("setsid")
+        .args(["--fork", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|e| format!("start a cleanup watchdog: {e}"))?;
+    match started.success() {
+        true => Ok(()),
+        false => Err(format!("setsid failed: {started}")),
+    }
 }
 
 /// Whether we run as root (PostgreSQL then runs as `postgres`).
