@@ -249,7 +249,7 @@ async fn a_stalled_node_does_not_hold_acquire_beyond_the_node_timeout() {
     let Some(urls) = common::redlock_urls() else {
         return;
     };
-    let stalled = common::PrivateRedis::start().await;
+    let stalled = test_kit::servers::Redis::start().await;
     let mut list: Vec<String> = urls.into_iter().take(4).collect();
     list.push(stalled.url());
     let node_timeout = Duration::from_millis(500);
@@ -512,7 +512,7 @@ async fn connect_preloads_the_scripts() {
     if common::redlock_urls().is_none() {
         return;
     }
-    let server = common::PrivateRedis::start().await;
+    let server = test_kit::servers::Redis::start().await;
     let mut admin = common::admin(&server.url()).await;
     let config = RedlockConfig::from_node_urls(&[server.url()])
         .expect("valid URL")
