@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
-use super::process::{Reaper, alive, ensure_free, free_port, is_root, on_exit, signal};
+use super::process::{Reaper, alive, is_root, on_exit, port_or_free, run_blocking as run, signal};
 
 /// How a [`Postgres`] is started; see [`Postgres::options`].
 #[derive(Debug)]
@@ -64,13 +64,7 @@ impl PostgresOptions {
     /// # Errors
     /// When the port is taken, PostgreSQL is not installed, or a step fails.
     pub fn start(self) -> Result<Postgres, String> {
-        let port = match self.port {
-            Some(port) => {
-                ensure_free(port)?;
-                port
-            }
-            None => free_port(),
-        };
+        let port = port_or_free(self.port)?;
         let root = self.dir.unwrap_or_else(|| {
             let random: u64 = rand::random();
             PathBuf::from(format!("/tmp/anylock-pg-private-{random:016x}"))
@@ -290,19 +284,6 @@ fn wait_gone(pid: u32, limit: Duration) -> bool {
         std::thread::sleep(Duration::from_millis(20));
     }
     true
-}
-
-/// Runs a command to completion; its stdout, or an error with its output.
-fn run(cmd: &mut Command) -> Result<String, String> {
-    let out = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{cmd:?} failed: {}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The newest `/usr/lib/postgresql/*/bin` (`ANYLOCK_PG_BIN` overrides), as in

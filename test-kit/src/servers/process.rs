@@ -66,6 +66,17 @@ pub fn scratch_dir(prefix: &str) -> Result<PathBuf, String> {
     Ok(dir)
 }
 
+/// `port` if it is free, or a free port when `None`.
+///
+/// # Errors
+/// When `port` is taken.
+pub fn port_or_free(port: Option<u16>) -> Result<u16, String> {
+    match port {
+        Some(port) => ensure_free(port).map(|()| port),
+        None => Ok(free_port()),
+    }
+}
+
 /// Fails with the holder's `ss` line when `port` on loopback is taken.
 pub fn ensure_free(port: u16) -> Result<(), String> {
     match TcpListener::bind(("127.0.0.1", port)) {
@@ -128,11 +139,22 @@ pub async fn http(
 
 /// Runs a command to completion; fails with its output.
 pub async fn run(command: &mut Command) -> Result<String, String> {
-    let out = command
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .map_err(|e| format!("{command:?}: {e}"))?;
+    let out = command.stdin(Stdio::null()).output().await;
+    checked(command, out)
+}
+
+/// [`run`], blocking.
+pub fn run_blocking(command: &mut std::process::Command) -> Result<String, String> {
+    let out = command.stdin(Stdio::null()).output();
+    checked(command, out)
+}
+
+/// A finished command's stdout, or an error with its output.
+fn checked(
+    command: &dyn std::fmt::Debug,
+    out: std::io::Result<std::process::Output>,
+) -> Result<String, String> {
+    let out = out.map_err(|e| format!("{command:?}: {e}"))?;
     if !out.status.success() {
         return Err(format!(
             "{command:?} failed: {}{}",
@@ -190,26 +212,14 @@ impl Reaper {
     /// # Errors
     /// When the directory cannot be created or `setsid` cannot start.
     pub fn start() -> Result<Reaper, String> {
-        let me = std::process::id();
-        let dir = std::env::temp_dir().join(format!("anylock-reliability-{me}"));
+        let dir = std::env::temp_dir().join(format!("anylock-reliability-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("pids")).map_err(|e| format!("{}: {e}", dir.display()))?;
         let d = dir.display();
-        let script = format!(
-            "while kill -0 {me} 2>/dev/null; do sleep 1; done; \
-             for f in {d}/pids/*; do [ -f \"$f\" ] || continue; read pid name < \"$f\"; \
+        on_exit(&format!(
+            "for f in {d}/pids/*; do [ -f \"$f\" ] || continue; read pid name < \"$f\"; \
              if [ \"$(cat /proc/$pid/comm 2>/dev/null)\" = \"$name\" ]; then kill -CONT $pid; kill -KILL $pid; fi; done; \
              for f in {d}/*.cleanup; do [ -f \"$f\" ] && sh \"$f\"; done; sleep 1; rm -rf {d}"
-        );
-        let started = std::process::Command::new("setsid")
-            .args(["--fork", "sh", "-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map_err(|e| format!("start the cleanup watchdog: {e}"))?;
-        if !started.success() {
-            return Err(format!("setsid failed: {started}"));
-        }
+        ))?;
         Ok(Reaper { dir })
     }
 

@@ -12,7 +12,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{Instant, sleep, timeout};
 
-use super::process::{Reaper, ensure_free, free_port, scratch_dir, signal};
+use super::process::{Reaper, port_or_free, scratch_dir, signal};
 
 /// How a [`Redis`] is started; see [`Redis::options`].
 #[derive(Debug, Default)]
@@ -61,13 +61,7 @@ impl RedisOptions {
     /// When the port is taken, `redis-server` (or `openssl`, for TLS) is missing, or the
     /// server never answers.
     pub async fn start(self) -> Result<Redis, String> {
-        let port = match self.port {
-            Some(port) => {
-                ensure_free(port)?;
-                port
-            }
-            None => free_port(),
-        };
+        let port = port_or_free(self.port)?;
         let (dir, owned) = match self.dir {
             Some(dir) => {
                 std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
