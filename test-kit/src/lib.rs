@@ -1,7 +1,7 @@
 //! Test plumbing shared by anylock's crates, kept apart from the conformance suite so that
 //! the bench, the reliability harness and every crate's tests can use it without the suite:
 //!
-//! * [`env`]: finding the shared servers started by `scripts/servers` (skip locally, fail
+//! * [`mod@env`]: finding the shared servers started by `scripts/servers` (skip locally, fail
 //!   in CI);
 //! * [`proxy`]: a TCP fault-injection proxy for network faults on loopback;
 //! * [`prop`]: the proptest strategies of every crate's parser property tests;

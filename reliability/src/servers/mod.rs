@@ -1,7 +1,7 @@
 //! Private servers for each backend, on loopback ports 27600-27689, started and stopped
 //! by this run only (the shared test servers are never touched), and the server-side
 //! faults: restarts, a killed leader, 5xx bursts. The servers themselves are
-//! [`test_kit::servers`]'.
+//! [`test_kit::servers`].
 
 mod snapshot;
 
