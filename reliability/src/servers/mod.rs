@@ -74,6 +74,7 @@ impl Lane {
                     .dir(reaper.dir().join("postgres"))
                     .database(DATABASE)
                     .stat_statements(false)
+                    .wait_reaped(false)
                     .reaper(reaper.clone());
                 let server = tokio::task::spawn_blocking(move || options.start())
                     .await

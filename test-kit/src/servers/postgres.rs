@@ -24,6 +24,7 @@ pub struct PostgresOptions {
     dir: Option<PathBuf>,
     database: String,
     stat_statements: bool,
+    wait_reaped: bool,
     reaper: Option<Arc<Reaper>>,
 }
 
@@ -49,6 +50,14 @@ impl PostgresOptions {
     /// Whether `pg_stat_statements` is preloaded so tests can count statements (default on).
     pub fn stat_statements(mut self, on: bool) -> Self {
         self.stat_statements = on;
+        self
+    }
+
+    /// Whether a crash restart waits until the old postmaster is reaped, not only exited
+    /// (default on: the backend's tests rely on the longer outage; the reliability harness
+    /// restarts as soon as the postmaster exited).
+    pub fn wait_reaped(mut self, on: bool) -> Self {
+        self.wait_reaped = on;
         self
     }
 
@@ -79,6 +88,7 @@ impl PostgresOptions {
             port,
             database: self.database,
             stat_statements: self.stat_statements,
+            wait_reaped: self.wait_reaped,
         };
         let data = server.data();
         match &self.reaper {
@@ -110,6 +120,7 @@ pub struct Postgres {
     port: u16,
     database: String,
     stat_statements: bool,
+    wait_reaped: bool,
 }
 
 impl Postgres {
@@ -120,6 +131,7 @@ impl Postgres {
             dir: None,
             database: "anylock_private".to_owned(),
             stat_statements: true,
+            wait_reaped: true,
             reaper: None,
         }
     }
@@ -195,7 +207,7 @@ impl Postgres {
         let pid = self.try_pid()?;
         let down = Instant::now();
         signal(pid, Signal::SIGQUIT);
-        if !wait_gone(pid, Duration::from_secs(30)) {
+        if !self.wait_gone(pid, Duration::from_secs(30)) {
             return Err(format!("postmaster {pid} did not exit"));
         }
         std::thread::sleep(outage.saturating_sub(down.elapsed()));
@@ -207,7 +219,7 @@ impl Postgres {
     pub fn stop(&self) {
         if let Ok(pid) = self.try_pid() {
             signal(pid, Signal::SIGQUIT);
-            wait_gone(pid, Duration::from_secs(30));
+            self.wait_gone(pid, Duration::from_secs(30));
         }
     }
 
@@ -227,6 +239,23 @@ impl Postgres {
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
             .args(["-U", "postgres", "-d", db, "-c", sql]))?;
         Ok(out.trim().to_owned())
+    }
+
+    /// Waits (blocking) until `pid` has exited (with `wait_reaped`: until its `/proc` entry,
+    /// zombie included, is gone), up to `limit`.
+    fn wait_gone(&self, pid: u32, limit: Duration) -> bool {
+        let deadline = Instant::now() + limit;
+        let running = |pid| match self.wait_reaped {
+            true => Path::new(&format!("/proc/{pid}")).exists(),
+            false => alive(pid),
+        };
+        while running(pid) {
+            if Instant::now() > deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        true
     }
 
     fn data(&self) -> PathBuf {
@@ -272,18 +301,6 @@ impl Postgres {
             Command::new(program)
         }
     }
-}
-
-/// Waits (blocking) until `pid` is gone (or a zombie), up to `limit`.
-fn wait_gone(pid: u32, limit: Duration) -> bool {
-    let deadline = Instant::now() + limit;
-    while alive(pid) {
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    true
 }
 
 /// The newest `/usr/lib/postgresql/*/bin` (`ANYLOCK_PG_BIN` overrides), as in
