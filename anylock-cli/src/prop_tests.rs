@@ -79,7 +79,7 @@ fn run_args(ttl: Option<&str>, wait: Option<&str>) -> Result<crate::cli::RunArgs
 }
 
 proptest! {
-    #![proptest_config(conformance::prop::config())]
+    #![proptest_config(test_kit::prop::config())]
 
     /// Guards against `--ttl`/`--wait` parsing that panics or overflows, and options built
     /// from them that are not checked (InvalidInput) before any backend is touched.

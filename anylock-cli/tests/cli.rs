@@ -478,29 +478,21 @@ fn check_refuses_a_redis_that_may_evict_lock_keys() {
     let Some(scene) = Scene::redis() else {
         return;
     };
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
-        .to_string();
-    let mut server = Command::new("redis-server")
-        .args(["--bind", "127.0.0.1", "--port", &port, "--save", ""])
-        .args(["--maxmemory", "64mb", "--maxmemory-policy", "allkeys-lru"])
-        .arg("--dir")
-        .arg(&scene.dir)
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("redis-server");
-    let url = format!("redis://127.0.0.1:{port}/0");
-    wait_until(Duration::from_secs(10), "redis-server listening", || {
-        std::net::TcpStream::connect(("127.0.0.1", port.parse().expect("port"))).is_ok()
-    });
+    let server = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+        .block_on(test_kit::servers::Redis::start_with(&[
+            "--maxmemory",
+            "64mb",
+            "--maxmemory-policy",
+            "allkeys-lru",
+        ]));
     let out = scene
         .command(&["check"])
-        .env("ANYLOCK_BACKEND", &url)
+        .env("ANYLOCK_BACKEND", server.url())
         .output();
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     let out = out.expect("run anylock check");
     let lines = stderr_lines(&out);
     assert_ne!(code(&out), 0, "{lines:?}");

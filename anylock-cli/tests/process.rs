@@ -322,13 +322,13 @@ fn a_signal_forwarded_while_the_supervisor_starts_reaches_the_command() {
 /// SIGKILL when the lease can have expired at the latest, not after the full `--grace`.
 #[test]
 fn the_grace_never_outlasts_the_lease_when_the_backend_is_unreachable() {
-    let Some(url) = conformance::env::require("ANYLOCK_TEST_REDIS_URL", "Redis") else {
+    let Some(url) = test_kit::env::require("ANYLOCK_TEST_REDIS_URL", "Redis") else {
         return;
     };
-    let upstream = conformance::env::host_port(&url).expect("host:port");
+    let upstream = test_kit::env::host_port(&url).expect("host:port");
     let runtime = tokio::runtime::Runtime::new().expect("runtime");
     let proxy = runtime
-        .block_on(conformance::proxy::FaultProxy::start(
+        .block_on(test_kit::proxy::FaultProxy::start(
             upstream.parse().expect("address"),
         ))
         .expect("proxy");
@@ -351,7 +351,7 @@ fn the_grace_never_outlasts_the_lease_when_the_backend_is_unreachable() {
     wait_until(Duration::from_secs(20), "the command to start", || {
         ready.exists()
     });
-    proxy.set_fault(conformance::proxy::Fault::Blackhole);
+    proxy.set_fault(test_kit::proxy::Fault::Blackhole);
     let cut = Instant::now();
     let status = wait_child(&mut run, Duration::from_secs(30));
     assert_eq!(status.code(), Some(122), "{status:?}");

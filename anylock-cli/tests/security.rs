@@ -31,7 +31,7 @@ struct Secure {
 impl Secure {
     /// `None` (skip, loudly) outside CI without the servers; a failure in CI.
     fn from_env() -> Option<Self> {
-        let dir = conformance::env::require("ANYLOCK_TEST_SECURE_DIR", "the secure servers")?;
+        let dir = test_kit::env::require("ANYLOCK_TEST_SECURE_DIR", "the secure servers")?;
         let var = |name: &str| {
             std::env::var(name).unwrap_or_else(|_| panic!("{name} must be set with the rest"))
         };
@@ -425,7 +425,7 @@ fn check_reports_tls_and_identity_and_the_command_never_sees_the_password() {
 /// `check` on a plaintext server with a password says so, loudly.
 #[test]
 fn check_warns_when_credentials_travel_in_plaintext() {
-    let Some(url) = conformance::env::require("ANYLOCK_TEST_POSTGRES_URL", "PostgreSQL") else {
+    let Some(url) = test_kit::env::require("ANYLOCK_TEST_POSTGRES_URL", "PostgreSQL") else {
         return;
     };
     // The harness's PostgreSQL trusts loopback: any password is accepted, none is checked.

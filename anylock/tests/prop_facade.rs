@@ -8,9 +8,9 @@ use std::error::Error as _;
 use std::time::Duration;
 
 use anylock::{BackendUrl, Config, SCHEMES, redact};
-use conformance::prop::config;
 use lockcore::{Error, ErrorKind, WaitMode};
 use proptest::prelude::*;
+use test_kit::prop::config;
 
 /// Every scheme the crate docs list, the TLS variants included.
 const DOCUMENTED: &[&str] = &[

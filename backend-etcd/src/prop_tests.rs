@@ -19,12 +19,12 @@ const PASSWORD_SEPARATORS: &[&str] = &[
     "[",
 ];
 
-/// Passwords for this crate's URLs (see `conformance::prop::passwords`).
+/// Passwords for this crate's URLs (see `test_kit::prop::passwords`).
 fn passwords() -> impl Strategy<Value = (Vec<String>, String)> {
-    conformance::prop::passwords(PASSWORD_SEPARATORS, encode)
+    test_kit::prop::passwords(PASSWORD_SEPARATORS, encode)
 }
 
-/// Valid URLs that `conformance::prop::mangled` mutates.
+/// Valid URLs that `test_kit::prop::mangled` mutates.
 const VALID_URLS: &[&str] = &[
     "etcds://u%40corp:p%3Ass@h:1/x?timeout=250ms&connect_timeout=2&ca=/etc/ca.pem",
     "etcd://root:hunter2@h1,h2:2380/locks?timeout=2s",
@@ -123,13 +123,13 @@ fn stored_values() -> impl Strategy<Value = Vec<u8>> {
 }
 
 proptest! {
-    #![proptest_config(conformance::prop::config())]
+    #![proptest_config(test_kit::prop::config())]
 
     /// Guards against the URL parser panicking (percent-decoding at the end of the text,
     /// bracketed hosts, overflowing durations) or reporting anything but InvalidInput (or
     /// Config, for TLS parameters on a plaintext URL).
     #[test]
-    fn prop_urls_never_panic_and_errors_are_typed(url in conformance::prop::mangled(VALID_URLS.to_vec())) {
+    fn prop_urls_never_panic_and_errors_are_typed(url in test_kit::prop::mangled(VALID_URLS.to_vec())) {
         match EtcdConfig::from_url(&url) {
             Ok(config) => {
                 prop_assert!(!config.endpoints().is_empty());

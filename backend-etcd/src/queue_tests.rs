@@ -11,7 +11,7 @@ use crate::grpc::{Connection, Settings};
 use crate::{EtcdBackend, EtcdConfig, requests};
 
 async fn setup(what: &str) -> Option<(EtcdBackend, Connection)> {
-    let endpoints = conformance::env::require("ANYLOCK_TEST_ETCD_ENDPOINTS", "etcd")?;
+    let endpoints = test_kit::env::require("ANYLOCK_TEST_ETCD_ENDPOINTS", "etcd")?;
     let endpoints: Vec<String> = endpoints.split(',').map(|s| s.trim().to_owned()).collect();
     let prefix = format!("anylock-test/{what}-{:016x}/", rand::random::<u64>());
     let config = EtcdConfig::new(&endpoints)

@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use backend_etcd::{EtcdBackend, EtcdConfig};
-use common::PrivateCluster;
-use conformance::proxy::{Fault, FaultProxy};
 use conformance::{Cuttable, Harness, Outage, Timing};
 use lockcore::{Identity, LockBackend, LockName};
+use test_kit::proxy::{Fault, FaultProxy};
+use test_kit::servers::Etcd;
 use tokio::sync::Mutex;
 
 /// Ports of the private server used by `durability_claim`.
@@ -29,7 +29,7 @@ struct EtcdHarness {
     backend: Arc<EtcdBackend>,
     raw: Mutex<common::raw::Raw>,
     /// The private server, for the one case that restarts it.
-    private: Option<Mutex<PrivateCluster>>,
+    private: Option<Mutex<Etcd>>,
 }
 
 /// The harness for the running case, or `None` to skip (outside CI, with no servers).
@@ -40,7 +40,7 @@ async fn harness() -> Option<EtcdHarness> {
     let shared = common::shared_endpoints()?;
     let case = std::thread::current().name().unwrap_or_default().to_owned();
     if case.ends_with("durability_claim") {
-        let cluster = PrivateCluster::start(&[DURABILITY_PORTS], true).await;
+        let cluster = Etcd::start(&[DURABILITY_PORTS], true).await;
         let endpoints = cluster.endpoints();
         return Some(EtcdHarness::new(endpoints, Some(cluster)).await);
     }
@@ -48,7 +48,7 @@ async fn harness() -> Option<EtcdHarness> {
 }
 
 impl EtcdHarness {
-    async fn new(endpoints: Vec<String>, private: Option<PrivateCluster>) -> Self {
+    async fn new(endpoints: Vec<String>, private: Option<Etcd>) -> Self {
         let prefix = common::random_prefix("conformance");
         let backend = common::backend(&endpoints, &prefix).await;
         let raw = common::raw(&endpoints).await;
@@ -125,7 +125,7 @@ impl Harness for EtcdHarness {
     async fn cuttable(&self) -> Option<Cuttable> {
         let mut proxies = Vec::new();
         for endpoint in &self.endpoints {
-            let upstream: SocketAddr = conformance::env::host_port(endpoint)
+            let upstream: SocketAddr = test_kit::env::host_port(endpoint)
                 .expect("host:port")
                 .parse()
                 .expect("socket address");

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use backend_etcd::EtcdBackend;
-use common::PrivateCluster;
 use lockcore::{Acquire, AcquireRequest, ErrorKind, Identity, Lease, LockBackend, LockName};
+use test_kit::servers::Etcd;
 
 const LONG: Duration = Duration::from_secs(30);
 
@@ -390,7 +390,7 @@ async fn rpc_counts_per_operation() {
     if common::shared_endpoints().is_none() {
         return;
     }
-    let cluster = PrivateCluster::start(&[(27595, 27695)], false).await;
+    let cluster = Etcd::start(&[(27595, 27695)], false).await;
     let backend = common::backend(&cluster.endpoints(), "count/").await;
     let port = 27595;
     let lock = name("counted");

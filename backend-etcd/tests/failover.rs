@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use common::PrivateCluster;
 use lockcore::{Health, LockBackend, LockGuard, LockOptions, Locker};
+use test_kit::servers::Etcd;
 use tokio::task::JoinHandle;
 use tokio::time::{Instant, sleep};
 
@@ -60,7 +60,7 @@ async fn killing_the_leader_keeps_the_lock_held() {
     if common::shared_endpoints().is_none() {
         return;
     }
-    let mut cluster = PrivateCluster::start(&PORTS, false).await;
+    let mut cluster = Etcd::start(&PORTS, false).await;
     let endpoints = cluster.endpoints();
     let backend = Arc::new(common::backend(&endpoints, "failover/").await);
     let options = LockOptions::new(Duration::from_secs(20));
@@ -73,10 +73,10 @@ async fn killing_the_leader_keeps_the_lock_held() {
     let other = Arc::new(common::backend(&endpoints, "failover/").await);
     let rival = rival(other, stop.clone());
 
-    let leader = cluster.leader().await;
+    let leader = cluster.leader().await.expect("a leader");
     let killed_at = Instant::now();
     cluster.kill(leader);
-    let new_leader = cluster.leader().await;
+    let new_leader = cluster.leader().await.expect("a leader");
     assert_ne!(new_leader, leader);
     println!("new leader after {:?}", killed_at.elapsed());
     // A refresh must succeed after the kill: wait until the last success is more recent

@@ -28,10 +28,10 @@ struct Secure {
 
 impl Secure {
     fn from_env() -> Option<Self> {
-        let dir = conformance::env::require("ANYLOCK_TEST_SECURE_DIR", "secure etcd")?;
-        let port = conformance::env::require("ANYLOCK_TEST_ETCD_TLS_PORT", "secure etcd")?;
-        let user = conformance::env::require("ANYLOCK_TEST_SECURE_USER", "secure etcd")?;
-        let password = conformance::env::require("ANYLOCK_TEST_SECURE_PASSWORD", "secure etcd")?;
+        let dir = test_kit::env::require("ANYLOCK_TEST_SECURE_DIR", "secure etcd")?;
+        let port = test_kit::env::require("ANYLOCK_TEST_ETCD_TLS_PORT", "secure etcd")?;
+        let user = test_kit::env::require("ANYLOCK_TEST_SECURE_USER", "secure etcd")?;
+        let password = test_kit::env::require("ANYLOCK_TEST_SECURE_PASSWORD", "secure etcd")?;
         Some(Self {
             dir: PathBuf::from(dir),
             port: port

@@ -152,7 +152,7 @@ fn date_headers() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(conformance::prop::config())]
+    #![proptest_config(test_kit::prop::config())]
 
     /// Guards against a reply parser that panics or overflows on a malformed object
     /// resource, or reports it as anything but a Protocol error.

@@ -14,9 +14,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use backend_gcs::GcsBackend;
 use common::Gcs;
-use conformance::proxy::{Fault, FaultProxy};
 use conformance::{Cuttable, Harness, Timing};
 use lockcore::{Identity, LockBackend, LockName};
+use test_kit::proxy::{Fault, FaultProxy};
 
 struct GcsHarness {
     gcs: Gcs,

@@ -28,7 +28,7 @@ struct FakeGcsHarness {
 
 /// A fresh bucket on fake-gcs-server, or `None` (skip) outside CI without it.
 async fn harness() -> Option<FakeGcsHarness> {
-    let url = conformance::env::require("ANYLOCK_TEST_FAKE_GCS_URL", "fake-gcs-server")?;
+    let url = test_kit::env::require("ANYLOCK_TEST_FAKE_GCS_URL", "fake-gcs-server")?;
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default()

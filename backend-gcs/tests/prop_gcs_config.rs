@@ -5,7 +5,7 @@ use backend_gcs::GcsConfig;
 use lockcore::ErrorKind;
 use proptest::prelude::*;
 
-/// Valid URLs that `conformance::prop::mangled` mutates.
+/// Valid URLs that `test_kit::prop::mangled` mutates.
 const VALID_URLS: &[&str] = &[
     "gs://locks-1/app/?endpoint=http://127.0.0.1:4443&timeout_ms=250",
     "gs://bucket",
@@ -23,12 +23,12 @@ fn secrets() -> impl Strategy<Value = (String, String)> {
 }
 
 proptest! {
-    #![proptest_config(conformance::prop::config())]
+    #![proptest_config(test_kit::prop::config())]
 
     /// Guards against the URL parser panicking (percent-decoding, empty parts) or reporting
     /// a bad URL as anything but InvalidInput with a message.
     #[test]
-    fn prop_gcs_urls_never_panic_and_errors_are_typed(url in conformance::prop::mangled(VALID_URLS.to_vec())) {
+    fn prop_gcs_urls_never_panic_and_errors_are_typed(url in test_kit::prop::mangled(VALID_URLS.to_vec())) {
         match GcsConfig::from_url(&url) {
             Ok(config) => {
                 let again = GcsConfig::from_url(&config.to_string());
@@ -43,7 +43,7 @@ proptest! {
 
     /// Guards against an access token showing in `Debug` or `Display`.
     #[test]
-    fn prop_gcs_tokens_never_show((marker, token) in secrets(), url in conformance::prop::mangled(VALID_URLS.to_vec())) {
+    fn prop_gcs_tokens_never_show((marker, token) in secrets(), url in test_kit::prop::mangled(VALID_URLS.to_vec())) {
         if let Ok(config) = GcsConfig::from_url(&url) {
             let config = config.with_access_token(token);
             let shown = format!("{config} {config:?}");
@@ -53,7 +53,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(conformance::prop::config())]
+    #![proptest_config(test_kit::prop::config())]
 
     /// Guards against user info written into a `gs://` URL (by habit from other schemes,
     /// or in the endpoint) showing in errors, `Display` or `Debug`.

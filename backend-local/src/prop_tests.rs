@@ -27,7 +27,7 @@ fn other_urls() -> impl Strategy<Value = (String, String)> {
 }
 
 proptest! {
-    #![proptest_config(conformance::prop::config())]
+    #![proptest_config(test_kit::prop::config())]
 
     /// Guards against a `local:` parser that panics, reports another scheme as anything
     /// but InvalidInput, or echoes the rest of the URL (a password) in its error.

@@ -87,7 +87,7 @@ fn pid_namespaces_available() -> bool {
                 Err(err) => err.to_string(),
             };
             assert!(
-                !conformance::env::servers_required(),
+                !test_kit::env::servers_required(),
                 "cannot create a PID namespace ({why}): run as root, or enable unprivileged \
                  user namespaces; `unshare` is in util-linux"
             );

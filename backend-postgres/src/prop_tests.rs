@@ -19,16 +19,16 @@ const PASSWORD_SEPARATORS: &[&str] = &[
     "%00",
 ];
 
-/// Passwords for this crate's URLs (see `conformance::prop::passwords`).
+/// Passwords for this crate's URLs (see `test_kit::prop::passwords`).
 fn passwords() -> impl Strategy<Value = (Vec<String>, String)> {
-    conformance::prop::passwords(PASSWORD_SEPARATORS, form_encode)
+    test_kit::prop::passwords(PASSWORD_SEPARATORS, form_encode)
 }
 
 fn form_encode(text: &str) -> String {
     url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
 }
 
-/// Valid URLs that `conformance::prop::mangled` mutates.
+/// Valid URLs that `test_kit::prop::mangled` mutates.
 const VALID_URLS: &[&str] = &[
     "postgres://app:pa%40ss@db.example:6543/locks?sslmode=require&pool_size=3",
     "postgresql://localhost/db?schema=s&table=t&timeout_ms=250&create_schema=false",
@@ -89,12 +89,12 @@ fn valid_identifier(name: &str, max: usize) -> bool {
 }
 
 proptest! {
-    #![proptest_config(conformance::prop::config())]
+    #![proptest_config(test_kit::prop::config())]
 
     /// Guards against the URL parser (ours and sqlx's behind it) panicking on malformed
     /// input, or reporting it as anything but InvalidInput with a message.
     #[test]
-    fn prop_urls_never_panic_and_errors_are_typed(url in conformance::prop::mangled(VALID_URLS.to_vec())) {
+    fn prop_urls_never_panic_and_errors_are_typed(url in test_kit::prop::mangled(VALID_URLS.to_vec())) {
         if let Err(err) = PostgresConfig::from_url(&url) {
             prop_assert_eq!(err.kind(), ErrorKind::InvalidInput, "{:?}: {}", url, err);
             prop_assert!(!err.message().is_empty());

@@ -9,14 +9,14 @@ use std::time::Duration;
 
 use backend_postgres::{KEEPALIVE, PostgresBackend, PostgresConfig};
 use common::{admin, fresh_name, fresh_schema, grant, shared_url};
-use conformance::env::host_port;
-use conformance::proxy::{Fault, FaultProxy};
 use futures_util::StreamExt;
 use lockcore::{
     Backoff, Identity, Jitter, LockBackend, LockName, LockOptions, Locker, ReleaseEvents, WaitMode,
 };
 use sqlx::Row;
 use sqlx::postgres::PgPool;
+use test_kit::env::host_port;
+use test_kit::proxy::{Fault, FaultProxy};
 use tokio::time::{Instant, sleep, timeout};
 
 const LONG: Duration = Duration::from_secs(300);

@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use backend_postgres::PostgresBackend;
 use common::{fresh_name, fresh_schema, grant, shared_url};
-use conformance::env::{host_port, servers_required};
 use lockcore::{Acquire, Identity, LockBackend, LockOptions, Locker, WaitMode};
 use sqlx::{AssertSqlSafe, Connection, Row};
+use test_kit::env::{host_port, servers_required};
 use tokio::process::{Child, Command};
 use tokio::time::{Instant, sleep, timeout};
 
@@ -59,7 +59,7 @@ async fn start_bouncer(url: &str) -> Option<Bouncer> {
     let dir = std::env::temp_dir().join(format!("anylock-pgbouncer-{port}"));
     write_config(&dir, port, host, upstream_port);
     let mut cmd = Command::new(bin);
-    if common::server::is_root() {
+    if test_kit::servers::is_root() {
         std::process::Command::new("chown")
             .args(["-R", "postgres", &dir.to_string_lossy()])
             .status()
@@ -74,7 +74,8 @@ async fn start_bouncer(url: &str) -> Option<Bouncer> {
         .spawn()
         .expect("start pgbouncer");
     let pid = child.id().expect("pgbouncer pid");
-    common::server::on_exit(&format!("kill {pid} 2>/dev/null; rm -rf {}", dir.display()));
+    test_kit::servers::on_exit(&format!("kill {pid} 2>/dev/null; rm -rf {}", dir.display()))
+        .expect("a cleanup watchdog");
     let deadline = Instant::now() + Duration::from_secs(10);
     while tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use backend_postgres::PostgresBackend;
-use common::{PrivateServer, attempt, exclusive, fresh_name, fresh_schema, grant, private_server};
+use common::{Postgres, attempt, exclusive, fresh_name, fresh_schema, grant, private_server};
 use lockcore::{
     Acquire, ErrorKind, FenceToken, Health, Identity, LockBackend, LockGuard, LockOptions, Locker,
     WaitMode,
@@ -22,7 +22,7 @@ use tokio::time::{Instant, sleep, timeout};
 const LONG: Duration = Duration::from_secs(60);
 
 /// The private server and a backend on a fresh schema, or `None` to skip outside CI.
-async fn setup(tag: &str) -> Option<(Arc<PrivateServer>, PostgresBackend, String)> {
+async fn setup(tag: &str) -> Option<(Arc<Postgres>, PostgresBackend, String)> {
     common::shared_url()?;
     let server = private_server().await;
     let schema = fresh_schema(tag);
@@ -31,7 +31,7 @@ async fn setup(tag: &str) -> Option<(Arc<PrivateServer>, PostgresBackend, String
 }
 
 /// Calls per statement kind whose text mentions `schema`, from `pg_stat_statements`.
-async fn statement_calls(server: &PrivateServer, schema: &str) -> [i64; 4] {
+async fn statement_calls(server: &Postgres, schema: &str) -> [i64; 4] {
     let admin = common::admin(&server.url()).await;
     let rows = sqlx::query("SELECT query, calls FROM pg_stat_statements WHERE query LIKE $1")
         .bind(format!("%{schema}%"))

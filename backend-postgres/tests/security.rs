@@ -17,7 +17,7 @@ struct Secure {
 }
 
 fn secure() -> Option<Secure> {
-    let var = |name: &str| conformance::env::require(name, "PostgreSQL TLS");
+    let var = |name: &str| test_kit::env::require(name, "PostgreSQL TLS");
     Some(Secure {
         dir: var("ANYLOCK_TEST_SECURE_DIR")?,
         port: var("ANYLOCK_TEST_POSTGRES_TLS_PORT")?,

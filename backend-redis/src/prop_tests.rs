@@ -23,16 +23,16 @@ const PASSWORD_SEPARATORS: &[&str] = &[
     ":", "/", "?", "#", ",", "%", "&", "=", " ", "+", "$", ";", "é", "%40", "%2F", "%zz",
 ];
 
-/// Passwords for this crate's URLs (see `conformance::prop::passwords`).
+/// Passwords for this crate's URLs (see `test_kit::prop::passwords`).
 fn passwords() -> impl Strategy<Value = (Vec<String>, String)> {
-    conformance::prop::passwords(PASSWORD_SEPARATORS, form_encode)
+    test_kit::prop::passwords(PASSWORD_SEPARATORS, form_encode)
 }
 
 fn form_encode(text: &str) -> String {
     url::form_urlencoded::byte_serialize(text.as_bytes()).collect()
 }
 
-/// Valid URLs that `conformance::prop::mangled` mutates.
+/// Valid URLs that `test_kit::prop::mangled` mutates.
 const VALID_URLS: &[&str] = &[
     "redis://app:pw@127.0.0.1:7000/3?prefix=jobs&timeout_ms=250",
     "rediss://h:6380/0#insecure",
@@ -123,12 +123,12 @@ fn stored_values() -> impl Strategy<Value = String> {
 }
 
 proptest! {
-    #![proptest_config(conformance::prop::config())]
+    #![proptest_config(test_kit::prop::config())]
 
     /// Guards against a URL parser that panics on malformed input or reports it as
     /// anything but InvalidInput (or Config for TLS without the `tls` feature).
     #[test]
-    fn prop_urls_never_panic_and_errors_are_typed(url in conformance::prop::mangled(VALID_URLS.to_vec())) {
+    fn prop_urls_never_panic_and_errors_are_typed(url in test_kit::prop::mangled(VALID_URLS.to_vec())) {
         for result in [
             RedisConfig::from_url(&url).map(|c| c.to_string()),
             RedlockConfig::from_url(&url).map(|c| c.to_string()),

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use backend_redis::{RedisBackend, RedisConfig};
-use conformance::proxy::FaultProxy;
 use conformance::{Cuttable, Harness};
 use lockcore::{Identity, LockBackend, LockName};
 use redis::aio::MultiplexedConnection;
+use test_kit::proxy::FaultProxy;
 
 struct RedisHarness {
     url: String,

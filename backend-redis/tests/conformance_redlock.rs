@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use backend_redis::{RedlockBackend, RedlockConfig};
-use conformance::proxy::{FaultHandle, FaultProxy};
 use conformance::{Cuttable, Harness, Outage};
 use futures_util::future::join_all;
 use lockcore::{Identity, LockBackend, LockName};
 use redis::aio::MultiplexedConnection;
+use test_kit::proxy::{FaultHandle, FaultProxy};
 
 /// Generous against a loaded 2-core CI machine; the default (50 ms) suits production.
 const NODE_TIMEOUT: Duration = Duration::from_millis(250);

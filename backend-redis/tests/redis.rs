@@ -63,7 +63,7 @@ async fn each_operation_is_one_command_on_the_server() {
     if common::redis_url().is_none() {
         return;
     }
-    let server = common::PrivateRedis::start().await;
+    let server = test_kit::servers::Redis::start().await;
     let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
     let stats = &mut common::admin(&server.url()).await;
     let me = Identity::unique();
@@ -151,7 +151,7 @@ async fn scripts_are_reloaded_after_script_flush() {
     if common::redis_url().is_none() {
         return;
     }
-    let server = common::PrivateRedis::start().await;
+    let server = test_kit::servers::Redis::start().await;
     let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
     let mut admin = common::admin(&server.url()).await;
     let me = Identity::unique();
@@ -317,7 +317,7 @@ async fn a_stalled_server_gives_timely_errors() {
     if common::redis_url().is_none() {
         return;
     }
-    let server = common::PrivateRedis::start().await;
+    let server = test_kit::servers::Redis::start().await;
     let limit = Duration::from_millis(300);
     let backend = backend_on(&server.url(), limit).await;
     let me = Identity::unique();
@@ -362,7 +362,7 @@ async fn waiters_share_one_subscription() {
     if common::redis_url().is_none() {
         return;
     }
-    let server = common::PrivateRedis::start().await;
+    let server = test_kit::servers::Redis::start().await;
     let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
     let mut admin = common::admin(&server.url()).await;
     let me = Identity::unique();
@@ -412,7 +412,7 @@ async fn a_dropped_notification_connection_ends_streams_and_reconnects() {
     if common::redis_url().is_none() {
         return;
     }
-    let server = common::PrivateRedis::start().await;
+    let server = test_kit::servers::Redis::start().await;
     let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
     let mut admin = common::admin(&server.url()).await;
     let name = common::fresh_name("dropped-pubsub");
@@ -472,7 +472,7 @@ async fn a_subscription_dropped_in_flight_is_cleaned_up() {
     if common::redis_url().is_none() {
         return;
     }
-    let server = common::PrivateRedis::start().await;
+    let server = test_kit::servers::Redis::start().await;
     let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
     let mut admin = common::admin(&server.url()).await;
     // Open the shared pub/sub connection first, so only the SUBSCRIBE itself stalls.
@@ -563,7 +563,7 @@ async fn fence_tokens_keep_rising_when_the_server_forgets_its_data() {
     if common::redis_url().is_none() {
         return;
     }
-    let server = common::PrivateRedis::start().await;
+    let server = test_kit::servers::Redis::start().await;
     let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
     let me = Identity::unique();
     let held = take(&backend, &request("forgotten", &me)).await;
@@ -592,7 +592,7 @@ async fn tls_connections_work() {
     if common::redis_url().is_none() {
         return;
     }
-    let server = common::PrivateRedis::start_tls().await;
+    let server = test_kit::servers::Redis::start_tls().await;
     let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
     let me = Identity::unique();
     let lease = take(&backend, &request("tls", &me)).await;
@@ -861,7 +861,7 @@ async fn list_pages_through_many_locks() {
     if common::redis_url().is_none() {
         return;
     }
-    let server = common::PrivateRedis::start().await;
+    let server = test_kit::servers::Redis::start().await;
     let backend = backend_on(&server.url(), Duration::from_secs(5)).await;
     let stats = &mut common::admin(&server.url()).await;
     let base = common::fresh_name("many");

@@ -16,8 +16,9 @@ async fn connect(url: &str) -> lockcore::Result<RedisBackend> {
     RedisBackend::connect(config).await
 }
 
-async fn evicting(policy: &str) -> common::PrivateRedis {
-    common::PrivateRedis::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", policy]).await
+async fn evicting(policy: &str) -> test_kit::servers::Redis {
+    test_kit::servers::Redis::start_with(&["--maxmemory", "64mb", "--maxmemory-policy", policy])
+        .await
 }
 
 /// `allkeys-*` may evict any key; `volatile-*` evicts keys with a TTL, and every lock key
@@ -46,11 +47,11 @@ async fn servers_that_never_evict_are_accepted() {
     if common::redis_url().is_none() {
         return;
     }
-    let limited = common::PrivateRedis::start_with(&["--maxmemory", "64mb"]).await;
+    let limited = test_kit::servers::Redis::start_with(&["--maxmemory", "64mb"]).await;
     connect(&limited.url())
         .await
         .expect("noeviction with a limit");
-    let unlimited = common::PrivateRedis::start_with(&[
+    let unlimited = test_kit::servers::Redis::start_with(&[
         "--maxmemory",
         "0",
         "--maxmemory-policy",

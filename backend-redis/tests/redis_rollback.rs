@@ -7,9 +7,9 @@ mod common;
 use std::time::Duration;
 
 use backend_redis::{RedisBackend, RedisConfig};
-use conformance::proxy::Fault;
 use lockcore::{Acquire, AcquireRequest, Identity, LockBackend, LockName};
 use redis::aio::MultiplexedConnection;
+use test_kit::proxy::Fault;
 
 async fn backend_on(url: &str, prefix: &str) -> RedisBackend {
     let config = RedisConfig::from_url(url)
@@ -70,7 +70,7 @@ async fn fence_tokens_never_repeat_after_a_restart_from_an_older_snapshot() {
     if common::redis_url().is_none() {
         return;
     }
-    let mut server = common::PrivateRedis::start().await;
+    let mut server = test_kit::servers::Redis::start().await;
     let backend = backend_on(&server.url(), &common::random_prefix("rollback")).await;
     let name = common::fresh_name("snapshot");
     let mut before = grants(&backend, &name, 3).await;
@@ -131,10 +131,11 @@ async fn fence_tokens_never_repeat_after_failover_to_a_lagging_replica() {
         return;
     }
     // No 5 s wait for more replicas before the first full sync.
-    let primary = common::PrivateRedis::start_with(&["--repl-diskless-sync-delay", "0"]).await;
+    let primary = test_kit::servers::Redis::start_with(&["--repl-diskless-sync-delay", "0"]).await;
     let link = common::proxy_for(&primary.url()).await;
     let link_port = link.local_addr().port().to_string();
-    let replica = common::PrivateRedis::start_with(&["--replicaof", "127.0.0.1", &link_port]).await;
+    let replica =
+        test_kit::servers::Redis::start_with(&["--replicaof", "127.0.0.1", &link_port]).await;
     wait_replication_up(&replica.url()).await;
     let prefix = common::random_prefix("failover");
     let backend = backend_on(&primary.url(), &prefix).await;

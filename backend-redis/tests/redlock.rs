@@ -6,10 +6,10 @@ mod common;
 use std::time::Duration;
 
 use backend_redis::{RedlockBackend, RedlockConfig};
-use conformance::proxy::{Fault, FaultProxy};
 use futures_util::future::join_all;
 use lockcore::{Acquire, AcquireRequest, ErrorKind, Identity, Lease, LockBackend, LockName};
 use redis::aio::MultiplexedConnection;
+use test_kit::proxy::{Fault, FaultProxy};
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(10);
@@ -249,7 +249,7 @@ async fn a_stalled_node_does_not_hold_acquire_beyond_the_node_timeout() {
     let Some(urls) = common::redlock_urls() else {
         return;
     };
-    let stalled = common::PrivateRedis::start().await;
+    let stalled = test_kit::servers::Redis::start().await;
     let mut list: Vec<String> = urls.into_iter().take(4).collect();
     list.push(stalled.url());
     let node_timeout = Duration::from_millis(500);
@@ -496,7 +496,7 @@ async fn connect_picks_the_backend_from_the_url() {
     assert_eq!(backend.guarantees(), backend_redis::redlock_guarantees());
     let hosts: Vec<&str> = urls
         .iter()
-        .filter_map(|u| conformance::env::host_port(u))
+        .filter_map(|u| test_kit::env::host_port(u))
         .collect();
     let compact = format!("redlock://{}/0?prefix=x", hosts.join(","));
     let backend = backend_redis::open(&compact).await.expect("redlock://");
@@ -512,7 +512,7 @@ async fn connect_preloads_the_scripts() {
     if common::redlock_urls().is_none() {
         return;
     }
-    let server = common::PrivateRedis::start().await;
+    let server = test_kit::servers::Redis::start().await;
     let mut admin = common::admin(&server.url()).await;
     let config = RedlockConfig::from_node_urls(&[server.url()])
         .expect("valid URL")

@@ -77,9 +77,9 @@ impl Args {
     ///
     /// # Errors
     /// Under `--smoke` when servers are required (`CI=true` or `ANYLOCK_REQUIRE_SERVERS=1`,
-    /// see [`conformance::env::servers_required`]), a server backend without a URL.
+    /// see [`test_kit::env::servers_required`]), a server backend without a URL.
     pub(crate) fn targets(&self) -> Res<Targets> {
-        let strict = conformance::env::servers_required();
+        let strict = test_kit::env::servers_required();
         let wanted =
             |kind: Kind| self.only.is_empty() || self.only.iter().any(|o| o == kind.name());
         let mut list = Vec::new();

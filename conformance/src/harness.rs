@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use lockcore::testing::{Fault, FaultyBackend};
 use lockcore::{Defect, Identity, LockBackend, LockName, MemoryBackend};
 
-use crate::proxy::{self, FaultHandle};
+use test_kit::proxy::{self, FaultHandle};
 
 /// A backend under test plus the operator powers some cases need.
 ///
@@ -36,7 +36,7 @@ pub trait Harness: Send + Sync + 'static {
     async fn admin_steal(&self, name: &LockName, owner: &Identity, ttl: Duration);
 
     /// A second backend instance whose connection to the server can be cut (through the
-    /// [`FaultProxy`](crate::proxy::FaultProxy)), with the switch.
+    /// [`FaultProxy`](test_kit::proxy::FaultProxy)), with the switch.
     async fn cuttable(&self) -> Option<Cuttable>;
 
     /// Restarts the server, keeping its data directory; for backends claiming

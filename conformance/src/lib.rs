@@ -1,5 +1,6 @@
 //! The anylock conformance suite: one set of cases every backend must pass against a real
-//! server, and a TCP fault-injection [`proxy`] for network faults.
+//! server, with its [`report`]s. The fault proxy, the shared-server settings and the other
+//! test plumbing live in `anylock-test-kit` (`test_kit`).
 //!
 //! A backend crate implements [`Harness`] in its `tests/` and stamps one `#[tokio::test]`
 //! per case with [`suite!`]:
@@ -16,10 +17,7 @@
 //! [`CLAIMS`] maps every promise a descriptor can make to the cases that verify it.
 
 pub mod cases;
-pub mod env;
 mod harness;
-pub mod prop;
-pub mod proxy;
 pub mod report;
 
 pub use harness::{Cuttable, Harness, MemoryHarness, Outage, Timing};

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use conformance::env::{host_port, require};
-use conformance::proxy::{Fault, FaultProxy};
+use test_kit::env::{host_port, require};
+use test_kit::proxy::{Fault, FaultProxy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::timeout;

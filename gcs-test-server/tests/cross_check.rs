@@ -198,7 +198,7 @@ const STATUSES: [(&str, u16, u16); 19] = [
 ];
 
 async fn both() -> Option<(Steps, Steps)> {
-    let fake_url = conformance::env::require("ANYLOCK_TEST_FAKE_GCS_URL", "GCS")?;
+    let fake_url = test_kit::env::require("ANYLOCK_TEST_FAKE_GCS_URL", "GCS")?;
     let server = GcsTestServer::start().await;
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -8,15 +8,7 @@ use lockcore::{
     MAX_TTL, MIN_TTL, WaitMode,
 };
 use proptest::prelude::*;
-use proptest::test_runner::Config;
-
-/// The default config (256 cases, or `PROPTEST_CASES`), without regression files.
-fn config() -> Config {
-    Config {
-        failure_persistence: None,
-        ..Config::default()
-    }
-}
+use test_kit::prop::config;
 
 /// Names that reach every check: printable text, text near the byte limit in multibyte
 /// characters, and text with one control character spliced in.

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use conformance::proxy::{Fault as LinkFault, FaultProxy};
 use nix::sys::signal::Signal;
+use test_kit::proxy::{Fault as LinkFault, FaultProxy};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::Mutex;
@@ -18,8 +18,8 @@ use crate::history::{Event, Op};
 use crate::protocol::Outcome;
 use crate::register::{Mode, RegisterServer};
 use crate::servers::Lane;
-use crate::servers::process::{Reaper, signal};
 use crate::stall::{Scope, StallLinks};
+use test_kit::servers::process::{Reaper, signal};
 
 /// Clients per group.
 pub const CLIENTS: u32 = 3;
@@ -318,7 +318,7 @@ fn client_command(spec: &GroupSpec) -> (Command, &'static str) {
     }
     let mut command = Command::new("unshare");
     command.args(["--pid", "--fork", "--mount-proc", "--kill-child"]);
-    if !crate::servers::process::is_root() {
+    if !test_kit::servers::process::is_root() {
         command.args(["--user", "--map-root-user"]);
     }
     command.arg(&spec.exe);

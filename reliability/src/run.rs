@@ -17,8 +17,8 @@ use crate::history::Event;
 use crate::register::Mode;
 use crate::script;
 use crate::servers::Lane;
-use crate::servers::process::Reaper;
 use crate::slow_attempt;
+use test_kit::servers::process::Reaper;
 
 /// How cells run.
 #[derive(Debug, Clone)]

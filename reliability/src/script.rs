@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use conformance::proxy::Fault as LinkFault;
+use test_kit::proxy::Fault as LinkFault;
 use tokio::sync::broadcast::error::RecvError;
 use tokio::time::{Instant, sleep, timeout};
 

@@ -1,6 +1,6 @@
 //! A TCP relay that holds back one connection's next request (the `slow-attempt` fault).
 //!
-//! `conformance::proxy::FaultProxy` applies a fault to every connection of a link, so it
+//! `test_kit::proxy::FaultProxy` applies a fault to every connection of a link, so it
 //! keeps the order in which requests reached it: a request sent later is never delivered
 //! before one sent earlier. A request overtakes another only on a *different* connection
 //! whose path is faster (a pool's other connection, another HTTP/2 endpoint). This relay

@@ -14,7 +14,7 @@ use crate::expect::expect;
 use crate::fault::Fault;
 use crate::run::{CellResult, CellSettings, run_cell};
 use crate::servers::Lane;
-use crate::servers::process::Reaper;
+use test_kit::servers::process::Reaper;
 
 /// The cells CI runs: every fenced backend under a paused holder (fencing must refuse
 /// its stale write), each backend under its own server fault (for `local:`, clients in

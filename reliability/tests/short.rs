@@ -16,7 +16,7 @@ use anylock_reliability::suite::{self, Plan, Suite, summary};
 /// server fails it, like every other server-backed test; `ANYLOCK_TEST_RELIABILITY=1` opts
 /// in elsewhere.
 fn wanted() -> bool {
-    conformance::env::servers_required()
+    test_kit::env::servers_required()
         || std::env::var("ANYLOCK_TEST_RELIABILITY").as_deref() == Ok("1")
 }
 

@@ -78,7 +78,7 @@ impl Scene {
     /// The etcd cluster from the harness, under a fresh key prefix; `None` (skip) outside
     /// CI without it.
     pub(crate) fn etcd() -> Option<Self> {
-        let endpoints = conformance::env::require("ANYLOCK_TEST_ETCD_ENDPOINTS", "etcd")?;
+        let endpoints = test_kit::env::require("ANYLOCK_TEST_ETCD_ENDPOINTS", "etcd")?;
         let hosts: Vec<&str> = endpoints
             .split(',')
             .map(|e| e.trim().trim_start_matches("http://"))
@@ -101,7 +101,7 @@ impl Scene {
 
     /// Redis from the harness, under a fresh key prefix; `None` (skip) outside CI without it.
     pub(crate) fn redis() -> Option<Self> {
-        let url = conformance::env::require("ANYLOCK_TEST_REDIS_URL", "Redis")?;
+        let url = test_kit::env::require("ANYLOCK_TEST_REDIS_URL", "Redis")?;
         let prefix = format!("cli-{:016x}", rand::random::<u64>());
         let separator = if url.contains('?') { '&' } else { '?' };
         let backend = format!("{url}{separator}prefix={prefix}");
@@ -110,7 +110,7 @@ impl Scene {
 
     /// PostgreSQL from the harness, in a fresh schema; `None` (skip) outside CI without it.
     pub(crate) fn postgres() -> Option<Self> {
-        let url = conformance::env::require("ANYLOCK_TEST_POSTGRES_URL", "PostgreSQL")?;
+        let url = test_kit::env::require("ANYLOCK_TEST_POSTGRES_URL", "PostgreSQL")?;
         let schema = format!("cli_{:016x}", rand::random::<u64>());
         let separator = if url.contains('?') { '&' } else { '?' };
         let backend = format!("{url}{separator}schema={schema}");

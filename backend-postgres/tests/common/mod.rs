@@ -3,24 +3,21 @@
 
 #![allow(dead_code)]
 
-pub(crate) mod server;
-
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use backend_postgres::{PostgresBackend, PostgresConfig};
-use conformance::proxy::FaultProxy;
 use conformance::{Cuttable, Harness, Timing};
 use lockcore::{Acquire, AcquireRequest, Identity, Lease, LockBackend, LockName};
 use sqlx::postgres::{PgPool, PgPoolOptions};
+use test_kit::proxy::FaultProxy;
+pub(crate) use test_kit::servers::Postgres;
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
-
-pub(crate) use server::PrivateServer;
 
 /// The shared server's URL (`None`: skip outside CI; panics in CI when unset).
 pub(crate) fn shared_url() -> Option<String> {
-    conformance::env::require("ANYLOCK_TEST_POSTGRES_URL", "PostgreSQL")
+    test_kit::env::require("ANYLOCK_TEST_POSTGRES_URL", "PostgreSQL")
 }
 
 /// A schema name no other run uses.
@@ -50,7 +47,9 @@ impl Drop for DropSchema {
             "SET lock_timeout = '2s'; DROP SCHEMA IF EXISTS \"{}\" CASCADE",
             self.schema.replace('"', "\"\"")
         );
-        let psql = server::pg_bin().join("psql");
+        let psql = test_kit::servers::pg_bin()
+            .expect("PostgreSQL's psql")
+            .join("psql");
         let dropped = std::process::Command::new(psql)
             .args(["-X", "-q", &self.url, "-c", &sql])
             .output();
@@ -163,13 +162,13 @@ pub(crate) async fn exclusive() -> tokio::sync::OwnedRwLockWriteGuard<()> {
 }
 
 /// The private server of this test process, started on first use.
-static PRIVATE: tokio::sync::OnceCell<Arc<PrivateServer>> = tokio::sync::OnceCell::const_new();
+static PRIVATE: tokio::sync::OnceCell<Arc<Postgres>> = tokio::sync::OnceCell::const_new();
 
 /// The private server of this test process.
-pub(crate) async fn private_server() -> Arc<PrivateServer> {
+pub(crate) async fn private_server() -> Arc<Postgres> {
     PRIVATE
         .get_or_init(|| async {
-            let started = tokio::task::spawn_blocking(PrivateServer::start).await;
+            let started = tokio::task::spawn_blocking(Postgres::start).await;
             Arc::new(started.expect("start the private PostgreSQL server"))
         })
         .await
@@ -179,7 +178,7 @@ pub(crate) async fn private_server() -> Arc<PrivateServer> {
 /// The conformance harness: a fresh schema on the private server, a cuttable second
 /// backend through a fault proxy, and restarts of the private server.
 pub(crate) struct PgHarness {
-    server: Arc<PrivateServer>,
+    server: Arc<Postgres>,
     schema: String,
     backend: PostgresBackend,
     admin: PgPool,

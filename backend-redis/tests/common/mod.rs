@@ -1,17 +1,17 @@
 //! Helpers shared by this crate's integration tests: settings, raw admin connections,
-//! fault proxies, private redis-server processes and server-side command counts.
+//! fault proxies and server-side command counts (private redis-server processes are
+//! `test_kit::servers::Redis`).
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use conformance::env::{host_port, require};
-use conformance::proxy::FaultProxy;
 use lockcore::{Identity, LockName};
 use redis::aio::MultiplexedConnection;
+use test_kit::env::{host_port, require};
+use test_kit::proxy::FaultProxy;
 
 /// The single-instance server URL, or `None` (skip) outside CI.
 pub(crate) fn redis_url() -> Option<String> {
@@ -149,186 +149,6 @@ pub(crate) fn calls(expected: &[(&str, u64)]) -> BTreeMap<String, u64> {
         .iter()
         .map(|(n, c)| ((*n).to_owned(), *c))
         .collect()
-}
-
-/// A redis-server process of this test's own, on a free port, killed on drop. Safe to stall
-/// with `SIGSTOP` or flush, unlike the shared servers.
-pub(crate) struct PrivateRedis {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-    tls: bool,
-    extra: Vec<String>,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
-}
-
-impl PrivateRedis {
-    /// Starts the server and waits until it answers `PING`.
-    pub(crate) async fn start() -> PrivateRedis {
-        Self::launch(false, &[]).await
-    }
-
-    /// Starts a plain server with extra `--option value` arguments (later ones win).
-    pub(crate) async fn start_with(extra: &[&str]) -> PrivateRedis {
-        Self::launch(false, extra).await
-    }
-
-    /// Starts a TLS-only server with a fresh self-signed certificate (connect with
-    /// `#insecure`) and waits until it answers `PING`.
-    pub(crate) async fn start_tls() -> PrivateRedis {
-        Self::launch(true, &[]).await
-    }
-
-    async fn launch(tls: bool, extra: &[&str]) -> PrivateRedis {
-        let port = free_port();
-        let dir =
-            std::env::temp_dir().join(format!("anylock-redis-test-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        if tls {
-            self_signed_certificate(&dir);
-        }
-        let extra: Vec<String> = extra.iter().map(|s| (*s).to_owned()).collect();
-        let child = spawn(port, &dir, tls, &extra);
-        let server = PrivateRedis {
-            child,
-            port,
-            dir,
-            tls,
-            extra,
-        };
-        server.wait_ready().await;
-        server
-    }
-
-    /// Kills the process with `SIGKILL` (by its PID): nothing is saved on the way out.
-    pub(crate) fn crash(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Starts the server again on the same port, directory and arguments, so it loads
-    /// whatever `dump.rdb` (or append-only file) the directory holds.
-    pub(crate) async fn restart(&mut self) {
-        self.crash();
-        self.child = spawn(self.port, &self.dir, self.tls, &self.extra);
-        self.wait_ready().await;
-    }
-
-    /// The process id, for tests that signal the server themselves.
-    pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// The port the server listens on.
-    pub(crate) fn port(&self) -> u16 {
-        self.port
-    }
-}
-
-/// Spawns `redis-server` without automatic snapshots or append-only file (an explicit
-/// `SAVE` still writes `dump.rdb` into `dir`), then `extra`.
-fn spawn(port: u16, dir: &std::path::Path, tls: bool, extra: &[String]) -> Child {
-    let mut command = Command::new("redis-server");
-    command
-        .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
-        .args(["--daemonize", "no"])
-        .arg("--dir")
-        .arg(dir)
-        .current_dir(dir);
-    if tls {
-        command
-            .args(["--port", "0", "--tls-port", &port.to_string()])
-            .args(["--tls-cert-file", "cert.pem", "--tls-key-file", "key.pem"])
-            .args(["--tls-ca-cert-file", "cert.pem", "--tls-auth-clients", "no"]);
-    } else {
-        command.args(["--port", &port.to_string()]);
-    }
-    command
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("redis-server must be installed (scripts/servers start installs it)")
-}
-
-impl PrivateRedis {
-    async fn wait_ready(&self) {
-        let client = redis::Client::open(self.url()).expect("valid URL");
-        for _ in 0..200 {
-            if let Ok(mut conn) = client.get_multiplexed_async_connection().await
-                && redis::cmd("PING")
-                    .query_async::<String>(&mut conn)
-                    .await
-                    .is_ok()
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
-        panic!("private redis-server on port {} never answered", self.port);
-    }
-
-    /// `redis://127.0.0.1:<port>/0`, or `rediss://…#insecure` for a TLS server.
-    pub(crate) fn url(&self) -> String {
-        match self.tls {
-            true => format!("rediss://127.0.0.1:{}/0#insecure", self.port),
-            false => format!("redis://127.0.0.1:{}/0", self.port),
-        }
-    }
-
-    /// Stalls the process (`SIGSTOP`): connections stay open, nothing is answered.
-    pub(crate) fn stall(&self) {
-        self.signal("-STOP");
-    }
-
-    /// Resumes a stalled process (`SIGCONT`).
-    pub(crate) fn resume(&self) {
-        self.signal("-CONT");
-    }
-
-    fn signal(&self, signal: &str) {
-        let status = Command::new("kill")
-            .args([signal, &self.child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill {signal} failed");
-    }
-}
-
-/// `cert.pem` and `key.pem` (self-signed, CN=localhost, one day) in `dir`.
-fn self_signed_certificate(dir: &std::path::Path) {
-    let status = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
-        .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "1"])
-        .args([
-            "-subj",
-            "/CN=localhost",
-            "-keyout",
-            "key.pem",
-            "-out",
-            "cert.pem",
-        ])
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .expect("openssl must be installed for the TLS test");
-    assert!(status.success(), "openssl could not make a certificate");
-}
-
-impl Drop for PrivateRedis {
-    fn drop(&mut self) {
-        // SIGKILL works on a stopped process too.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
 }
 
 /// The secure Redis server of `scripts/servers` (TLS only, client certificates required, ACL

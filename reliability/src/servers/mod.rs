@@ -1,11 +1,8 @@
 //! Private servers for each backend, on loopback ports 27600-27689, started and stopped
 //! by this run only (the shared test servers are never touched), and the server-side
-//! faults: restarts, a killed leader, 5xx bursts.
+//! faults: restarts, a killed leader, 5xx bursts. The servers themselves are
+//! [`test_kit::servers`].
 
-pub mod etcd;
-pub mod postgres;
-pub mod process;
-pub mod redis;
 mod snapshot;
 
 use std::net::SocketAddr;
@@ -15,11 +12,10 @@ use std::time::Duration;
 use gcs_test_server::{Fault as GcsFault, GcsTestServer};
 use tokio::time::{Instant, sleep};
 
+use test_kit::servers::process::ensure_free;
+use test_kit::servers::{Etcd, Postgres, Reaper, Redis};
+
 use crate::backends::Kind;
-use etcd::EtcdCluster;
-use postgres::Postgres;
-use process::{Reaper, ensure_free};
-use redis::RedisNode;
 
 /// The single Redis node.
 const REDIS_PORT: u16 = 27600;
@@ -29,15 +25,17 @@ const POSTGRES_PORT: u16 = 27610;
 const ETCD_CLIENT_PORTS: [u16; 3] = [27620, 27621, 27622];
 const ETCD_PEER_PORTS: [u16; 3] = [27623, 27624, 27625];
 const GCS_PORT: u16 = 27630;
+/// The database the PostgreSQL clients use.
+const DATABASE: &str = "anylock_reliability";
 /// The bucket the GCS clients use.
 const BUCKET: &str = "reliability";
 
 enum Servers {
     Local,
-    Redis(RedisNode),
-    Redlock(Vec<RedisNode>),
-    Postgres(Postgres),
-    Etcd(EtcdCluster),
+    Redis(Redis),
+    Redlock(Vec<Redis>),
+    Postgres(Arc<Postgres>),
+    Etcd(Etcd),
     Gcs(GcsTestServer),
 }
 
@@ -62,18 +60,37 @@ impl Lane {
     pub async fn start(kind: Kind, reaper: Arc<Reaper>) -> Result<Lane, String> {
         let servers = match kind {
             Kind::Local => Servers::Local,
-            Kind::Redis => Servers::Redis(RedisNode::start(REDIS_PORT, &reaper).await?),
+            Kind::Redis => Servers::Redis(redis_node(REDIS_PORT, &reaper).await?),
             Kind::Redlock => {
                 let mut nodes = Vec::new();
                 for port in REDLOCK_PORTS {
-                    nodes.push(RedisNode::start(port, &reaper).await?);
+                    nodes.push(redis_node(port, &reaper).await?);
                 }
                 Servers::Redlock(nodes)
             }
-            Kind::Postgres => Servers::Postgres(Postgres::start(POSTGRES_PORT, &reaper).await?),
-            Kind::Etcd => Servers::Etcd(
-                EtcdCluster::start(ETCD_CLIENT_PORTS, ETCD_PEER_PORTS, &reaper).await?,
-            ),
+            Kind::Postgres => {
+                let options = Postgres::options()
+                    .port(POSTGRES_PORT)
+                    .dir(reaper.dir().join("postgres"))
+                    .database(DATABASE)
+                    .stat_statements(false)
+                    .wait_reaped(false)
+                    .reaper(reaper.clone());
+                let server = tokio::task::spawn_blocking(move || options.start())
+                    .await
+                    .map_err(|e| format!("start PostgreSQL: {e}"))??;
+                Servers::Postgres(Arc::new(server))
+            }
+            Kind::Etcd => {
+                let ports: Vec<(u16, u16)> =
+                    ETCD_CLIENT_PORTS.into_iter().zip(ETCD_PEER_PORTS).collect();
+                let cluster = Etcd::options(&ports)
+                    .dir(reaper.dir().join("etcd"))
+                    .reaper(reaper.clone())
+                    .start()
+                    .await?;
+                Servers::Etcd(cluster)
+            }
             Kind::Gcs => {
                 ensure_free(GCS_PORT)?;
                 let addr = SocketAddr::from(([127, 0, 0, 1], GCS_PORT));
@@ -103,7 +120,7 @@ impl Lane {
         match &self.servers {
             Servers::Local => Vec::new(),
             Servers::Redis(node) => vec![node.addr()],
-            Servers::Redlock(nodes) => nodes.iter().map(RedisNode::addr).collect(),
+            Servers::Redlock(nodes) => nodes.iter().map(Redis::addr).collect(),
             Servers::Postgres(pg) => vec![pg.addr()],
             Servers::Etcd(cluster) => cluster.addrs(),
             Servers::Gcs(server) => vec![server.addr()],
@@ -128,7 +145,7 @@ impl Lane {
             Kind::Postgres => format!(
                 "postgres://postgres@{}/{}?pool_size=3&application_name=reliability",
                 hosts(","),
-                postgres::DATABASE
+                DATABASE
             ),
             Kind::Etcd => format!("etcd://{}/anylock-reliability", hosts(",")),
             Kind::Gcs => format!("gs://{BUCKET}/locks?endpoint=http://{}", hosts(",")),
@@ -148,14 +165,17 @@ impl Lane {
     /// Stops every server of this lane.
     pub async fn stop(&mut self) {
         match &mut self.servers {
-            Servers::Redis(node) => node.kill(&self.reaper).await,
+            Servers::Redis(node) => node.crash(),
             Servers::Redlock(nodes) => {
                 for node in nodes {
-                    node.kill(&self.reaper).await;
+                    node.crash();
                 }
             }
-            Servers::Postgres(pg) => pg.stop().await,
-            Servers::Etcd(cluster) => cluster.stop(&self.reaper).await,
+            Servers::Postgres(pg) => {
+                let pg = pg.clone();
+                let _ = tokio::task::spawn_blocking(move || pg.stop()).await;
+            }
+            Servers::Etcd(cluster) => cluster.stop(),
             Servers::Local | Servers::Gcs(_) => {}
         }
     }
@@ -170,8 +190,7 @@ impl Lane {
             return Err("not a Redis lane".into());
         };
         let started = Instant::now();
-        node.kill(&self.reaper).await;
-        node.spawn(&self.reaper).await?;
+        node.try_restart().await?;
         Ok(format!(
             "Redis down for {} ms",
             started.elapsed().as_millis()
@@ -191,9 +210,9 @@ impl Lane {
             return Err("not a Redlock lane".into());
         };
         let started = Instant::now();
-        nodes[index].kill(&self.reaper).await;
+        nodes[index].crash();
         sleep(down.saturating_sub(started.elapsed())).await;
-        nodes[index].spawn(&self.reaper).await?;
+        nodes[index].try_restart().await?;
         Ok(format!(
             "node {} down for {} ms",
             node_name(index),
@@ -209,7 +228,10 @@ impl Lane {
         let Servers::Postgres(pg) = &self.servers else {
             return Err("not a PostgreSQL lane".into());
         };
-        let down = pg.crash_restart(outage).await?;
+        let pg = pg.clone();
+        let down = tokio::task::spawn_blocking(move || pg.try_restart_after(outage))
+            .await
+            .map_err(|e| format!("restart PostgreSQL: {e}"))??;
         Ok(format!("PostgreSQL down for {} ms", down.as_millis()))
     }
 
@@ -223,12 +245,12 @@ impl Lane {
         };
         let leader = cluster.leader().await?;
         let killed = Instant::now();
-        cluster.kill(leader, &self.reaper).await;
+        cluster.kill(leader);
         let next = cluster.leader().await?;
         let elected = killed.elapsed();
         sleep(rejoin_after.saturating_sub(killed.elapsed())).await;
-        cluster.spawn(leader, &self.reaper)?;
-        cluster.wait_healthy(Duration::from_secs(30)).await?;
+        cluster.spawn(leader)?;
+        cluster.try_wait_healthy(Duration::from_secs(30)).await?;
         Ok(format!(
             "killed leader r{}; r{} led after {} ms; r{} rejoined after {} ms",
             leader + 1,
@@ -253,6 +275,16 @@ impl Lane {
         }
         Ok(())
     }
+}
+
+/// A Redis node of this run on `port`, in the run's directory, watched by `reaper`.
+async fn redis_node(port: u16, reaper: &Arc<Reaper>) -> Result<Redis, String> {
+    Redis::options()
+        .port(port)
+        .dir(reaper.dir().join(format!("redis-{port}")))
+        .reaper(reaper.clone())
+        .start()
+        .await
 }
 
 /// Redlock node names A..E.

@@ -31,8 +31,7 @@ impl Lane {
             return Err(format!("no snapshot at {}", snapshot.display()));
         }
         let started = Instant::now();
-        node.kill(&self.reaper).await;
-        node.spawn(&self.reaper).await?;
+        node.try_restart().await?;
         let down = started.elapsed();
         self.discard_redis_snapshot()?;
         Ok(format!(

@@ -1,9 +1,10 @@
-//! Process helpers: signals by PID, port checks, and a watchdog that stops every server
-//! and client this run started once the orchestrator exits, however it exits.
+//! Process helpers: signals by PID, port checks, scratch directories, and watchdogs that
+//! stop what a test process started once it exits, however it exits.
 
 use std::net::{SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use nix::sys::signal::{Signal, kill};
@@ -42,12 +43,46 @@ pub async fn wait_gone(pid: u32, limit: Duration) -> bool {
     true
 }
 
+/// A port on loopback that nothing listens on (the OS's pick).
+///
+/// # Panics
+/// When no port can be bound.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// A fresh directory `<temp>/<prefix>-<pid>-<n>` for one server of this test process.
+///
+/// # Errors
+/// When it cannot be created.
+pub fn scratch_dir(prefix: &str) -> Result<PathBuf, String> {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("{prefix}-{}-{n}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+/// `port` if it is free, or a free port when `None`.
+///
+/// # Errors
+/// When `port` is taken.
+pub fn port_or_free(port: Option<u16>) -> Result<u16, String> {
+    match port {
+        Some(port) => ensure_free(port).map(|()| port),
+        None => Ok(free_port()),
+    }
+}
+
 /// Fails with the holder's `ss` line when `port` on loopback is taken.
 pub fn ensure_free(port: u16) -> Result<(), String> {
     match TcpListener::bind(("127.0.0.1", port)) {
         Ok(_) => Ok(()),
         Err(e) => Err(format!(
-            "port {port} is in use ({e}); the reliability harness uses 27600-27689: {}",
+            "port {port} is in use ({e}): {}",
             std::process::Command::new("ss")
                 .args(["-ltnpH", &format!("sport = :{port}")])
                 .output()
@@ -104,11 +139,22 @@ pub async fn http(
 
 /// Runs a command to completion; fails with its output.
 pub async fn run(command: &mut Command) -> Result<String, String> {
-    let out = command
-        .stdin(Stdio::null())
-        .output()
-        .await
-        .map_err(|e| format!("{command:?}: {e}"))?;
+    let out = command.stdin(Stdio::null()).output().await;
+    checked(command, out)
+}
+
+/// [`run`], blocking.
+pub fn run_blocking(command: &mut std::process::Command) -> Result<String, String> {
+    let out = command.stdin(Stdio::null()).output();
+    checked(command, out)
+}
+
+/// A finished command's stdout, or an error with its output.
+fn checked(
+    command: &dyn std::fmt::Debug,
+    out: std::io::Result<std::process::Output>,
+) -> Result<String, String> {
+    let out = out.map_err(|e| format!("{command:?}: {e}"))?;
     if !out.status.success() {
         return Err(format!(
             "{command:?} failed: {}{}",
@@ -117,6 +163,30 @@ pub async fn run(command: &mut Command) -> Result<String, String> {
         ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs the shell command `cleanup` once this process has exited, however it exits (a
+/// detached watchdog polls for it).
+///
+/// # Errors
+/// When `setsid` cannot start the watchdog.
+pub fn on_exit(cleanup: &str) -> Result<(), String> {
+    let script = format!(
+        "while kill -0 {me} 2>/dev/null; do sleep 1; done; {cleanup}",
+        me = std::process::id()
+    );
+    // --fork: setsid returns at once, and the watchdog runs on in its own session.
+    let started = std::process::Command::new("setsid")
+        .args(["--fork", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map_err(|e| format!("start a cleanup watchdog: {e}"))?;
+    match started.success() {
+        true => Ok(()),
+        false => Err(format!("setsid failed: {started}")),
+    }
 }
 
 /// Whether we run as root (PostgreSQL then runs as `postgres`).
@@ -142,26 +212,14 @@ impl Reaper {
     /// # Errors
     /// When the directory cannot be created or `setsid` cannot start.
     pub fn start() -> Result<Reaper, String> {
-        let me = std::process::id();
-        let dir = std::env::temp_dir().join(format!("anylock-reliability-{me}"));
+        let dir = std::env::temp_dir().join(format!("anylock-reliability-{}", std::process::id()));
         std::fs::create_dir_all(dir.join("pids")).map_err(|e| format!("{}: {e}", dir.display()))?;
         let d = dir.display();
-        let script = format!(
-            "while kill -0 {me} 2>/dev/null; do sleep 1; done; \
-             for f in {d}/pids/*; do [ -f \"$f\" ] || continue; read pid name < \"$f\"; \
+        on_exit(&format!(
+            "for f in {d}/pids/*; do [ -f \"$f\" ] || continue; read pid name < \"$f\"; \
              if [ \"$(cat /proc/$pid/comm 2>/dev/null)\" = \"$name\" ]; then kill -CONT $pid; kill -KILL $pid; fi; done; \
              for f in {d}/*.cleanup; do [ -f \"$f\" ] && sh \"$f\"; done; sleep 1; rm -rf {d}"
-        );
-        let started = std::process::Command::new("setsid")
-            .args(["--fork", "sh", "-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status()
-            .map_err(|e| format!("start the cleanup watchdog: {e}"))?;
-        if !started.success() {
-            return Err(format!("setsid failed: {started}"));
-        }
+        ))?;
         Ok(Reaper { dir })
     }
 
