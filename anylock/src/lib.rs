@@ -70,7 +70,7 @@ pub struct Scheme {
     pub backend: &'static str,
 }
 
-/// Every scheme anylock knows, compiled in or not (from [`BACKENDS`]' rows).
+/// Every scheme anylock knows, compiled in or not (from the facade's table of backends).
 pub const SCHEMES: &[Scheme] = &{
     const COUNT: usize = {
         let mut count = 0;
