@@ -36,13 +36,13 @@ pub struct Config {
     /// The backend URL; `None` means the embedded default ([`DEFAULT_URL`](crate::DEFAULT_URL)).
     pub backend: Option<String>,
     /// The default lease TTL (`None`: [`DEFAULT_TTL`]).
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "ttl")]
     pub ttl: Option<Duration>,
     /// The default wait: `"forever"` or a duration (`None`: forever).
     #[serde(default, deserialize_with = "wait")]
     pub wait: Option<WaitMode>,
     /// The default grace between SIGTERM and SIGKILL when a lock is lost (`anylock run`).
-    #[serde(default, deserialize_with = "duration")]
+    #[serde(default, deserialize_with = "grace")]
     pub grace: Option<Duration>,
 }
 
@@ -55,28 +55,50 @@ enum Written {
 }
 
 impl Written {
-    fn duration(self) -> Result<Duration, String> {
+    /// Reads the value of `key`; errors name the key.
+    fn read<'de, D: Deserializer<'de>>(d: D, key: &str) -> Result<Self, D::Error> {
+        Self::deserialize(d).map_err(|_| {
+            serde::de::Error::custom(format!(
+                "{key}: expected a duration such as \"30s\", \"5m\" or a number of seconds"
+            ))
+        })
+    }
+
+    fn duration(self, key: &str) -> Result<Duration, String> {
         match self {
-            Self::Text(text) => lockcore::parse_duration(&text).map_err(|e| e.message().to_owned()),
-            Self::Seconds(secs) => Duration::try_from_secs_f64(secs)
-                .map_err(|_| format!("{secs} is not a number of seconds")),
+            Self::Text(text) => {
+                lockcore::parse_duration(&text).map_err(|e| format!("{key}: {}", e.message()))
+            }
+            Self::Seconds(secs) => Duration::try_from_secs_f64(secs).map_err(|_| {
+                format!(
+                    "{key}: not a usable number of seconds (negative, too large or not a number)"
+                )
+            }),
         }
     }
 }
 
-fn duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    let written = Written::deserialize(d)?;
+fn ttl<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d, "ttl")
+}
+
+fn grace<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    duration(d, "grace")
+}
+
+fn duration<'de, D: Deserializer<'de>>(d: D, key: &str) -> Result<Option<Duration>, D::Error> {
+    let written = Written::read(d, key)?;
     written
-        .duration()
+        .duration(key)
         .map(Some)
         .map_err(serde::de::Error::custom)
 }
 
 fn wait<'de, D: Deserializer<'de>>(d: D) -> Result<Option<WaitMode>, D::Error> {
-    match Written::deserialize(d)? {
+    match Written::read(d, "wait")? {
         Written::Text(text) if text.trim() == "forever" => Ok(Some(WaitMode::Forever)),
         written => written
-            .duration()
+            .duration("wait")
             .map(|d| Some(WaitMode::Timeout(d)))
             .map_err(serde::de::Error::custom),
     }

@@ -309,10 +309,15 @@ mod tests {
         assert_eq!(rows("etcd"), backend_etcd::SCHEMES);
         #[cfg(feature = "gcs")]
         assert_eq!(rows("gcs"), backend_gcs::SCHEMES);
-        let names: Vec<_> = BACKENDS.iter().map(|b| b.name).collect();
-        let mut unique = names.clone();
-        unique.dedup();
-        assert_eq!(names, unique);
+        // Names and schemes are unique: `find` would shadow a second row silently.
+        let mut names: Vec<_> = BACKENDS.iter().map(|b| b.name).collect();
+        let mut schemes: Vec<_> = SCHEMES.iter().map(|s| s.scheme).collect();
+        let (all_names, all_schemes) = (names.len(), schemes.len());
+        names.sort_unstable();
+        names.dedup();
+        schemes.sort_unstable();
+        schemes.dedup();
+        assert_eq!((names.len(), schemes.len()), (all_names, all_schemes));
         assert_eq!(rows("memory"), ["memory"]);
     }
 
