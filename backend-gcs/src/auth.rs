@@ -89,17 +89,8 @@ impl Authorizer {
             _ => authorizer.load_key_file()?,
         };
         if let Some(source) = source {
-            let http = reqwest::Client::builder()
-                .timeout(timeout)
-                .connect_timeout(timeout)
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .map_err(|e| {
-                    Error::new(
-                        ErrorKind::Config,
-                        format!("cannot build the HTTP client: {e}"),
-                    )
-                })?;
+            let builder = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
+            let http = crate::client::http_client(builder, timeout)?;
             authorizer.renewing = Some(Renewing::new(source, http, timeout));
         }
         Ok(authorizer)

@@ -82,21 +82,30 @@ pub(crate) struct GcsClient {
     auth: std::sync::Arc<Authorizer>,
 }
 
+/// `builder` with every request and connect bounded by `timeout`: the one way this crate
+/// builds an HTTP client (storage calls, and token sources with redirects off).
+pub(crate) fn http_client(
+    builder: reqwest::ClientBuilder,
+    timeout: std::time::Duration,
+) -> Result<reqwest::Client> {
+    builder
+        .timeout(timeout)
+        .connect_timeout(timeout)
+        .build()
+        .map_err(|e| {
+            Error::new(
+                ErrorKind::Config,
+                format!("cannot build the HTTP client: {e}"),
+            )
+        })
+}
+
 impl GcsClient {
     pub(crate) fn new(config: GcsConfig) -> Result<Self> {
         refuse_credentials_in_clear(&config)?;
         #[cfg(feature = "tls")]
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = reqwest::Client::builder()
-            .timeout(config.timeout())
-            .connect_timeout(config.timeout())
-            .build()
-            .map_err(|e| {
-                Error::new(
-                    ErrorKind::Config,
-                    format!("cannot build the HTTP client: {e}"),
-                )
-            })?;
+        let http = http_client(reqwest::Client::builder(), config.timeout())?;
         let auth = Authorizer::new(config.auth().clone(), config.timeout())?;
         Ok(Self {
             http,

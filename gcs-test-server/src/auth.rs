@@ -131,21 +131,11 @@ impl AuthState {
 
     /// Answers `POST /token`: grants a fresh token for a well-formed assertion.
     pub(crate) fn token(&mut self, request: &ReadRequest, token_url: &str) -> Response<Body> {
-        if request.method != Method::POST {
-            return oauth_error(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "invalid_request",
-                "POST only",
-            );
-        }
-        let form: Vec<(String, String)> = form_urlencoded::parse(&request.body)
-            .map(|(k, v)| (k.into_owned(), v.into_owned()))
-            .collect();
-        let field = |name: &str| {
-            form.iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.as_str())
+        let form = match OAuthForm::read(request) {
+            Ok(form) => form,
+            Err(refused) => return *refused,
         };
+        let field = |name: &str| form.field(name);
         if field("grant_type") != Some(JWT_BEARER) {
             return oauth_error(
                 StatusCode::BAD_REQUEST,
@@ -211,6 +201,36 @@ pub(crate) fn whole_seconds(lifetime: Duration) -> u64 {
 }
 
 /// An OAuth2 error reply: `{"error","error_description"}`.
+/// The fields of an OAuth2 token request (`application/x-www-form-urlencoded`), for both
+/// token endpoints.
+pub(crate) struct OAuthForm(Vec<(String, String)>);
+
+impl OAuthForm {
+    /// The form of a `POST`; the OAuth2 error reply for any other method.
+    pub(crate) fn read(request: &ReadRequest) -> Result<Self, Box<Response<Body>>> {
+        if request.method != Method::POST {
+            return Err(Box::new(oauth_error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "invalid_request",
+                "POST only",
+            )));
+        }
+        Ok(Self(
+            form_urlencoded::parse(&request.body)
+                .map(|(k, v)| (k.into_owned(), v.into_owned()))
+                .collect(),
+        ))
+    }
+
+    /// The first value of `name`, if sent.
+    pub(crate) fn field(&self, name: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
 pub(crate) fn oauth_error(status: StatusCode, error: &str, description: &str) -> Response<Body> {
     json_response(
         status,

@@ -21,7 +21,7 @@ use std::time::{Duration, SystemTime};
 use hyper::{Method, Response, StatusCode};
 use serde_json::{Value, json};
 
-use crate::auth::{AuthState, oauth_error, whole_seconds};
+use crate::auth::{AuthState, OAuthForm, oauth_error, whole_seconds};
 use crate::handler::{Body, ReadRequest, json_response};
 
 /// The STS token endpoint's path.
@@ -77,22 +77,11 @@ pub(crate) fn handle(auth: &mut AuthState, request: &ReadRequest) -> Option<Resp
 
 /// `POST /sts/v1/token`: a federated token for a valid subject token.
 fn exchange(auth: &mut AuthState, request: &ReadRequest) -> Response<Body> {
-    if request.method != Method::POST {
-        return oauth_error(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "invalid_request",
-            "POST only",
-        );
-    }
-    let form: Vec<(String, String)> = form_urlencoded::parse(&request.body)
-        .map(|(k, v)| (k.into_owned(), v.into_owned()))
-        .collect();
-    let field = |name: &str| {
-        form.iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-            .unwrap_or_default()
+    let form = match OAuthForm::read(request) {
+        Ok(form) => form,
+        Err(refused) => return *refused,
     };
+    let field = |name: &str| form.field(name).unwrap_or_default();
     if let Err((error, why)) = check_exchange(&auth.federation, field) {
         return oauth_error(StatusCode::BAD_REQUEST, error, &why);
     }
