@@ -80,7 +80,7 @@ fn hold_at_least(args: &RunArgs, ttl: Duration) -> Result<Option<Duration>, Erro
 
 /// `--ttl` (or `ANYLOCK_TTL`), else the config's `ttl`, else lockcore's default.
 fn ttl(args: &RunArgs, config: &Config) -> Duration {
-    args.ttl.or(config.ttl).unwrap_or(lockcore::DEFAULT_TTL)
+    args.ttl.or(config.ttl).unwrap_or_default().get()
 }
 
 /// `--grace`, which must be shorter than the TTL: after a loss the command may only run

@@ -13,7 +13,8 @@ use std::time::{Duration, SystemTime};
 
 use anylock::Config;
 use lockcore::{
-    Error, ErrorKind, HolderInfo, Identity, LockBackend, LockName, LockOptions, Locker, WaitMode,
+    Error, ErrorKind, HolderInfo, Identity, LockBackend, LockName, LockOptions, Locker, Ttl,
+    WaitMode,
 };
 
 use crate::cli::{AcquireArgs, OwnerArgs};
@@ -37,7 +38,7 @@ pub(crate) async fn acquire(args: AcquireArgs, config: &Config, quiet: bool) -> 
 
 async fn acquire_inner(args: &AcquireArgs, config: &Config, quiet: bool) -> Result<(), Error> {
     let owner = owner(&args.held.owner)?;
-    let ttl = args.ttl.unwrap_or(DEFAULT_TTL);
+    let ttl = args.ttl.map_or(DEFAULT_TTL, Ttl::get);
     let mut options = LockOptions::new(ttl).with_wait(wait_mode(
         args.waiting.no_wait,
         args.waiting.wait,
@@ -62,7 +63,7 @@ async fn acquire_inner(args: &AcquireArgs, config: &Config, quiet: bool) -> Resu
         let mut object = serde_json::json!({
             "name": name,
             "owner": id,
-            "ttl_ms": u64::try_from(lease.ttl().as_millis()).unwrap_or(u64::MAX),
+            "ttl_ms": lease.ttl().as_millis(),
             "expires_at": humantime::format_rfc3339_millis(expires_at).to_string(),
         });
         if let Some(token) = lease.token() {

@@ -195,7 +195,7 @@ fn hostile_owners_and_names_reach_no_terminal(scene: &Scene) {
         let request = AcquireRequest::new(
             LockName::new(name).expect("name"),
             Identity::from_stored(evil_owner),
-            Duration::from_secs(300),
+            lockcore::Ttl::new(Duration::from_secs(300)).expect("valid TTL"),
         );
         let outcome = backend.acquire(&request).await.expect("acquire");
         assert!(matches!(outcome, Acquire::Acquired(_)), "{outcome:?}");

@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::Path;
 use std::time::Duration;
 
-use lockcore::{DEFAULT_TTL, Error, ErrorKind, LockOptions, WaitMode};
+use lockcore::{Error, ErrorKind, LockOptions, Ttl, WaitMode};
 use serde::{Deserialize, Deserializer};
 
 use crate::url::BackendUrl;
@@ -35,9 +35,9 @@ use crate::url::BackendUrl;
 pub struct Config {
     /// The backend URL; `None` means the embedded default ([`DEFAULT_URL`](crate::DEFAULT_URL)).
     pub backend: Option<String>,
-    /// The default lease TTL (`None`: [`DEFAULT_TTL`]).
+    /// The default lease TTL (`None`: [`DEFAULT_TTL`](lockcore::DEFAULT_TTL)).
     #[serde(default, deserialize_with = "ttl")]
-    pub ttl: Option<Duration>,
+    pub ttl: Option<Ttl>,
     /// The default wait: `"forever"` or a duration (`None`: forever).
     #[serde(default, deserialize_with = "wait")]
     pub wait: Option<WaitMode>,
@@ -78,8 +78,9 @@ impl Written {
     }
 }
 
-fn ttl<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-    duration(d, "ttl")
+fn ttl<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Ttl>, D::Error> {
+    let ttl = duration(d, "ttl")?.map(Ttl::new).transpose();
+    ttl.map_err(|e| serde::de::Error::custom(format!("ttl: {}", e.message())))
 }
 
 fn grace<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
@@ -143,14 +144,14 @@ impl Config {
         })
     }
 
-    /// Lock options from this config: its TTL (or [`DEFAULT_TTL`]) and wait (or forever),
+    /// Lock options from this config: its TTL (or [`DEFAULT_TTL`](lockcore::DEFAULT_TTL)) and wait (or forever),
     /// everything else at lockcore's defaults; so library users need not re-read the
     /// config's durations themselves.
     ///
     /// # Errors
     /// [`ErrorKind::Config`] when the options are invalid (a TTL out of range), naming it.
     pub fn lock_options(&self) -> Result<LockOptions, Error> {
-        let options = LockOptions::new(self.ttl.unwrap_or(DEFAULT_TTL))
+        let options = LockOptions::new(self.ttl.unwrap_or_default().get())
             .with_wait(self.wait.unwrap_or(WaitMode::Forever));
         options.validate().map_err(|e| {
             Error::new(
@@ -186,7 +187,7 @@ mod tests {
     fn parses_and_redacts() {
         let config = Config::from_toml("backend = \"redis://:hunter2@h:1/0\"\nttl = \"30s\"\n")
             .expect("valid");
-        assert_eq!(config.ttl, Some(Duration::from_secs(30)));
+        assert_eq!(config.ttl.map(Ttl::get), Some(Duration::from_secs(30)));
         assert!(!format!("{config:?}").contains("hunter2"));
         assert!(!config.backend_url().to_string().contains("hunter2"));
     }
@@ -203,7 +204,7 @@ mod tests {
     fn durations_are_read_at_load() {
         let config =
             Config::from_toml("ttl = 90\nwait = \"forever\"\ngrace = \"2.5\"").expect("ok");
-        assert_eq!(config.ttl, Some(Duration::from_secs(90)));
+        assert_eq!(config.ttl.map(Ttl::get), Some(Duration::from_secs(90)));
         assert_eq!(config.wait, Some(WaitMode::Forever));
         assert_eq!(config.grace, Some(Duration::from_millis(2500)));
         let err = Config::from_toml("ttl = \"soon\"").expect_err("bad");
@@ -214,13 +215,12 @@ mod tests {
         );
         let err = Config::from_toml("ttl = -1").expect_err("negative");
         assert_eq!(err.kind(), ErrorKind::Config);
-        let err = Config::from_toml("ttl = \"1ms\"")
-            .expect("parses")
-            .lock_options();
-        assert_eq!(err.expect_err("too short").kind(), ErrorKind::Config);
+        let err = Config::from_toml("ttl = \"1ms\"").expect_err("too short");
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(err.to_string().contains("ttl: TTL 1ms is outside"), "{err}");
         assert_eq!(
             Config::default().lock_options().expect("ok").ttl(),
-            DEFAULT_TTL
+            lockcore::DEFAULT_TTL
         );
     }
 

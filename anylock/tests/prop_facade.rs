@@ -335,7 +335,7 @@ proptest! {
     #[test]
     fn prop_toml_config_round_trips(
         backend in proptest::option::of(any::<String>()),
-        ttl_ms in proptest::option::of(0u64..10_000_000),
+        ttl_ms in proptest::option::of(10u64..10_000_000),
         wait_ms in proptest::option::of(proptest::option::of(0u64..10_000_000)),
         grace_s in proptest::option::of(0u32..100_000),
     ) {
@@ -361,7 +361,7 @@ proptest! {
         let parsed = Config::from_toml(&text).expect("round trip");
         let expected = Config {
             backend,
-            ttl: ttl_ms.map(Duration::from_millis),
+            ttl: ttl_ms.map(|ms| lockcore::Ttl::new(Duration::from_millis(ms)).expect("in range")),
             wait: wait_ms.map(|w| w.map_or(WaitMode::Forever, |ms| WaitMode::Timeout(Duration::from_millis(ms)))),
             grace: grace_s.map(|s| Duration::from_secs(s.into())),
         };

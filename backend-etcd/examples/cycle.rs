@@ -70,7 +70,11 @@ async fn main() -> Result<(), lockcore::Error> {
     .await;
     let name = LockName::new("cycle")?;
     let owner = Identity::unique();
-    let request = AcquireRequest::new(name.clone(), owner, Duration::from_secs(30));
+    let request = AcquireRequest::new(
+        name.clone(),
+        owner,
+        lockcore::Ttl::new(Duration::from_secs(30)).expect("valid TTL"),
+    );
     let before = backend.rpcs_sent();
     let cycle = measure(rounds, || async {
         match backend.acquire(&request).await.expect("acquire") {
@@ -86,7 +90,7 @@ async fn main() -> Result<(), lockcore::Error> {
     let held_request = AcquireRequest::new(
         LockName::new("held")?,
         Identity::unique(),
-        Duration::from_secs(30),
+        lockcore::Ttl::new(Duration::from_secs(30)).expect("valid TTL"),
     );
     let held = measure(rounds, || async {
         assert!(matches!(

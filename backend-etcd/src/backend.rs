@@ -13,7 +13,7 @@ use futures_util::{StreamExt, TryStreamExt, stream};
 use lockcore::{
     Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion,
     ExpiryClock, Fairness, FenceToken, Fencing, Guarantees, HeldLock, HolderInfo, Lease,
-    LockBackend, LockName, QueueTicket, ReleaseEvents, Result, Waiting,
+    LockBackend, LockName, QueueTicket, ReleaseEvents, Result, Ttl, Waiting,
 };
 
 use crate::client::{Created, EtcdClient};
@@ -116,15 +116,35 @@ impl EtcdBackend {
         self.client.rpcs()
     }
 
-    fn lease_for(&self, request: &AcquireRequest, lease: i64, granted: i64, rev: i64) -> Lease {
+    /// The lease of a won attempt. Its TTL is the one asked for, or the shorter one etcd
+    /// granted; a granted TTL too short to hold a lease at all is a protocol error.
+    fn lease_for(
+        &self,
+        request: &AcquireRequest,
+        lease: i64,
+        granted: i64,
+        rev: i64,
+    ) -> Result<Acquire> {
         let granted = Duration::from_secs(u64::try_from(granted).unwrap_or(0));
-        Lease::new(
+        let ttl = if granted >= request.ttl.get() {
+            request.ttl
+        } else {
+            Ttl::new(granted).map_err(|_| {
+                Error::new(
+                    ErrorKind::Protocol,
+                    format!("etcd granted a lease of {granted:?}, too short to hold a lock"),
+                )
+            })?
+        };
+        let lease = Lease::new(
             request.name.clone(),
             request.owner.clone(),
-            request.ttl.min(granted),
+            ttl,
             format!("{lease:x}:{rev}"),
-        )
-        .with_token(FenceToken::new(u64::try_from(rev).unwrap_or(0)))
+        );
+        Ok(Acquire::Acquired(lease.with_token(FenceToken::new(
+            u64::try_from(rev).unwrap_or(0),
+        ))))
     }
 
     /// Same-owner retake: our own abandoned key owns the lock. Replace it with `lease`'s
@@ -144,9 +164,7 @@ impl EtcdBackend {
             .retake(&prefix, &head, &key, &value, lease.0)
             .await;
         match retaken {
-            Ok(Some(rev)) => Ok(Acquire::Acquired(
-                self.lease_for(request, lease.0, lease.1, rev),
-            )),
+            Ok(Some(rev)) => self.lease_for(request, lease.0, lease.1, rev),
             Ok(None) => {
                 self.discard(lease.0).await;
                 match self.holder(&request.name).await? {
@@ -168,7 +186,7 @@ impl EtcdBackend {
     /// unused lease and read the holder's TTL (2 more, concurrently).
     async fn acquire_unqueued(&self, request: &AcquireRequest) -> Result<Acquire> {
         let name = &request.name;
-        let granted = self.client.grant(ttl_secs(request.ttl)).await;
+        let granted = self.client.grant(request.ttl.as_secs()).await;
         let (lease, granted) = granted.map_err(|e| e.with_lock(name))?;
         let prefix = self.layout.lock_prefix(name);
         let key = self.layout.key(name, lease);
@@ -185,9 +203,7 @@ impl EtcdBackend {
             }
         };
         match created {
-            Created::Won { revision } => Ok(Acquire::Acquired(
-                self.lease_for(request, lease, granted, revision),
-            )),
+            Created::Won { revision } => self.lease_for(request, lease, granted, revision),
             Created::Held { head } if keys::is_owned_by(&head.value, &request.owner) => self
                 .retake(request, (lease, granted), head)
                 .await
@@ -358,14 +374,6 @@ fn holder_info(head: &KeyValue, remaining: Option<Duration>) -> HolderInfo {
     holder
 }
 
-/// Whole seconds, rounded up, at least 1: etcd lease TTLs are whole seconds.
-pub(crate) fn ttl_secs(ttl: Duration) -> i64 {
-    let secs = ttl
-        .as_secs()
-        .saturating_add(u64::from(ttl.subsec_nanos() > 0));
-    i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
-}
-
 /// The lease id and create revision stored in a lease's grant (`"<lease hex>:<rev>"`).
 pub(crate) fn parse_grant(lease: &Lease) -> Result<(i64, i64)> {
     let parsed = lease
@@ -394,12 +402,9 @@ impl LockBackend for EtcdBackend {
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         let claimed = self.queue.claim(request).await;
         match claimed.map_err(|e| e.with_lock(&request.name))? {
-            Claim::Won(place) => Ok(Acquire::Acquired(self.lease_for(
-                request,
-                place.lease,
-                place.granted_ttl,
-                place.revision,
-            ))),
+            Claim::Won(place) => {
+                self.lease_for(request, place.lease, place.granted_ttl, place.revision)
+            }
             Claim::Behind(head) => {
                 let remaining = self.remaining(&head).await.ok().flatten();
                 Ok(Acquire::Held(holder_info(&head, remaining)))
@@ -413,7 +418,7 @@ impl LockBackend for EtcdBackend {
     /// (1 more RPC) like [`subscribe`](Self::subscribe)'s, which also ends when the
     /// waiter's key is lost, so lockcore can queue it again.
     async fn enqueue(&self, request: &AcquireRequest) -> Result<Option<QueueTicket>> {
-        let joined = self.queue.join(request, ttl_secs(request.ttl)).await;
+        let joined = self.queue.join(request, request.ttl.as_secs()).await;
         let Some(place) = joined.map_err(|e| e.with_lock(&request.name))? else {
             return Ok(None);
         };
@@ -556,20 +561,12 @@ mod tests {
     use lockcore::Identity;
 
     #[test]
-    fn ttls_round_up_to_whole_seconds() {
-        assert_eq!(ttl_secs(Duration::from_millis(10)), 1);
-        assert_eq!(ttl_secs(Duration::from_secs(2)), 2);
-        assert_eq!(ttl_secs(Duration::from_millis(2001)), 3);
-        assert_eq!(ttl_secs(Duration::ZERO), 1);
-    }
-
-    #[test]
     fn grants_parse_and_foreign_grants_are_rejected() {
         let name = LockName::new("x").expect("valid");
         let lease = Lease::new(
             name.clone(),
             Identity::unique(),
-            Duration::from_secs(1),
+            lockcore::Ttl::new(Duration::from_secs(1)).expect("valid TTL"),
             "1f:42",
         );
         assert_eq!(parse_grant(&lease).expect("ours"), (0x1f, 42));
@@ -577,7 +574,7 @@ mod tests {
             let lease = Lease::new(
                 name.clone(),
                 Identity::unique(),
-                Duration::from_secs(1),
+                lockcore::Ttl::new(Duration::from_secs(1)).expect("valid TTL"),
                 bad,
             );
             let err = parse_grant(&lease).expect_err(bad);

@@ -34,8 +34,16 @@ async fn setup(what: &str) -> Option<(EtcdBackend, Connection)> {
 async fn held(backend: &EtcdBackend) -> (AcquireRequest, AcquireRequest) {
     let name = LockName::new("q").expect("name");
     let ttl = Duration::from_secs(30);
-    let holder = AcquireRequest::new(name.clone(), Identity::unique(), ttl);
-    let waiter = AcquireRequest::new(name, Identity::unique(), ttl);
+    let holder = AcquireRequest::new(
+        name.clone(),
+        Identity::unique(),
+        lockcore::Ttl::new(ttl).expect("valid TTL"),
+    );
+    let waiter = AcquireRequest::new(
+        name,
+        Identity::unique(),
+        lockcore::Ttl::new(ttl).expect("valid TTL"),
+    );
     let granted = backend.acquire(&holder).await.expect("acquire");
     assert!(matches!(granted, Acquire::Acquired(_)), "{granted:?}");
     let rival = backend.acquire(&waiter).await.expect("attempt");

@@ -19,7 +19,11 @@ fn name(s: &str) -> LockName {
 }
 
 async fn grant(backend: &EtcdBackend, lock: &LockName, owner: &Identity) -> Lease {
-    let request = AcquireRequest::new(lock.clone(), owner.clone(), LONG);
+    let request = AcquireRequest::new(
+        lock.clone(),
+        owner.clone(),
+        lockcore::Ttl::new(LONG).expect("valid TTL"),
+    );
     match backend.acquire(&request).await.expect("acquire") {
         Acquire::Acquired(lease) => lease,
         Acquire::Held(holder) => panic!("{lock} unexpectedly held by {}", holder.owner()),
@@ -27,7 +31,11 @@ async fn grant(backend: &EtcdBackend, lock: &LockName, owner: &Identity) -> Leas
 }
 
 async fn attempt(backend: &EtcdBackend, lock: &LockName, owner: &Identity) -> Acquire {
-    let request = AcquireRequest::new(lock.clone(), owner.clone(), LONG);
+    let request = AcquireRequest::new(
+        lock.clone(),
+        owner.clone(),
+        lockcore::Ttl::new(LONG).expect("valid TTL"),
+    );
     backend.acquire(&request).await.expect("acquire")
 }
 

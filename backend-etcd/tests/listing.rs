@@ -23,7 +23,12 @@ fn note(s: &str) -> Note {
 }
 
 async fn grant(backend: &EtcdBackend, lock: &LockName, owner: &Identity, n: Option<Note>) -> Lease {
-    let request = AcquireRequest::new(lock.clone(), owner.clone(), LONG).with_note(n);
+    let request = AcquireRequest::new(
+        lock.clone(),
+        owner.clone(),
+        lockcore::Ttl::new(LONG).expect("valid TTL"),
+    )
+    .with_note(n);
     match backend.acquire(&request).await.expect("acquire") {
         Acquire::Acquired(lease) => lease,
         Acquire::Held(holder) => panic!("{lock} unexpectedly held by {}", holder.owner()),
@@ -62,8 +67,12 @@ async fn the_note_is_written_by_the_txn_that_grants() {
     // A queued waiter with a note: the claim Txn writes it with the grant.
     let waiter = Identity::unique();
     let second = note("deploy #2");
-    let request =
-        AcquireRequest::new(lock.clone(), waiter.clone(), LONG).with_note(Some(second.clone()));
+    let request = AcquireRequest::new(
+        lock.clone(),
+        waiter.clone(),
+        lockcore::Ttl::new(LONG).expect("valid TTL"),
+    )
+    .with_note(Some(second.clone()));
     assert!(matches!(
         backend.acquire(&request).await.expect("attempt"),
         Acquire::Held(_)
@@ -109,8 +118,12 @@ async fn list_reports_first_contenders_and_skips_foreign_keys() {
     let lock = name("team/deploy");
     let holder = Identity::unique();
     let lease = grant(&backend, &lock, &holder, Some(note("held"))).await;
-    let waiter = AcquireRequest::new(lock.clone(), Identity::unique(), LONG)
-        .with_note(Some(note("waiting")));
+    let waiter = AcquireRequest::new(
+        lock.clone(),
+        Identity::unique(),
+        lockcore::Ttl::new(LONG).expect("valid TTL"),
+    )
+    .with_note(Some(note("waiting")));
     let ticket = backend
         .enqueue(&waiter)
         .await

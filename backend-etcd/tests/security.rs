@@ -283,7 +283,11 @@ async fn the_least_privilege_role_runs_every_operation() {
         async move { locker.acquire_with(lock.as_str(), &options).await }
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let request = AcquireRequest::new(lock.clone(), Identity::unique(), Duration::from_secs(5));
+    let request = AcquireRequest::new(
+        lock.clone(),
+        Identity::unique(),
+        lockcore::Ttl::new(Duration::from_secs(5)).expect("valid TTL"),
+    );
     assert!(matches!(
         backend.acquire(&request).await.expect("try"),
         Acquire::Held(_)
@@ -316,7 +320,7 @@ async fn a_client_certificate_alone_authenticates_as_its_common_name() {
     let request = AcquireRequest::new(
         LockName::new("by-cert").expect("name"),
         Identity::unique(),
-        Duration::from_secs(5),
+        lockcore::Ttl::new(Duration::from_secs(5)).expect("valid TTL"),
     );
     let Acquire::Acquired(lease) = backend.acquire(&request).await.expect("acquire") else {
         panic!("held");

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lockcore::{Error, FenceToken, HolderInfo, Identity, Note, Result};
+use lockcore::{Error, FenceToken, HolderInfo, Identity, Note, Result, Ttl};
 use serde_json::{Map, Value, json};
 
 /// Metadata key holding the owner's identity.
@@ -127,8 +127,8 @@ pub(crate) fn parse_grant(grant: &str) -> Result<(u64, u64)> {
 
 /// The metadata map a refresh writes (PATCH merges it, keeping the note), and the grant's
 /// without its note.
-pub(crate) fn metadata(owner: &Identity, ttl: Duration) -> Value {
-    let expires = rfc3339(SystemTime::now() + ttl);
+pub(crate) fn metadata(owner: &Identity, ttl: Ttl) -> Value {
+    let expires = rfc3339(SystemTime::now() + ttl.get());
     let mut map = Map::new();
     map.insert(KEY_IDENTITY.into(), json!(owner.as_str()));
     map.insert(KEY_TTL_MS.into(), json!(ttl.as_millis().to_string()));
@@ -138,7 +138,7 @@ pub(crate) fn metadata(owner: &Identity, ttl: Duration) -> Value {
 
 /// The metadata map the create of a grant writes: [`metadata`] plus the note, if any, so
 /// the note is stored in the same conditional write as the grant.
-pub(crate) fn grant_metadata(owner: &Identity, ttl: Duration, note: Option<&Note>) -> Value {
+pub(crate) fn grant_metadata(owner: &Identity, ttl: Ttl, note: Option<&Note>) -> Value {
     let mut value = metadata(owner, ttl);
     if let (Some(note), Value::Object(map)) = (note, &mut value) {
         map.insert(KEY_NOTE.into(), json!(note.as_str()));
@@ -340,18 +340,15 @@ mod tests {
     fn the_note_is_written_with_the_grant_and_read_back_lossily() {
         let owner = Identity::named("me").unwrap();
         let note = Note::new("ci run 42").unwrap();
-        let with = grant_metadata(&owner, Duration::from_secs(3), Some(&note));
+        let ttl = Ttl::new(Duration::from_secs(3)).unwrap();
+        let with = grant_metadata(&owner, ttl, Some(&note));
         assert_eq!(with[KEY_NOTE], "ci run 42");
-        let without = grant_metadata(&owner, Duration::from_secs(3), None);
+        let without = grant_metadata(&owner, ttl, None);
         assert!(
             without.get(KEY_NOTE).is_none(),
             "no note, no key: {without}"
         );
-        assert!(
-            metadata(&owner, Duration::from_secs(3))
-                .get(KEY_NOTE)
-                .is_none()
-        );
+        assert!(metadata(&owner, ttl).get(KEY_NOTE).is_none());
         let stored = |note: Value| {
             let v = json!({"generation":"1","metageneration":"1",
                 "updated":"2024-05-07T12:34:56.789Z","metadata":{"identity":"me","note":note}});

@@ -194,7 +194,11 @@ async fn the_note_is_stored_with_the_grant() {
     let owner = Identity::unique();
     let ttl = Duration::from_secs(30);
     let first = Note::new("run https://ci.example/run/42 — ✓").expect("note");
-    let request = AcquireRequest::new(lock.clone(), owner.clone(), ttl);
+    let request = AcquireRequest::new(
+        lock.clone(),
+        owner.clone(),
+        lockcore::Ttl::new(ttl).expect("valid TTL"),
+    );
     let Acquire::Acquired(_) = backend
         .acquire(&request.clone().with_note(Some(first.clone())))
         .await
@@ -204,7 +208,11 @@ async fn the_note_is_stored_with_the_grant() {
     };
     let shown = backend.inspect(&lock).await.expect("inspect");
     assert_eq!(shown.and_then(|i| i.note().cloned()), Some(first.clone()));
-    let rival = AcquireRequest::new(lock.clone(), Identity::unique(), ttl);
+    let rival = AcquireRequest::new(
+        lock.clone(),
+        Identity::unique(),
+        lockcore::Ttl::new(ttl).expect("valid TTL"),
+    );
     let Acquire::Held(holder) = backend.acquire(&rival).await.expect("rival") else {
         panic!("a contender got a held lock");
     };

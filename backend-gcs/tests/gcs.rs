@@ -20,7 +20,11 @@ fn name(text: &str) -> LockName {
 }
 
 async fn take(backend: &GcsBackend, lock: &str, owner: &Identity, ttl: Duration) -> Acquire {
-    let request = AcquireRequest::new(name(lock), owner.clone(), ttl);
+    let request = AcquireRequest::new(
+        name(lock),
+        owner.clone(),
+        lockcore::Ttl::new(ttl).expect("valid TTL"),
+    );
     backend.acquire(&request).await.expect("acquire")
 }
 
@@ -198,7 +202,7 @@ async fn a_recovered_refresh_never_reports_more_than_the_server_grants() {
     let sent = SystemTime::now();
     let refreshed = backend.refresh(&lease).await.expect("recognised as ours");
     let expiry = server_expiry(&gcs, "lost-ttl").await;
-    let claimed = sent + refreshed.ttl();
+    let claimed = sent + refreshed.ttl().get();
     assert!(
         claimed <= expiry,
         "the lease claims {:?} past the server's expiry",
@@ -355,7 +359,11 @@ async fn bad_object_names_are_invalid_input() {
     let backend = GcsBackend::new(config).expect("backend");
     gcs.server.clear_requests();
     for bad in [".", "..", ".well-known/acme-challenge/token"] {
-        let request = AcquireRequest::new(name(bad), Identity::unique(), Duration::from_secs(5));
+        let request = AcquireRequest::new(
+            name(bad),
+            Identity::unique(),
+            lockcore::Ttl::new(Duration::from_secs(5)).expect("valid TTL"),
+        );
         let err = backend.acquire(&request).await.expect_err(bad);
         assert_eq!(err.kind(), ErrorKind::InvalidInput, "{bad}: {err}");
     }

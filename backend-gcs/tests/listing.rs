@@ -22,8 +22,12 @@ fn note(text: &str) -> Note {
 }
 
 async fn take(backend: &GcsBackend, lock: &str, owner: &Identity, note: Option<Note>) -> Acquire {
-    let request =
-        AcquireRequest::new(name(lock), owner.clone(), Duration::from_secs(30)).with_note(note);
+    let request = AcquireRequest::new(
+        name(lock),
+        owner.clone(),
+        lockcore::Ttl::new(Duration::from_secs(30)).expect("valid TTL"),
+    )
+    .with_note(note);
     backend.acquire(&request).await.expect("acquire")
 }
 

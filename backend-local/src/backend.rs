@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use lockcore::{
     Acquire, AcquireRequest, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
     FenceToken, Fencing, Guarantees, HeldLock, HolderInfo, Identity, Lease, LockBackend, LockName,
-    Note, Result, Waiting,
+    Note, Result, Ttl, Waiting,
 };
 
 use crate::client::{Claim, Client, Row};
@@ -88,6 +88,7 @@ impl LocalBackend {
         owner: &Identity,
         ttl: Duration,
     ) -> Result<()> {
+        let ttl = Ttl::new(ttl)?;
         let claim = self.claim(name, owner, ttl, None, None);
         self.client
             .force(&claim)
@@ -116,7 +117,7 @@ impl LocalBackend {
         &self,
         name: &'a LockName,
         owner: &'a Identity,
-        ttl: Duration,
+        ttl: Ttl,
         liveness: Option<&'a Held>,
         note: Option<&'a Note>,
     ) -> Claim<'a> {
@@ -419,7 +420,11 @@ mod tests {
 
     async fn acquire(backend: &LocalBackend, owner: &Identity) -> Acquire {
         let name = LockName::new("job").expect("valid");
-        let request = AcquireRequest::new(name, owner.clone(), Duration::from_secs(60));
+        let request = AcquireRequest::new(
+            name,
+            owner.clone(),
+            lockcore::Ttl::new(Duration::from_secs(60)).expect("valid TTL"),
+        );
         backend.acquire(&request).await.expect("one attempt")
     }
 
@@ -433,9 +438,12 @@ mod tests {
         let contender = LocalBackend::open(config).await.expect("open");
         let name = LockName::new("job").expect("valid");
         let note = Note::new("first").expect("note");
-        let request =
-            AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(60))
-                .with_note(Some(note.clone()));
+        let request = AcquireRequest::new(
+            name.clone(),
+            Identity::unique(),
+            lockcore::Ttl::new(Duration::from_secs(60)).expect("valid TTL"),
+        )
+        .with_note(Some(note.clone()));
         let Acquire::Acquired(_) = holder.acquire(&request).await.expect("attempt") else {
             panic!("free")
         };
@@ -452,9 +460,12 @@ mod tests {
         assert_eq!(listed[0].holder().note(), Some(&note));
 
         let second = Note::new("second").expect("note");
-        let request =
-            AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(60))
-                .with_note(Some(second.clone()));
+        let request = AcquireRequest::new(
+            name.clone(),
+            Identity::unique(),
+            lockcore::Ttl::new(Duration::from_secs(60)).expect("valid TTL"),
+        )
+        .with_note(Some(second.clone()));
         let Acquire::Acquired(lease) = contender.acquire(&request).await.expect("attempt") else {
             panic!("a dead holder is taken over at once")
         };

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use lockcore::{Error, ErrorKind, RetryStatus};
+use lockcore::{Error, ErrorKind, RetryStatus, Ttl};
 use sqlx::Row as _;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -128,7 +128,7 @@ pub(crate) struct Claim<'a> {
     /// The note to store with the grant.
     pub(crate) note: Option<&'a str>,
     pub(crate) now_ms: i64,
-    pub(crate) ttl: Duration,
+    pub(crate) ttl: Ttl,
     pub(crate) wall_ms: i64,
 }
 

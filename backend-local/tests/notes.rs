@@ -45,8 +45,12 @@ async fn stored_note(conn: &mut SqliteConnection, name: &LockName) -> Option<Str
 }
 
 async fn acquire(backend: &LocalBackend, name: &LockName, note: Option<&Note>) -> Acquire {
-    let request =
-        AcquireRequest::new(name.clone(), Identity::unique(), LONG).with_note(note.cloned());
+    let request = AcquireRequest::new(
+        name.clone(),
+        Identity::unique(),
+        lockcore::Ttl::new(LONG).expect("valid TTL"),
+    )
+    .with_note(note.cloned());
     backend.acquire(&request).await.expect("one attempt")
 }
 

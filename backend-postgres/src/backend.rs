@@ -166,9 +166,12 @@ impl LockBackend for PostgresBackend {
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         let context = |e: Error| e.with_lock(&request.name);
-        let ttl_us = micros(request.ttl).map_err(context)?;
-        let ttl = Duration::from_micros(ttl_us.unsigned_abs());
-        match self.attempt(request, ttl_us).await.map_err(context)? {
+        let ttl = request.ttl;
+        match self
+            .attempt(request, ttl.as_micros())
+            .await
+            .map_err(context)?
+        {
             Some(Outcome {
                 acquired: true,
                 holder,
@@ -196,7 +199,7 @@ impl LockBackend for PostgresBackend {
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
         let context = |e: Error| e.with_lock(lease.name());
         let token = grant_token(lease).map_err(context)?;
-        let ttl_us = micros(lease.ttl()).map_err(context)?;
+        let ttl_us = lease.ttl().as_micros();
         let c = self.client();
         let seen = c
             .run(Effect::Write, async |conn| {
@@ -467,33 +470,15 @@ pub(crate) fn grant_token(lease: &Lease) -> Result<i64> {
     })
 }
 
-/// A TTL in whole microseconds (the resolution of PostgreSQL's `interval`).
-fn micros(ttl: Duration) -> Result<i64> {
-    match i64::try_from(ttl.as_micros()) {
-        Ok(us) if us > 0 => Ok(us),
-        _ => Err(Error::invalid_input(format!(
-            "a TTL of {ttl:?} cannot be stored: it must be at least 1 µs"
-        ))
-        .with_backend(BACKEND)),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn ttls_convert_to_whole_microseconds() {
-        assert_eq!(micros(Duration::from_millis(1500)).expect("ok"), 1_500_000);
-        assert_eq!(micros(Duration::from_nanos(1_999)).expect("ok"), 1);
-        assert!(micros(Duration::from_nanos(999)).is_err());
-        assert!(micros(Duration::MAX).is_err());
-    }
-
-    #[test]
     fn foreign_grants_are_rejected() {
         let name = LockName::new("x").expect("valid");
-        let lease = Lease::new(name, Identity::unique(), Duration::from_secs(1), "r:abc");
+        let ttl = lockcore::Ttl::new(Duration::from_secs(1)).expect("valid");
+        let lease = Lease::new(name, Identity::unique(), ttl, "r:abc");
         let err = grant_token(&lease).expect_err("not ours");
         assert_eq!(err.kind(), lockcore::ErrorKind::InvalidInput);
     }

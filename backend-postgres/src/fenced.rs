@@ -212,7 +212,10 @@ impl PostgresBackend {
         let client = self.client();
         let mut tx = client.pool.begin_with(client.begin.clone()).await?;
         // The GUC's maximum is i32::MAX milliseconds (about 24 days).
-        let idle_ms = lease.ttl().as_millis().clamp(1, i32::MAX as u128);
+        let idle_ms = lease
+            .ttl()
+            .as_millis()
+            .clamp(1, i32::MAX.unsigned_abs().into());
         let row = client
             .query(&client.statements.fence)
             .bind(lease.name().as_str())

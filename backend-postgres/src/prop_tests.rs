@@ -214,7 +214,7 @@ proptest! {
         ],
     ) {
         let name = LockName::new("n").expect("valid");
-        let lease = Lease::new(name, Identity::unique(), Duration::from_secs(1), grant.as_str());
+        let lease = Lease::new(name, Identity::unique(), lockcore::Ttl::new(Duration::from_secs(1)).expect("valid TTL"), grant.as_str());
         match grant_token(&lease) {
             Ok(token) => prop_assert_eq!(token.to_string().parse::<i64>(), grant.parse::<i64>()),
             Err(err) => {

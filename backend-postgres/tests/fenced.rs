@@ -310,7 +310,7 @@ async fn released_and_foreign_leases_are_refused() {
     let foreign = Lease::new(
         lease.name().clone(),
         lease.owner().clone(),
-        secs(1),
+        lockcore::Ttl::new(secs(1)).expect("valid TTL"),
         "etcd:7",
     );
     let err = rig

@@ -94,7 +94,11 @@ async fn an_old_table_is_upgraded_by_concurrent_connects() {
         .expect("still held");
     assert_eq!(old.owner(), &old_owner);
     assert_eq!(old.note(), None);
-    let rival = AcquireRequest::new(held.clone(), Identity::unique(), LONG);
+    let rival = AcquireRequest::new(
+        held.clone(),
+        Identity::unique(),
+        lockcore::Ttl::new(LONG).expect("valid TTL"),
+    );
     assert!(matches!(
         backend.acquire(&rival).await.expect("attempt"),
         Acquire::Held(_)
@@ -102,8 +106,12 @@ async fn an_old_table_is_upgraded_by_concurrent_connects() {
 
     let name = fresh_name("new");
     let note = Note::new("after the upgrade").expect("note");
-    let request =
-        AcquireRequest::new(name.clone(), Identity::unique(), LONG).with_note(Some(note.clone()));
+    let request = AcquireRequest::new(
+        name.clone(),
+        Identity::unique(),
+        lockcore::Ttl::new(LONG).expect("valid TTL"),
+    )
+    .with_note(Some(note.clone()));
     let Acquire::Acquired(lease) = backends[1].acquire(&request).await.expect("acquire") else {
         panic!("free lock")
     };
@@ -165,8 +173,12 @@ async fn an_old_table_needs_its_owner_to_upgrade() {
         Ok(backend) => {
             let name = fresh_name("lp");
             let note = Note::new("least privilege").expect("note");
-            let request = AcquireRequest::new(name.clone(), Identity::unique(), LONG)
-                .with_note(Some(note.clone()));
+            let request = AcquireRequest::new(
+                name.clone(),
+                Identity::unique(),
+                lockcore::Ttl::new(LONG).expect("valid TTL"),
+            )
+            .with_note(Some(note.clone()));
             let acquired = backend.acquire(&request).await;
             let shown = backend.list(name.as_str()).await;
             if let Ok(Acquire::Acquired(lease)) = &acquired {
@@ -232,8 +244,12 @@ async fn stored_notes_are_cleaned_and_cleared() {
     };
     let note = Note::new("job 7").expect("note");
     let name = fresh_name("n");
-    let request =
-        AcquireRequest::new(name.clone(), Identity::unique(), LONG).with_note(Some(note.clone()));
+    let request = AcquireRequest::new(
+        name.clone(),
+        Identity::unique(),
+        lockcore::Ttl::new(LONG).expect("valid TTL"),
+    )
+    .with_note(Some(note.clone()));
     let Acquire::Acquired(lease) = backend.acquire(&request).await.expect("acquire") else {
         panic!("free")
     };
@@ -253,7 +269,11 @@ async fn stored_notes_are_cleaned_and_cleared() {
         .expect("inspect")
         .expect("held");
     assert_eq!(shown.note().map(Note::as_str), Some("a\u{fffd}[2Jb"));
-    let rival = AcquireRequest::new(name.clone(), Identity::unique(), LONG);
+    let rival = AcquireRequest::new(
+        name.clone(),
+        Identity::unique(),
+        lockcore::Ttl::new(LONG).expect("valid TTL"),
+    );
     let Acquire::Held(holder) = backend.acquire(&rival).await.expect("attempt") else {
         panic!("held")
     };

@@ -252,7 +252,11 @@ async fn missing_privileges_are_permission_denied() {
     let create = connect(&denied).await.map(drop);
     let no_usage = connect(&schema).await.map(drop);
     run(format!("GRANT USAGE ON SCHEMA \"{schema}\" TO {role}")).await;
-    let request = lockcore::AcquireRequest::new(fresh_name("np"), Identity::unique(), LONG);
+    let request = lockcore::AcquireRequest::new(
+        fresh_name("np"),
+        Identity::unique(),
+        lockcore::Ttl::new(LONG).expect("valid TTL"),
+    );
     let statement = match connect(&schema).await {
         Ok(backend) => backend.acquire(&request).await.map(drop),
         Err(err) => panic!("USAGE granted and the table exists, yet: {err}"),

@@ -92,7 +92,11 @@ async fn right_credentials_and_client_certificate_verify_full_and_lock() {
             .await
             .expect("connect with the right credentials");
         let name = LockName::new(format!("security-{:016x}", rand::random::<u64>())).unwrap();
-        let request = AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(5));
+        let request = AcquireRequest::new(
+            name.clone(),
+            Identity::unique(),
+            lockcore::Ttl::new(Duration::from_secs(5)).expect("valid TTL"),
+        );
         let Acquire::Acquired(lease) = backend.acquire(&request).await.expect("acquire") else {
             panic!("a fresh lock must be free");
         };
@@ -291,7 +295,11 @@ async fn a_role_with_the_documented_grants_uses_objects_an_owner_created() {
             .await
             .expect("connect with the documented grants");
         let name = LockName::new("least-privilege").unwrap();
-        let request = AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(5));
+        let request = AcquireRequest::new(
+            name.clone(),
+            Identity::unique(),
+            lockcore::Ttl::new(Duration::from_secs(5)).expect("valid TTL"),
+        );
         let Acquire::Acquired(lease) = backend.acquire(&request).await.expect("acquire") else {
             panic!("free lock");
         };
@@ -317,8 +325,11 @@ async fn a_role_with_the_documented_grants_uses_objects_an_owner_created() {
             ),
         ] {
             run(revoke).await;
-            let request =
-                AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(5));
+            let request = AcquireRequest::new(
+                name.clone(),
+                Identity::unique(),
+                lockcore::Ttl::new(Duration::from_secs(5)).expect("valid TTL"),
+            );
             let err = backend
                 .acquire(&request)
                 .await

@@ -51,7 +51,11 @@ async fn blocked_statement_is_cancelled(prepared: bool) {
         .execute(&mut *tx)
         .await
         .expect("lock the row");
-    let request = AcquireRequest::new(name.clone(), Identity::unique(), ttl);
+    let request = AcquireRequest::new(
+        name.clone(),
+        Identity::unique(),
+        lockcore::Ttl::new(ttl).expect("valid TTL"),
+    );
     let err = backend
         .acquire(&request)
         .await

@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use lockcore::{
@@ -148,16 +147,6 @@ pub(crate) fn note_arg(request: &AcquireRequest) -> &str {
     request.note.as_ref().map_or("", Note::as_str)
 }
 
-/// A TTL in whole milliseconds (`PX` takes integers; rounding down never promises more).
-pub(crate) fn ttl_millis(ttl: Duration) -> Result<u64> {
-    match u64::try_from(ttl.as_millis()) {
-        Ok(ms) if ms > 0 => Ok(ms),
-        _ => Err(Error::invalid_input(format!(
-            "TTL {ttl:?} is not a positive whole number of milliseconds that Redis accepts"
-        ))),
-    }
-}
-
 fn in_context(err: Error, backend: &str, name: &LockName) -> Error {
     err.with_backend(backend.to_owned()).with_lock(name)
 }
@@ -170,7 +159,7 @@ impl LockBackend for RedisBackend {
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         let name = &request.name;
-        let ttl_ms = ttl_millis(request.ttl).map_err(|e| in_context(e, "redis", name))?;
+        let ttl_ms = request.ttl.as_millis();
         let keys = self.keys(name);
         let owner = request.owner.as_str();
         let suffix = keys::value_suffix(&keys::new_nonce(), &request.owner);
@@ -186,8 +175,7 @@ impl LockBackend for RedisBackend {
                     let err = Error::new(ErrorKind::Protocol, "the grant carries no fence token");
                     in_context(err, "redis", name)
                 })?;
-                let ttl = Duration::from_millis(ttl_ms);
-                let lease = Lease::new(name.clone(), request.owner.clone(), ttl, value);
+                let lease = Lease::new(name.clone(), request.owner.clone(), request.ttl, value);
                 Ok(Acquire::Acquired(lease.with_token(token)))
             }
             AcquireReply::Held(found) => Ok(Acquire::Held(keys::holder_info(&found))),
@@ -196,7 +184,7 @@ impl LockBackend for RedisBackend {
 
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
         let name = lease.name();
-        let ttl_ms = ttl_millis(lease.ttl()).map_err(|e| in_context(e, "redis", name))?;
+        let ttl_ms = lease.ttl().as_millis();
         let reply = self
             .node()
             .refresh(&self.keys(name), lease.grant(), ttl_ms)
@@ -276,18 +264,5 @@ impl LockBackend for RedisBackend {
             .await
             .map_err(|e| in_context(e, "redis", name))?;
         Ok(Some(events))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ttls_round_down_to_whole_milliseconds() {
-        assert_eq!(ttl_millis(Duration::from_micros(1500)).expect("ok"), 1);
-        assert_eq!(ttl_millis(Duration::from_secs(30)).expect("ok"), 30_000);
-        let err = ttl_millis(Duration::from_micros(999)).expect_err("too short");
-        assert_eq!(err.kind(), ErrorKind::InvalidInput);
     }
 }

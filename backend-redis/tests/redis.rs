@@ -35,7 +35,7 @@ fn request(name: &str, owner: &Identity) -> AcquireRequest {
     AcquireRequest::new(
         common::fresh_name(name),
         owner.clone(),
-        Duration::from_secs(30),
+        lockcore::Ttl::new(Duration::from_secs(30)).expect("valid TTL"),
     )
 }
 
@@ -265,7 +265,11 @@ async fn lock_and_fence_keys_share_one_cluster_slot() {
             lockcore::LockName::new(format!("{name}-{:x}", rand::random::<u32>())).expect("valid");
         let keys: LockKeys = backend.keys(&name);
         assert_eq!(key_slot(keys.lock()), key_slot(keys.fence()), "{name}");
-        let req = AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(30));
+        let req = AcquireRequest::new(
+            name.clone(),
+            Identity::unique(),
+            lockcore::Ttl::new(Duration::from_secs(30)).expect("valid TTL"),
+        );
         let lease = take(&backend, &req).await;
         assert!(common::exists(&mut admin, keys.lock()).await, "{name}");
         let counter: u64 = redis::cmd("GET")
@@ -427,7 +431,11 @@ async fn a_dropped_notification_connection_ends_streams_and_reconnects() {
     let mut again = backend.subscribe(&name).await.expect("ok").expect("some");
     let lease = take(
         &backend,
-        &AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(30)),
+        &AcquireRequest::new(
+            name.clone(),
+            Identity::unique(),
+            lockcore::Ttl::new(Duration::from_secs(30)).expect("valid TTL"),
+        ),
     )
     .await;
     backend.release(&lease).await.expect("release");
@@ -650,7 +658,11 @@ async fn a_fence_counter_beyond_exact_integers_is_refused_not_repeated() {
             .query_async::<()>(&mut admin)
             .await
             .expect("set the counter");
-        let req = AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(30));
+        let req = AcquireRequest::new(
+            name.clone(),
+            Identity::unique(),
+            lockcore::Ttl::new(Duration::from_secs(30)).expect("valid TTL"),
+        );
         let err = backend.acquire(&req).await.expect_err(bad);
         assert!(err.to_string().contains("fence counter"), "{bad}: {err}");
         assert!(
@@ -703,8 +715,12 @@ async fn values_without_notes_still_parse_and_notes_never_change_the_value() {
     let noted = common::fresh_name("noted");
     let keys = backend.keys(&noted);
     let note = lockcore::Note::new("ci run 42").expect("note");
-    let request = AcquireRequest::new(noted.clone(), owner.clone(), Duration::from_secs(30))
-        .with_note(Some(note.clone()));
+    let request = AcquireRequest::new(
+        noted.clone(),
+        owner.clone(),
+        lockcore::Ttl::new(Duration::from_secs(30)).expect("valid TTL"),
+    )
+    .with_note(Some(note.clone()));
     let lease = take(&backend, &request).await;
     let raw: String = redis::cmd("GET")
         .arg(keys.lock())
@@ -782,7 +798,12 @@ async fn list_skips_keys_that_are_not_lock_keys() {
     let note = lockcore::Note::new("listed").expect("note");
     let lease = take(
         &backend,
-        &AcquireRequest::new(held.clone(), Identity::unique(), ttl).with_note(Some(note.clone())),
+        &AcquireRequest::new(
+            held.clone(),
+            Identity::unique(),
+            lockcore::Ttl::new(ttl).expect("valid TTL"),
+        )
+        .with_note(Some(note.clone())),
     )
     .await;
     let foreign = under("foreign");
@@ -871,7 +892,7 @@ async fn list_pages_through_many_locks() {
         let req = AcquireRequest::new(
             lockcore::LockName::new(&name).expect("valid"),
             Identity::unique(),
-            Duration::from_secs(60),
+            lockcore::Ttl::new(Duration::from_secs(60)).expect("valid TTL"),
         );
         leases.push(take(&backend, &req).await);
     }
@@ -897,8 +918,12 @@ async fn a_refreshed_lease_keeps_its_note_past_the_first_ttl() {
     let name = common::fresh_name("note-refresh");
     let note = lockcore::Note::new("kept").expect("note");
     let ttl = Duration::from_millis(800);
-    let req =
-        AcquireRequest::new(name.clone(), Identity::unique(), ttl).with_note(Some(note.clone()));
+    let req = AcquireRequest::new(
+        name.clone(),
+        Identity::unique(),
+        lockcore::Ttl::new(ttl).expect("valid TTL"),
+    )
+    .with_note(Some(note.clone()));
     let lease = take(&backend, &req).await;
     tokio::time::sleep(ttl / 2).await;
     backend.refresh(&lease).await.expect("refresh");
@@ -931,7 +956,11 @@ async fn list_prefixes_with_glob_characters_match_only_themselves() {
     let names = ["k[ab]1", "ka1", r"k\*1", "k*1", "k]1", "k?1"].map(under);
     let mut leases = Vec::new();
     for name in &names {
-        let req = AcquireRequest::new(name.clone(), Identity::unique(), ttl);
+        let req = AcquireRequest::new(
+            name.clone(),
+            Identity::unique(),
+            lockcore::Ttl::new(ttl).expect("valid TTL"),
+        );
         leases.push(take(&backend, &req).await);
     }
     for (prefix, only) in [

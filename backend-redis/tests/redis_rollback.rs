@@ -24,8 +24,11 @@ async fn backend_on(url: &str, prefix: &str) -> RedisBackend {
 async fn grants(backend: &RedisBackend, name: &LockName, n: usize) -> Vec<u64> {
     let mut tokens = Vec::new();
     while tokens.len() < n {
-        let request =
-            AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(30));
+        let request = AcquireRequest::new(
+            name.clone(),
+            Identity::unique(),
+            lockcore::Ttl::new(Duration::from_secs(30)).expect("valid TTL"),
+        );
         let lease = match backend.acquire(&request).await {
             Ok(Acquire::Acquired(lease)) => lease,
             Ok(Acquire::Held(holder)) => panic!("held by {}", holder.owner()),

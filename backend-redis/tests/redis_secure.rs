@@ -153,7 +153,11 @@ async fn the_least_privilege_recipe_runs_every_operation() {
         .await
         .expect("break");
     assert!(broken.is_some(), "break found nothing");
-    let again = AcquireRequest::new(second.lease().name().clone(), Identity::unique(), ttl);
+    let again = AcquireRequest::new(
+        second.lease().name().clone(),
+        Identity::unique(),
+        lockcore::Ttl::new(ttl).expect("valid TTL"),
+    );
     let outcome = backend.acquire(&again).await;
     let Acquire::Acquired(lease) = outcome.expect("acquire after break") else {
         panic!("held after break");
@@ -174,7 +178,11 @@ async fn the_recipe_before_notes_still_runs_everything_but_notes_and_list() {
     let backend = RedisBackend::from_url(&url).await.expect("connect");
     let name = common::fresh_name("old-recipe");
     let ttl = Duration::from_secs(10);
-    let request = AcquireRequest::new(name.clone(), Identity::unique(), ttl);
+    let request = AcquireRequest::new(
+        name.clone(),
+        Identity::unique(),
+        lockcore::Ttl::new(ttl).expect("valid TTL"),
+    );
     let Acquire::Acquired(lease) = backend.acquire(&request).await.expect("acquire") else {
         panic!("held");
     };
@@ -186,7 +194,11 @@ async fn the_recipe_before_notes_still_runs_everything_but_notes_and_list() {
     assert_eq!(found.owner(), lease.owner());
     assert_eq!(found.note(), None);
     backend.refresh(&lease).await.expect("refresh");
-    let rival = AcquireRequest::new(name.clone(), Identity::unique(), ttl);
+    let rival = AcquireRequest::new(
+        name.clone(),
+        Identity::unique(),
+        lockcore::Ttl::new(ttl).expect("valid TTL"),
+    );
     assert!(matches!(
         backend.acquire(&rival).await,
         Ok(Acquire::Held(_))
@@ -223,7 +235,7 @@ async fn redlock_over_tls_with_a_client_certificate() {
     let request = AcquireRequest::new(
         common::fresh_name("redlock-tls"),
         Identity::unique(),
-        Duration::from_secs(10),
+        lockcore::Ttl::new(Duration::from_secs(10)).expect("valid TTL"),
     );
     let Acquire::Acquired(lease) = backend.acquire(&request).await.expect("acquire") else {
         panic!("held");

@@ -69,7 +69,11 @@ impl Nodes {
 }
 
 fn request(name: &LockName) -> AcquireRequest {
-    AcquireRequest::new(name.clone(), Identity::unique(), TTL)
+    AcquireRequest::new(
+        name.clone(),
+        Identity::unique(),
+        lockcore::Ttl::new(TTL).expect("valid TTL"),
+    )
 }
 
 fn acquired(outcome: Acquire) -> Lease {
@@ -100,7 +104,7 @@ async fn two_of_five_nodes_down_still_acquires() {
             .expect("acquire"),
     );
     assert!(
-        lease.ttl() < TTL,
+        lease.ttl().get() < TTL,
         "validity {:?} not below the TTL",
         lease.ttl()
     );
@@ -215,13 +219,14 @@ async fn validity_is_reduced_by_the_elapsed_time() {
     let took = start.elapsed();
     let ceiling = TTL - delay * 2 - drift();
     assert!(
-        lease.ttl() <= ceiling,
+        lease.ttl().get() <= ceiling,
         "validity {:?} > {ceiling:?}",
         lease.ttl()
     );
-    let floor = TTL - took - drift();
+    // The validity is rounded down to a whole millisecond.
+    let floor = TTL - took - drift() - Duration::from_millis(1);
     assert!(
-        lease.ttl() >= floor,
+        lease.ttl().get() >= floor,
         "validity {:?} < {floor:?}",
         lease.ttl()
     );
@@ -229,12 +234,12 @@ async fn validity_is_reduced_by_the_elapsed_time() {
     let refreshed = nodes.backend.refresh(&lease).await.expect("refresh");
     let took = start.elapsed();
     assert!(
-        refreshed.ttl() <= ceiling,
+        refreshed.ttl().get() <= ceiling,
         "refreshed to {:?}",
         refreshed.ttl()
     );
     assert!(
-        refreshed.ttl() >= TTL - took - drift(),
+        refreshed.ttl().get() >= TTL - took - drift() - Duration::from_millis(1),
         "{:?}",
         refreshed.ttl()
     );

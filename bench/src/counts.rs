@@ -142,7 +142,11 @@ fn total(calls: &Calls) -> u64 {
 /// One lease of `system`'s backend, refreshed by every run.
 async fn refresh_op(system: &System, ctx: &Ctx) -> Res<Arc<Refresh>> {
     let name = LockName::new(format!("{}-{}-refresh", ctx.run, system.kind.name()))?;
-    let request = AcquireRequest::new(name, Identity::unique(), Duration::from_secs(30));
+    let request = AcquireRequest::new(
+        name,
+        Identity::unique(),
+        lockcore::Ttl::new(Duration::from_secs(30))?,
+    );
     let Acquire::Acquired(lease) = system.backend.acquire(&request).await? else {
         return Err("a fresh name was held".into());
     };

@@ -169,7 +169,11 @@ impl Lock for Bare {
         if wait {
             return Err("bare backend calls do not wait".into());
         }
-        let request = AcquireRequest::new(LockName::new(name)?, Identity::unique(), self.ttl);
+        let request = AcquireRequest::new(
+            LockName::new(name)?,
+            Identity::unique(),
+            lockcore::Ttl::new(self.ttl)?,
+        );
         Ok(match self.backend.acquire(&request).await? {
             Acquire::Acquired(lease) => Some(Box::new(lease)),
             Acquire::Held(_) => None,

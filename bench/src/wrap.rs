@@ -120,7 +120,11 @@ mod tests {
                 .expect("subscribe")
                 .is_some()
         );
-        let request = AcquireRequest::new(name, Identity::unique(), Duration::from_secs(5));
+        let request = AcquireRequest::new(
+            name,
+            Identity::unique(),
+            lockcore::Ttl::new(Duration::from_secs(5)).expect("valid TTL"),
+        );
         let Acquire::Acquired(lease) = notified.acquire(&request).await.expect("acquire") else {
             panic!("free lock was held");
         };

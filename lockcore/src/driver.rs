@@ -20,6 +20,7 @@ use crate::clock::Clock;
 use crate::error::{Error, ErrorKind, Result, RetryStatus};
 use crate::options::LockOptions;
 use crate::state::{Event, Health, LostReason, transition};
+use crate::ttl::Ttl;
 use crate::types::Lease;
 
 /// State the guard reads and the driver writes.
@@ -152,7 +153,7 @@ impl Driver {
                 lease.token()
             )),
             Ok(lease) => {
-                let ttl = lease.ttl().min(self.options.ttl());
+                let ttl = lease.ttl().get().min(self.options.ttl());
                 let validity = (sent + ttl)
                     .checked_sub(self.options.drift())
                     .unwrap_or(sent);
@@ -260,7 +261,7 @@ impl Driver {
         let clock = self.shared.clock.clone();
         let sent = clock.now();
         let limit = sent + self.options.refresh_timeout();
-        let asked = old.clone().with_ttl(ttl);
+        let asked = old.clone().with_ttl(Ttl::new(ttl)?);
         let result = tokio::select! {
             biased;
             () = clock.sleep_until(validity) => Err(Error::lost(format!(
@@ -289,7 +290,7 @@ impl Driver {
                 return Err(err);
             }
         };
-        if lease.ttl() < ttl {
+        if lease.ttl().get() < ttl {
             return Err(Error::new(
                 ErrorKind::Unsupported,
                 format!(
@@ -299,7 +300,7 @@ impl Driver {
                 ),
             ));
         }
-        let validity = (sent + lease.ttl())
+        let validity = (sent + lease.ttl().get())
             .checked_sub(self.options.drift())
             .unwrap_or(sent);
         self.shared.update(lease.clone(), validity);

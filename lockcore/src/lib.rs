@@ -49,6 +49,7 @@ pub mod state;
 pub mod testing;
 #[cfg(test)]
 mod tests;
+mod ttl;
 mod types;
 
 pub use backend::{LockBackend, QueueTicket, ReleaseEvents};
@@ -62,10 +63,9 @@ pub use locker::Locker;
 pub use memory::{Defect, MemoryBackend};
 pub use name::{LockName, MAX_NAME_LEN};
 pub use note::{HeldLock, MAX_NOTE_LEN, Note, display_safe, is_unsafe_to_show, validate_prefix};
-pub use options::{
-    DEFAULT_TTL, LockOptions, MAX_REFRESH_FAILURES, MAX_TTL, MIN_TTL, WaitMode, parse_duration,
-};
+pub use options::{LockOptions, MAX_REFRESH_FAILURES, WaitMode, parse_duration};
 pub use secret::is_secret_param;
 pub use security::{ConnectionSecurity, TlsDetails, Transport, Verification};
 pub use state::{Health, LostReason};
+pub use ttl::{DEFAULT_TTL, MAX_TTL, MIN_TTL, Ttl};
 pub use types::{Acquire, AcquireRequest, FenceToken, HolderInfo, Lease};

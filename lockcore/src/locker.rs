@@ -165,8 +165,10 @@ impl Locker {
             .and_then(|()| self.backend.check_options(options))
             .map_err(|e| e.in_context(self.backend.backend_name(), &name))?;
         let owner = self.identity.clone().unwrap_or_else(Identity::unique);
-        let request =
-            AcquireRequest::new(name, owner, options.ttl()).with_note(options.note().cloned());
+        let ttl = options
+            .lease_ttl()
+            .map_err(|e| e.in_context(self.backend.backend_name(), &name))?;
+        let request = AcquireRequest::new(name, owner, ttl).with_note(options.note().cloned());
         self.acquire_loop(&request, options)
             .await
             .map_err(|e| e.in_context(self.backend.backend_name(), &request.name))
@@ -325,7 +327,7 @@ impl Locker {
         sent: Instant,
         options: &LockOptions,
     ) -> Option<LockGuard> {
-        let ttl = grant.lease().ttl().min(options.ttl());
+        let ttl = grant.lease().ttl().get().min(options.ttl());
         let validity = (sent + ttl).checked_sub(options.drift()).unwrap_or(sent);
         if validity <= self.clock.now() {
             tracing::debug!(lock = %grant.lease().name(), "lease arrived with no validity left; releasing");

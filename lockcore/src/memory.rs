@@ -167,7 +167,7 @@ impl MemoryBackend {
                 None => note = table.stale_notes.get(&request.name).cloned(),
             }
         }
-        let entry = Entry::new(request.owner.clone(), note, token, request.ttl);
+        let entry = Entry::new(request.owner.clone(), note, token, request.ttl.get());
         table.locks.insert(request.name.clone(), entry);
         Lease::new(
             request.name.clone(),
@@ -248,13 +248,13 @@ impl LockBackend for MemoryBackend {
         let mut table = self.table();
         if self.has(Defect::RefreshIgnoresOwner) {
             let token = lease.token().map_or(0, FenceToken::get);
-            let entry = Entry::new(lease.owner().clone(), None, token, lease.ttl());
+            let entry = Entry::new(lease.owner().clone(), None, token, lease.ttl().get());
             table.locks.insert(lease.name().clone(), entry);
             return Ok(lease.clone());
         }
         match self.live(&mut table, lease.name()) {
             Some(entry) if entry.is_grant_of(lease) => {
-                entry.expires = Instant::now() + lease.ttl();
+                entry.expires = Instant::now() + lease.ttl().get();
                 if self.has(Defect::RefreshDropsNote) {
                     entry.note = None;
                 }
@@ -357,10 +357,15 @@ impl LockBackend for MemoryBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::Ttl;
 
     fn request(name: &str, owner: &Identity, ttl_ms: u64) -> AcquireRequest {
         let name = LockName::new(name).expect("valid");
-        AcquireRequest::new(name, owner.clone(), Duration::from_millis(ttl_ms))
+        AcquireRequest::new(
+            name,
+            owner.clone(),
+            Ttl::new(Duration::from_millis(ttl_ms)).expect("valid"),
+        )
     }
 
     fn acquired(outcome: Acquire) -> Lease {

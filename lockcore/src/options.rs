@@ -5,11 +5,8 @@ use std::time::Duration;
 use crate::backoff::Backoff;
 use crate::error::Error;
 use crate::note::Note;
+use crate::ttl::{DEFAULT_TTL, MAX_TTL, Ttl};
 
-/// The shortest TTL accepted.
-pub const MIN_TTL: Duration = Duration::from_millis(10);
-/// The longest TTL accepted (one year).
-pub const MAX_TTL: Duration = Duration::from_secs(365 * 24 * 3600);
 /// The largest accepted value for the maximum number of consecutive refresh failures.
 pub const MAX_REFRESH_FAILURES: u32 = 100;
 
@@ -52,10 +49,6 @@ pub struct LockOptions {
     attempt_timeout: Option<Duration>,
     note: Option<Note>,
 }
-
-/// The lease TTL when none is given: [`LockOptions::default`], the `anylock` CLI's `run`,
-/// and [`anylock::Config`](https://docs.rs/anylock-facade) without a `ttl`.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 
 impl Default for LockOptions {
     fn default() -> Self {
@@ -214,12 +207,12 @@ impl LockOptions {
     ///
     /// # Errors
     /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) naming the offending
-    /// setting, when the TTL is outside [`MIN_TTL`]..=[`MAX_TTL`], the refresh interval is
+    /// setting, when the TTL is outside [`MIN_TTL`](crate::MIN_TTL)..=[`MAX_TTL`], the refresh interval is
     /// zero, the failure limit is 0 or above [`MAX_REFRESH_FAILURES`], refresh interval ×
     /// failure limit exceeds half the TTL (the lease must turn Lost well before it expires,
     /// Lai's GCS locking post), the drift is half the TTL or more, or the backoff is invalid.
     pub fn validate(&self) -> Result<(), Error> {
-        self.validate_ttl()?;
+        self.lease_ttl()?;
         self.validate_refresh()?;
         let drift = self.drift();
         if drift >= self.ttl / 2 {
@@ -248,14 +241,13 @@ impl LockOptions {
         self.backoff.validate()
     }
 
-    fn validate_ttl(&self) -> Result<(), Error> {
-        if self.ttl < MIN_TTL || self.ttl > MAX_TTL {
-            return Err(Error::invalid_input(format!(
-                "TTL {:?} is outside the accepted range {MIN_TTL:?} to {MAX_TTL:?}",
-                self.ttl
-            )));
-        }
-        Ok(())
+    /// The TTL as a validated [`Ttl`], the form backends receive it in.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) when the TTL is outside
+    /// [`MIN_TTL`](crate::MIN_TTL)..=[`MAX_TTL`].
+    pub fn lease_ttl(&self) -> Result<Ttl, Error> {
+        Ttl::new(self.ttl)
     }
 
     fn validate_refresh(&self) -> Result<(), Error> {

@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 use crate::identity::Identity;
 use crate::name::LockName;
 use crate::note::Note;
+use crate::ttl::Ttl;
 
 /// A fencing token: strictly increasing per lock name across every grant.
 ///
@@ -50,7 +51,7 @@ pub struct AcquireRequest {
     /// by backends that support same-identity retake.
     pub owner: Identity,
     /// The lease time-to-live the backend must set (on its own clock where it has one).
-    pub ttl: Duration,
+    pub ttl: Ttl,
     /// Text to store with the grant for people (`inspect` and `list` show it); a
     /// same-owner retake replaces it.
     pub note: Option<Note>,
@@ -59,7 +60,7 @@ pub struct AcquireRequest {
 impl AcquireRequest {
     /// Builds a request. Callers normally go through [`Locker`](crate::Locker), which
     /// validates the TTL first.
-    pub fn new(name: LockName, owner: Identity, ttl: Duration) -> Self {
+    pub fn new(name: LockName, owner: Identity, ttl: Ttl) -> Self {
         Self {
             name,
             owner,
@@ -84,14 +85,14 @@ impl AcquireRequest {
 pub struct Lease {
     name: LockName,
     owner: Identity,
-    ttl: Duration,
+    ttl: Ttl,
     token: Option<FenceToken>,
     grant: String,
 }
 
 impl Lease {
     /// Builds a lease. `ttl` must be the TTL the server actually set, never more.
-    pub fn new(name: LockName, owner: Identity, ttl: Duration, grant: impl Into<String>) -> Self {
+    pub fn new(name: LockName, owner: Identity, ttl: Ttl, grant: impl Into<String>) -> Self {
         Self {
             name,
             owner,
@@ -114,7 +115,7 @@ impl Lease {
     }
 
     /// Replaces the TTL (after a refresh granted a different one).
-    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+    pub fn with_ttl(mut self, ttl: Ttl) -> Self {
         self.ttl = ttl;
         self
     }
@@ -130,7 +131,7 @@ impl Lease {
     }
 
     /// The TTL the server set.
-    pub fn ttl(&self) -> Duration {
+    pub fn ttl(&self) -> Ttl {
         self.ttl
     }
 
@@ -254,7 +255,7 @@ mod tests {
         let lease = Lease::new(
             name,
             Identity::unique(),
-            Duration::from_secs(1),
+            Ttl::new(Duration::from_secs(1)).expect("valid"),
             "s3cr3t-nonce",
         );
         assert!(!format!("{lease:?}").contains("s3cr3t"));

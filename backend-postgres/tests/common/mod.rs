@@ -100,7 +100,11 @@ pub(crate) async fn attempt(
     owner: &Identity,
     ttl: Duration,
 ) -> Acquire {
-    let request = AcquireRequest::new(name.clone(), owner.clone(), ttl);
+    let request = AcquireRequest::new(
+        name.clone(),
+        owner.clone(),
+        lockcore::Ttl::new(ttl).expect("valid TTL"),
+    );
     backend.acquire(&request).await.expect("acquire call")
 }
 

@@ -20,7 +20,7 @@ use lockcore::{
 use tokio::time::Instant;
 
 use self::quorum::{Vote, Votes};
-use crate::backend::{note_arg, ttl_millis};
+use crate::backend::note_arg;
 use crate::client::{AcquireReply, Node, RefreshReply};
 use crate::config::RedlockConfig;
 use crate::eviction;
@@ -333,7 +333,7 @@ impl LockBackend for RedlockBackend {
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         let name = &request.name;
-        let ttl_ms = ttl_millis(request.ttl).map_err(|e| in_context(e, name))?;
+        let ttl_ms = request.ttl.as_millis();
         let keys = self.keys(name);
         let owner = request.owner.as_str();
         let note = note_arg(request);
@@ -349,8 +349,9 @@ impl LockBackend for RedlockBackend {
             .collect();
         let votes = gather(requests, |v| v.has_quorum() || v.quorum_impossible()).await;
         let elapsed = started.elapsed();
-        let ttl = Duration::from_millis(ttl_ms);
-        if let Some(validity) = quorum::validity(ttl, elapsed).filter(|_| votes.has_quorum()) {
+        if let Some(validity) =
+            quorum::validity(request.ttl.get(), elapsed).filter(|_| votes.has_quorum())
+        {
             let grant = encode_grant(ttl_ms, &value);
             let lease = Lease::new(name.clone(), request.owner.clone(), validity, grant);
             return Ok(Acquire::Acquired(lease));
@@ -507,11 +508,16 @@ mod tests {
         let lease = Lease::new(
             name.clone(),
             Identity::unique(),
-            Duration::from_secs(1),
+            lockcore::Ttl::new(Duration::from_secs(1)).expect("valid TTL"),
             encode_grant(1500, value),
         );
         assert_eq!(decode_grant(&lease).expect("ours"), (1500, value));
-        let foreign = Lease::new(name, Identity::unique(), Duration::from_secs(1), "7");
+        let foreign = Lease::new(
+            name,
+            Identity::unique(),
+            lockcore::Ttl::new(Duration::from_secs(1)).expect("valid TTL"),
+            "7",
+        );
         let err = decode_grant(&foreign).expect_err("not ours");
         assert_eq!(err.kind(), ErrorKind::InvalidInput);
     }

@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use lockcore::{Error, ErrorKind, HolderInfo};
+use lockcore::{Error, ErrorKind, HolderInfo, Ttl};
 
 use crate::keys::{self, Found};
 
@@ -18,10 +18,12 @@ pub(crate) fn drift(ttl: Duration) -> Duration {
     ttl / 100 + Duration::from_millis(2)
 }
 
-/// The validity left when a quorum took `elapsed`: TTL − elapsed − drift, if positive.
-pub(crate) fn validity(ttl: Duration, elapsed: Duration) -> Option<Duration> {
-    ttl.checked_sub(elapsed + drift(ttl))
-        .filter(|left| !left.is_zero())
+/// The validity left when a quorum took `elapsed`: TTL − elapsed − drift, rounded down to
+/// a whole millisecond, if that is still a usable lease (at least [`lockcore::MIN_TTL`]).
+pub(crate) fn validity(ttl: Duration, elapsed: Duration) -> Option<Ttl> {
+    let left = ttl.checked_sub(elapsed + drift(ttl))?;
+    let whole_ms = Duration::from_millis(u64::try_from(left.as_millis()).ok()?);
+    Ttl::new(whole_ms).ok()
 }
 
 /// One node's answer.
@@ -173,9 +175,18 @@ mod tests {
         let ttl = Duration::from_secs(10);
         assert_eq!(drift(ttl), Duration::from_millis(102));
         assert_eq!(
-            validity(ttl, Duration::from_millis(98)),
+            validity(ttl, Duration::from_millis(98)).map(Ttl::get),
             Some(Duration::from_millis(9800))
         );
+        let just_under = validity(ttl, Duration::from_nanos(97_999_999)).map(Ttl::get);
+        assert_eq!(
+            just_under,
+            Some(Duration::from_millis(9800)),
+            "rounded down"
+        );
+        let too_short = validity(ttl, Duration::from_millis(9889));
+        assert_eq!(too_short, None, "9 ms is no lease");
+        assert!(validity(ttl, Duration::from_millis(9888)).is_some());
         assert_eq!(validity(ttl, Duration::from_millis(9898)), None);
         assert_eq!(validity(ttl, Duration::from_secs(11)), None);
     }

@@ -19,7 +19,7 @@ use crate::report::Report;
 /// other case is meaningless if this one fails, so it runs first.
 pub async fn canary_conditional_create(h: &dyn Harness) -> Report {
     let backend = h.backend();
-    let ttl = Duration::from_secs(30);
+    let ttl = super::ttl(Duration::from_secs(30));
     for round in 0..20 {
         let name = fresh("canary");
         let a = AcquireRequest::new(name.clone(), Identity::unique(), ttl);

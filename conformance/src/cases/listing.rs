@@ -38,7 +38,8 @@ pub async fn list_shows_held_locks(h: &dyn Harness) -> Report {
     let mut leases = Vec::new();
     for (i, name) in held.iter().enumerate() {
         let note = (i == 0).then(|| Note::new("listed with a note").expect("note"));
-        let request = AcquireRequest::new(name.clone(), Identity::unique(), ttl).with_note(note);
+        let request =
+            AcquireRequest::new(name.clone(), Identity::unique(), super::ttl(ttl)).with_note(note);
         match backend.acquire(&request).await.expect("acquire") {
             Acquire::Acquired(lease) => leases.push(lease),
             Acquire::Held(holder) => panic!("{name} unexpectedly held by {}", holder.owner()),
@@ -141,7 +142,7 @@ pub async fn note_is_stored_with_the_grant(h: &dyn Harness) -> Report {
         shown(backend.inspect(&name).await.expect("inspect")),
         Some(note.clone())
     );
-    let rival = AcquireRequest::new(name.clone(), Identity::unique(), timing.ttl);
+    let rival = AcquireRequest::new(name.clone(), Identity::unique(), super::ttl(timing.ttl));
     match backend.acquire(&rival).await.expect("rival attempt") {
         Acquire::Held(holder) => assert_eq!(holder.note(), Some(&note), "Held without the note"),
         Acquire::Acquired(_) => panic!("a rival took a held lock"),
@@ -163,7 +164,7 @@ pub async fn note_is_stored_with_the_grant(h: &dyn Harness) -> Report {
     if backend.guarantees().same_owner_retake {
         // A restarted worker with the same identity takes its lock over with a new note.
         let second = Note::new("retry 2").expect("note");
-        let request = AcquireRequest::new(name.clone(), owner, Duration::from_secs(30))
+        let request = AcquireRequest::new(name.clone(), owner, super::ttl(Duration::from_secs(30)))
             .with_note(Some(second.clone()));
         let retake = match backend.acquire(&request).await.expect("retake") {
             Acquire::Acquired(lease) => lease,
@@ -182,8 +183,12 @@ pub async fn note_is_stored_with_the_grant(h: &dyn Harness) -> Report {
     next_grant_has_no_note(&*backend, &name, "the previous grant's note outlived it").await;
 
     // A break removes the grant with its note.
-    let noted = AcquireRequest::new(name.clone(), Identity::unique(), Duration::from_secs(30))
-        .with_note(Some(note.clone()));
+    let noted = AcquireRequest::new(
+        name.clone(),
+        Identity::unique(),
+        super::ttl(Duration::from_secs(30)),
+    )
+    .with_note(Some(note.clone()));
     let Acquire::Acquired(lease) = backend.acquire(&noted).await.expect("acquire") else {
         panic!("{name} is held after its release");
     };

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use lockcore::{
     Acquire, AcquireRequest, Identity, Lease, LockBackend, LockGuard, LockName, LockOptions,
-    Locker, Result, WaitMode,
+    Locker, Result, Ttl, WaitMode,
 };
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -41,6 +41,11 @@ pub use health::{
 pub use listing::{list_shows_held_locks, note_is_stored_with_the_grant};
 
 /// A fresh random lock name for `case`, so runs and cases never collide.
+/// `d` as a [`Ttl`]; the cases only use valid ones.
+pub(crate) fn ttl(d: Duration) -> Ttl {
+    Ttl::new(d).expect("a TTL in range")
+}
+
 pub(crate) fn fresh(case: &str) -> LockName {
     let random: u64 = rand::random();
     LockName::new(format!("conformance-{case}-{random:016x}")).expect("valid generated name")
@@ -53,7 +58,7 @@ pub(crate) async fn grant(
     owner: &Identity,
     ttl: Duration,
 ) -> Lease {
-    let request = AcquireRequest::new(name.clone(), owner.clone(), ttl);
+    let request = AcquireRequest::new(name.clone(), owner.clone(), self::ttl(ttl));
     match backend.acquire(&request).await.expect("acquire call") {
         Acquire::Acquired(lease) => lease,
         Acquire::Held(holder) => panic!("{name} unexpectedly held by {}", holder.owner()),

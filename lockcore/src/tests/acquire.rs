@@ -77,7 +77,7 @@ async fn a_polling_waiter_never_sleeps_past_the_holders_remaining_ttl_body() {
     let crashed = AcquireRequest::new(
         LockName::new("job").expect("ok"),
         Identity::unique(),
-        ms(500),
+        crate::Ttl::new(ms(500)).expect("valid"),
     );
     rig.memory.acquire(&crashed).await.expect("ok");
     let start = Instant::now();

@@ -39,7 +39,7 @@ impl Reporting {
 
     fn report(&self, lease: Lease) -> Lease {
         match *self.ttl.lock().unwrap_or_else(PoisonError::into_inner) {
-            Some(ttl) => lease.with_ttl(ttl),
+            Some(ttl) => lease.with_ttl(crate::Ttl::new(ttl).expect("valid")),
             None => lease,
         }
     }

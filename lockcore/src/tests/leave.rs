@@ -36,7 +36,7 @@ async fn a_left_lease_lasts_exactly_the_ttl_asked_body() {
     sleep(ms(50)).await;
     let left_at = Instant::now();
     let lease = guard.leave_for(ms(300)).await.expect("left");
-    assert_eq!(lease.ttl(), ms(300));
+    assert_eq!(lease.ttl().get(), ms(300));
     assert_eq!(lease.token(), token, "the same grant, not a new one");
     assert_eq!(*health.borrow(), Health::Released);
     assert!(cancel.is_cancelled());
@@ -162,7 +162,7 @@ async fn a_detached_lease_keeps_its_ttl_body() {
     let guard = rig.locker.acquire("job").await.expect("free");
     let granted = Instant::now();
     let lease = guard.detach().await.expect("detached");
-    assert_eq!(lease.ttl(), ms(800));
+    assert_eq!(lease.ttl().get(), ms(800));
     sleep_until(granted + ms(799)).await;
     assert!(!free(&rig).await, "held for its TTL");
     sleep_until(granted + ms(800)).await;

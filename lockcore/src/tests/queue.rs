@@ -81,7 +81,7 @@ async fn held(backend: &Queueing) -> Lease {
     let request = AcquireRequest::new(
         LockName::new("job").expect("ok"),
         Identity::unique(),
-        ms(600_000),
+        crate::Ttl::new(ms(600_000)).expect("valid"),
     );
     match backend.inner.acquire(&request).await.expect("ok") {
         Acquire::Acquired(lease) => lease,
