@@ -4,6 +4,10 @@
 //!   a protobuf compiler written in Rust (no `protoc`), and writes the prost messages and
 //!   tonic clients to `etcd-proto/src/generated`. The generated files are checked in, so
 //!   building anylock never compiles a `.proto` file; a test here fails when they are stale.
+//! - `structure`: lists the files under a member's `src/` over 500 lines and the import
+//!   circles between the files of one crate; exits 1 when it finds any (see [`structure`]).
+
+mod structure;
 
 use std::error::Error;
 use std::path::{Path, PathBuf};
@@ -29,8 +33,18 @@ fn main() -> ExitCode {
         .as_slice()
     {
         ["gen-etcd-proto"] => gen_etcd_proto(&generated_dir()),
+        ["structure"] => {
+            return match structure::run(&workspace_root()) {
+                Ok(true) => ExitCode::SUCCESS,
+                Ok(false) => ExitCode::FAILURE,
+                Err(err) => {
+                    eprintln!("xtask: {err}");
+                    ExitCode::from(2)
+                }
+            };
+        }
         _ => {
-            eprintln!("usage: cargo run -p xtask -- gen-etcd-proto");
+            eprintln!("usage: cargo run -p xtask -- gen-etcd-proto | structure");
             return ExitCode::from(2);
         }
     };
