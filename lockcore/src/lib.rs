@@ -40,7 +40,6 @@ mod memory;
 mod name;
 mod note;
 mod options;
-mod secret;
 mod security;
 #[cfg(feature = "serde")]
 mod serialize;
@@ -51,6 +50,7 @@ pub mod testing;
 mod tests;
 mod ttl;
 mod types;
+pub mod url;
 
 pub use backend::{LockBackend, QueueTicket, ReleaseEvents};
 pub use backoff::{Backoff, Jitter, MAX_BACKOFF_CAP};
@@ -64,8 +64,8 @@ pub use memory::{Defect, MemoryBackend};
 pub use name::{LockName, MAX_NAME_LEN};
 pub use note::{HeldLock, MAX_NOTE_LEN, Note, display_safe, is_unsafe_to_show, validate_prefix};
 pub use options::{LockOptions, MAX_REFRESH_FAILURES, WaitMode, parse_duration};
-pub use secret::is_secret_param;
 pub use security::{ConnectionSecurity, TlsDetails, Transport, Verification};
 pub use state::{Health, LostReason};
 pub use ttl::{DEFAULT_TTL, MAX_TTL, MIN_TTL, Ttl};
 pub use types::{Acquire, AcquireRequest, FenceToken, HolderInfo, Lease};
+pub use url::is_secret_param;
