@@ -10,7 +10,7 @@ use futures_core::Stream;
 use crate::error::Result;
 use crate::guarantees::Guarantees;
 use crate::name::LockName;
-use crate::note::HeldLock;
+use crate::types::HeldLock;
 use crate::types::{Acquire, AcquireRequest, FenceToken, HolderInfo, Lease};
 
 /// A stream that yields an item whenever a lock *may* have been released.

@@ -20,7 +20,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::error::Error;
+use crate::invalid::Invalid;
 
 /// The prefix of the suffixes [`Identity::unique`] generates; task suffixes may not start
 /// with it, so an identity built with [`Identity::with_task`] never equals a generated one
@@ -58,7 +58,7 @@ impl Identity {
     /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) when `task` is empty, longer
     /// than [`MAX_TASK_LEN`] bytes, starts with [`AUTO_PREFIX`], or contains a control
     /// character.
-    pub fn for_task(task: &str) -> Result<Identity, Error> {
+    pub fn for_task(task: &str) -> Result<Identity, Invalid> {
         Self::process().with_task(task)
     }
 
@@ -74,21 +74,21 @@ impl Identity {
     ///
     /// # Errors
     /// As for [`Identity::for_task`].
-    pub fn with_task(&self, task: &str) -> Result<Identity, Error> {
+    pub fn with_task(&self, task: &str) -> Result<Identity, Invalid> {
         if task.is_empty() || task.len() > MAX_TASK_LEN {
-            return Err(Error::invalid_input(format!(
+            return Err(Invalid::new(format!(
                 "identity task suffix must be 1 to {MAX_TASK_LEN} bytes, got {}",
                 task.len()
             )));
         }
         if task.starts_with(AUTO_PREFIX) {
-            return Err(Error::invalid_input(format!(
+            return Err(Invalid::new(format!(
                 "identity task suffix must not start with {AUTO_PREFIX:?}: that prefix marks \
                  the suffixes Identity::unique generates"
             )));
         }
         if task.chars().any(char::is_control) {
-            return Err(Error::invalid_input(
+            return Err(Invalid::new(
                 "identity task suffix contains a control character",
             ));
         }
@@ -107,21 +107,21 @@ impl Identity {
     /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) when `id` is empty,
     /// longer than [`MAX_NAMED_LEN`] bytes, starts with [`AUTO_PREFIX`], or contains
     /// whitespace or a control character.
-    pub fn named(id: &str) -> Result<Identity, Error> {
+    pub fn named(id: &str) -> Result<Identity, Invalid> {
         if id.is_empty() || id.len() > MAX_NAMED_LEN {
-            return Err(Error::invalid_input(format!(
+            return Err(Invalid::new(format!(
                 "owner id must be 1 to {MAX_NAMED_LEN} bytes, got {}",
                 id.len()
             )));
         }
         if id.starts_with(AUTO_PREFIX) {
-            return Err(Error::invalid_input(format!(
+            return Err(Invalid::new(format!(
                 "owner id must not start with {AUTO_PREFIX:?}: that prefix marks generated \
                  identities"
             )));
         }
         if id.chars().any(|c| c.is_control() || c.is_whitespace()) {
-            return Err(Error::invalid_input(
+            return Err(Invalid::new(
                 "owner id contains whitespace or a control character; use letters, digits \
                  and punctuation such as `-`, `_`, `.`, `:`",
             ));

@@ -17,9 +17,9 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::guard::LockGuard;
 use crate::identity::Identity;
 use crate::name::LockName;
-use crate::note::HeldLock;
 use crate::options::{LockOptions, WaitMode};
 use crate::state::Health;
+use crate::types::HeldLock;
 use crate::types::{AcquireRequest, HolderInfo};
 
 /// Acquires locks on one backend and hands out [`LockGuard`]s.
@@ -159,7 +159,7 @@ impl Locker {
         options: &LockOptions,
     ) -> Result<LockGuard> {
         let context = |e: Error| e.with_backend(self.backend.backend_name().to_owned());
-        let name = LockName::new(name).map_err(context)?;
+        let name = LockName::new(name).map_err(|e| context(e.into()))?;
         options
             .validate()
             .and_then(|()| self.backend.check_options(options))
@@ -195,7 +195,8 @@ impl Locker {
     /// backend's error otherwise.
     pub async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
         let backend = self.backend.backend_name();
-        crate::validate_prefix(prefix).map_err(|e| e.with_backend(backend.to_owned()))?;
+        crate::validate_prefix(prefix)
+            .map_err(|e| Error::from(e).with_backend(backend.to_owned()))?;
         let mut held = self.backend.list(prefix).await.map_err(|e| {
             if e.backend().is_none() {
                 e.with_backend(backend.to_owned())

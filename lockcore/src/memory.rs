@@ -16,7 +16,8 @@ use crate::guarantees::{
 };
 use crate::identity::Identity;
 use crate::name::LockName;
-use crate::note::{HeldLock, Note};
+use crate::note::Note;
+use crate::types::HeldLock;
 use crate::types::{Acquire, AcquireRequest, FenceToken, HolderInfo, Lease};
 
 /// An in-process lock table: monotonic fence tokens, TTL expiry on tokio's clock (so paused

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::Error;
+use crate::invalid::Invalid;
 
 /// The longest lock name accepted, in bytes of UTF-8.
 ///
@@ -33,19 +33,19 @@ impl LockName {
     /// # Errors
     /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) when the name is empty,
     /// longer than [`MAX_NAME_LEN`] bytes, or contains a control character.
-    pub fn new(name: impl AsRef<str>) -> Result<Self, Error> {
+    pub fn new(name: impl AsRef<str>) -> Result<Self, Invalid> {
         let name = name.as_ref();
         if name.is_empty() {
-            return Err(Error::invalid_input("lock name is empty"));
+            return Err(Invalid::new("lock name is empty"));
         }
         if name.len() > MAX_NAME_LEN {
-            return Err(Error::invalid_input(format!(
+            return Err(Invalid::new(format!(
                 "lock name is {} bytes long; the limit is {MAX_NAME_LEN}",
                 name.len()
             )));
         }
         if let Some((pos, ch)) = name.char_indices().find(|(_, c)| c.is_control()) {
-            return Err(Error::invalid_input(format!(
+            return Err(Invalid::new(format!(
                 "lock name contains the control character {ch:?} at byte {pos}"
             )));
         }
@@ -71,15 +71,15 @@ impl fmt::Debug for LockName {
 }
 
 impl TryFrom<&str> for LockName {
-    type Error = Error;
-    fn try_from(value: &str) -> Result<Self, Error> {
+    type Error = Invalid;
+    fn try_from(value: &str) -> Result<Self, Invalid> {
         Self::new(value)
     }
 }
 
 impl TryFrom<String> for LockName {
-    type Error = Error;
-    fn try_from(value: String) -> Result<Self, Error> {
+    type Error = Invalid;
+    fn try_from(value: String) -> Result<Self, Invalid> {
         Self::new(value)
     }
 }

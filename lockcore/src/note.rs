@@ -4,9 +4,8 @@ use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
 
-use crate::error::Error;
+use crate::invalid::Invalid;
 use crate::name::LockName;
-use crate::types::HolderInfo;
 
 /// The longest note accepted, in bytes of UTF-8.
 pub const MAX_NOTE_LEN: usize = 512;
@@ -67,19 +66,19 @@ impl Note {
     /// longer than [`MAX_NOTE_LEN`] bytes, or contains a control character (a newline
     /// included: notes are shown on one line) or an invisible or direction-changing
     /// character ([`is_unsafe_to_show`]).
-    pub fn new(text: impl AsRef<str>) -> Result<Self, Error> {
+    pub fn new(text: impl AsRef<str>) -> Result<Self, Invalid> {
         let text = text.as_ref();
         if text.is_empty() {
-            return Err(Error::invalid_input("note is empty; leave it out instead"));
+            return Err(Invalid::new("note is empty; leave it out instead"));
         }
         if text.len() > MAX_NOTE_LEN {
-            return Err(Error::invalid_input(format!(
+            return Err(Invalid::new(format!(
                 "note is {} bytes long; the limit is {MAX_NOTE_LEN}",
                 text.len()
             )));
         }
         if let Some((pos, ch)) = text.char_indices().find(|(_, c)| is_unsafe_to_show(*c)) {
-            return Err(Error::invalid_input(format!(
+            return Err(Invalid::new(format!(
                 "note contains the control or invisible character {ch:?} at byte {pos}"
             )));
         }
@@ -129,8 +128,8 @@ impl fmt::Debug for Note {
 }
 
 impl TryFrom<&str> for Note {
-    type Error = Error;
-    fn try_from(value: &str) -> Result<Self, Error> {
+    type Error = Invalid;
+    fn try_from(value: &str) -> Result<Self, Invalid> {
         Self::new(value)
     }
 }
@@ -141,43 +140,13 @@ impl TryFrom<&str> for Note {
 ///
 /// # Errors
 /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) naming the rule broken.
-pub fn validate_prefix(prefix: &str) -> Result<(), Error> {
+pub fn validate_prefix(prefix: &str) -> Result<(), Invalid> {
     if prefix.is_empty() {
         return Ok(());
     }
     LockName::new(prefix)
         .map(drop)
-        .map_err(|e| Error::invalid_input(format!("bad prefix: {}", e.message())))
-}
-
-/// One held lock in a listing: its name and its holder, as
-/// [`inspect`](crate::LockBackend::inspect) would report it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HeldLock {
-    name: LockName,
-    holder: HolderInfo,
-}
-
-impl HeldLock {
-    /// `name` held by `holder`.
-    pub fn new(name: LockName, holder: HolderInfo) -> Self {
-        Self { name, holder }
-    }
-
-    /// The lock.
-    pub fn name(&self) -> &LockName {
-        &self.name
-    }
-
-    /// Who holds it.
-    pub fn holder(&self) -> &HolderInfo {
-        &self.holder
-    }
-
-    /// Both parts.
-    pub fn into_parts(self) -> (LockName, HolderInfo) {
-        (self.name, self.holder)
-    }
+        .map_err(|e| e.context("bad prefix"))
 }
 
 #[cfg(test)]

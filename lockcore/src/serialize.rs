@@ -12,7 +12,8 @@ use serde::ser::{Serialize, SerializeMap, Serializer};
 use crate::guarantees::{Durability, ExpiryClock, Fairness, Fencing, Guarantees, Waiting};
 use crate::identity::Identity;
 use crate::name::LockName;
-use crate::note::{HeldLock, Note};
+use crate::note::Note;
+use crate::types::HeldLock;
 use crate::types::{FenceToken, HolderInfo};
 
 macro_rules! as_str {

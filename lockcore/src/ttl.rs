@@ -4,7 +4,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::error::Error;
+use crate::invalid::Invalid;
 
 /// The shortest TTL accepted.
 pub const MIN_TTL: Duration = Duration::from_millis(10);
@@ -47,9 +47,9 @@ impl Ttl {
     /// # Errors
     /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) when `ttl` is outside
     /// [`MIN_TTL`]..=[`MAX_TTL`], naming the range.
-    pub fn new(ttl: Duration) -> Result<Self, Error> {
+    pub fn new(ttl: Duration) -> Result<Self, Invalid> {
         if !(MIN_TTL..=MAX_TTL).contains(&ttl) {
-            return Err(Error::invalid_input(format!(
+            return Err(Invalid::new(format!(
                 "TTL {} is outside the accepted range 10ms to 365 days",
                 show(ttl)
             )));
@@ -66,8 +66,8 @@ impl Ttl {
     /// # Errors
     /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for text that is not a
     /// duration or a duration out of range.
-    pub fn parse(text: &str) -> Result<Self, Error> {
-        Self::new(crate::options::parse_duration(text)?)
+    pub fn parse(text: &str) -> Result<Self, Invalid> {
+        Self::new(crate::duration::parse_duration(text)?)
     }
 
     /// The TTL as a duration (a whole number of milliseconds).
@@ -103,9 +103,9 @@ impl Default for Ttl {
 }
 
 impl TryFrom<Duration> for Ttl {
-    type Error = Error;
+    type Error = Invalid;
 
-    fn try_from(ttl: Duration) -> Result<Self, Error> {
+    fn try_from(ttl: Duration) -> Result<Self, Invalid> {
         Self::new(ttl)
     }
 }
@@ -117,9 +117,9 @@ impl From<Ttl> for Duration {
 }
 
 impl FromStr for Ttl {
-    type Err = Error;
+    type Err = Invalid;
 
-    fn from_str(text: &str) -> Result<Self, Error> {
+    fn from_str(text: &str) -> Result<Self, Invalid> {
         Self::parse(text)
     }
 }

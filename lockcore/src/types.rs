@@ -238,6 +238,36 @@ pub enum Acquire {
     Held(HolderInfo),
 }
 
+/// One held lock in a listing: its name and its holder, as
+/// [`inspect`](crate::LockBackend::inspect) would report it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldLock {
+    name: LockName,
+    holder: HolderInfo,
+}
+
+impl HeldLock {
+    /// `name` held by `holder`.
+    pub fn new(name: LockName, holder: HolderInfo) -> Self {
+        Self { name, holder }
+    }
+
+    /// The lock.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// Who holds it.
+    pub fn holder(&self) -> &HolderInfo {
+        &self.holder
+    }
+
+    /// Both parts.
+    pub fn into_parts(self) -> (LockName, HolderInfo) {
+        (self.name, self.holder)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
