@@ -54,6 +54,7 @@ mod tests;
 mod ttl;
 mod types;
 pub mod url;
+mod wait;
 
 pub use backend::{LockBackend, QueueTicket, ReleaseEvents};
 pub use backoff::{Backoff, Jitter, MAX_BACKOFF_CAP};

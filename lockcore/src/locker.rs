@@ -3,13 +3,11 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use tokio::sync::{mpsc, oneshot, watch};
-use tokio::time::{Instant, sleep_until, timeout_at};
+use tokio::sync::{mpsc, watch};
+use tokio::time::Instant;
 
 use crate::attempt::{Attempted, InFlight, Unclaimed};
-
-use crate::backend::{LockBackend, QueueTicket, ReleaseEvents};
+use crate::backend::LockBackend;
 use crate::backoff::JitterRng;
 use crate::clock::Clock;
 use crate::driver::{Driver, Shared};
@@ -21,6 +19,7 @@ use crate::options::{LockOptions, WaitMode};
 use crate::state::Health;
 use crate::types::HeldLock;
 use crate::types::{AcquireRequest, HolderInfo};
+use crate::wait::{Wait, held_error};
 
 /// Acquires locks on one backend and hands out [`LockGuard`]s.
 ///
@@ -213,7 +212,7 @@ impl Locker {
         request: &AcquireRequest,
         options: &LockOptions,
     ) -> Result<LockGuard> {
-        let mut wait = Wait::start(self, request, options).await;
+        let mut wait = Wait::start(&self.backend, request, options).await;
         // The first attempt always runs to completion (bounded by the attempt timeout), so
         // a zero or tiny wait still means "one real try"; later ones stop at the deadline.
         let mut first = true;
@@ -360,173 +359,5 @@ fn still_in_flight(options: &LockOptions) -> Error {
     match options.wait() {
         WaitMode::TryOnce => Error::new(ErrorKind::OutcomeUnknown, message),
         _ => Error::new(ErrorKind::Timeout, message),
-    }
-}
-
-fn held_error(holder: HolderInfo) -> Error {
-    let mut message = format!("held by {}", holder.owner());
-    if let Some(note) = holder.note() {
-        message.push_str(&format!(" ({note})"));
-    }
-    if let Some(left) = holder.expires_in() {
-        message.push_str(&format!(", expires in {left:?} unless refreshed"));
-    }
-    Error::new(ErrorKind::Held, message).with_holder(holder)
-}
-
-/// The waiting side of the acquire loop: deadline, backoff, notifications.
-struct Wait {
-    started: Instant,
-    deadline: Option<Instant>,
-    events: Option<ReleaseEvents>,
-    attempt: u32,
-    backoff: crate::backoff::Backoff,
-    /// Bounds each backend call the wait makes itself (joining the queue).
-    attempt_timeout: Duration,
-    holder: Option<HolderInfo>,
-    last_error: Option<Error>,
-    /// Our place in the backend's FIFO queue; dropped (leaving the queue) with `Wait`.
-    ticket: Option<QueueTicket>,
-    /// `events` came from the ticket: their end means the place was lost.
-    events_from_ticket: bool,
-    queue_tried: bool,
-}
-
-impl Wait {
-    async fn start(locker: &Locker, request: &AcquireRequest, options: &LockOptions) -> Self {
-        let started = Instant::now();
-        let deadline = match options.wait() {
-            WaitMode::Timeout(d) => Some(started + d),
-            WaitMode::TryOnce | WaitMode::Forever => None,
-        };
-        let events = match options.wait() {
-            WaitMode::TryOnce => None,
-            _ => match locker.backend.subscribe(&request.name).await {
-                Ok(events) => events,
-                Err(err) => {
-                    tracing::debug!(error = %err, "release notifications unavailable; polling");
-                    None
-                }
-            },
-        };
-        Self {
-            started,
-            deadline,
-            events,
-            attempt: 0,
-            backoff: options.backoff().clone(),
-            attempt_timeout: options.acquire_timeout(),
-            holder: None,
-            last_error: None,
-            ticket: None,
-            events_from_ticket: false,
-            queue_tried: false,
-        }
-    }
-
-    /// Joins the backend's waiter queue, once per acquisition and again after losing the
-    /// place (see [`pause`](Self::pause)); `true` when newly queued.
-    /// The call runs in its own task, so a ticket that arrives after this future was
-    /// dropped is dropped there, leaving the queue.
-    async fn join_queue(
-        &mut self,
-        backend: &Arc<dyn LockBackend>,
-        request: &AcquireRequest,
-    ) -> bool {
-        if std::mem::replace(&mut self.queue_tried, true) {
-            return false;
-        }
-        let (tx, rx) = oneshot::channel();
-        let (backend, req) = (Arc::clone(backend), request.clone());
-        tokio::spawn(async move {
-            let _ = tx.send(backend.enqueue(&req).await);
-        });
-        // Bounded like an attempt: a hung enqueue must not stall a waiter without a deadline.
-        let own_limit = Instant::now() + self.attempt_timeout;
-        let limit = self.deadline.map_or(own_limit, |d| d.min(own_limit));
-        match timeout_at(limit, rx).await {
-            Ok(Ok(Ok(Some(mut ticket)))) => {
-                if let Some(events) = ticket.take_events() {
-                    self.events = Some(events);
-                    self.events_from_ticket = true;
-                }
-                // Replaces (and so leaves) a place whose events had ended.
-                self.ticket = Some(ticket);
-                true
-            }
-            Ok(Ok(Err(err))) => {
-                tracing::debug!(error = %err, "could not join the waiters' queue; retrying without it");
-                false
-            }
-            _ => false,
-        }
-    }
-
-    /// Sleeps before the next attempt: the jittered backoff delay, cut to the holder's
-    /// remaining TTL and the deadline, and cut short by a release notification.
-    async fn pause(&mut self, unit: f64) -> Result<()> {
-        let mut delay = self.backoff.delay(self.attempt, unit);
-        self.attempt = self.attempt.saturating_add(1);
-        // Never sleep past the holder's expiry; but a holder already at zero (expired by
-        // the backend's clock, not yet removed) gets the plain backoff, not a 1 ms poll.
-        if let Some(left) = self.holder.as_ref().and_then(HolderInfo::expires_in)
-            && !left.is_zero()
-        {
-            delay = delay.min(left);
-        }
-        let now = Instant::now();
-        let mut wake = now + delay.max(Duration::from_millis(1));
-        if let Some(deadline) = self.deadline {
-            if now >= deadline {
-                return Err(self.timed_out(None));
-            }
-            wake = wake.min(deadline);
-        }
-        let Some(events) = self.events.as_mut() else {
-            sleep_until(wake).await;
-            return Ok(());
-        };
-        tokio::select! {
-            () = sleep_until(wake) => {}
-            item = events.next() => if item.is_none() {
-                // Still sleep the full delay: a stream that keeps ending must not spin.
-                self.events_ended();
-                sleep_until(wake).await;
-            },
-        }
-        Ok(())
-    }
-
-    /// The wake-up stream ended. If it was our queue place's, the place may be gone (etcd:
-    /// its key was deleted or its lease ran out): join again after the next `Held`. The
-    /// old ticket is kept until a new one replaces it, since the backend may answer that
-    /// the place is still valid (no new ticket) when only its watch broke.
-    fn events_ended(&mut self) {
-        self.events = None;
-        if std::mem::take(&mut self.events_from_ticket) {
-            tracing::debug!("our place in the waiters' queue stopped waking us; joining again");
-            self.queue_tried = false;
-        } else {
-            tracing::debug!("release notifications ended; polling");
-        }
-    }
-
-    fn timed_out(&mut self, cause: Option<Error>) -> Error {
-        let waited = self.started.elapsed();
-        let mut message = format!("gave up after {waited:?}");
-        if let Some(holder) = &self.holder {
-            message.push_str(&format!("; held by {}", holder.owner()));
-            if let Some(note) = holder.note() {
-                message.push_str(&format!(" ({note})"));
-            }
-        }
-        let mut err = Error::new(ErrorKind::Timeout, message);
-        if let Some(holder) = self.holder.take() {
-            err = err.with_holder(holder);
-        }
-        match cause.or_else(|| self.last_error.take()) {
-            Some(cause) => err.with_source(cause),
-            None => err,
-        }
     }
 }
