@@ -41,7 +41,7 @@ pub(crate) fn describe(name: &str, holder: &HolderInfo) -> String {
 pub(crate) async fn status(name: &str, json: bool, config: &Config) -> Result<bool, Error> {
     let name = LockName::new(name)?;
     let backend = crate::select::connect(&crate::select::backend_url(config)?).await?;
-    let holder = backend.inspect(&name).await?;
+    let holder = Locker::new(backend).inspect(&name).await?;
     match (&holder, json) {
         (_, true) => out!("{}", status_json(&name, holder.as_ref())),
         (Some(holder), false) => out!("{}", describe(name.as_str(), holder)),
@@ -115,7 +115,8 @@ fn list_row(held: &lockcore::HeldLock) -> [String; 5] {
 pub(crate) async fn break_lock(name: &str, yes: bool, config: &Config) -> Result<(), Error> {
     let name = LockName::new(name)?;
     let backend = crate::select::connect(&crate::select::backend_url(config)?).await?;
-    let Some(holder) = backend.inspect(&name).await? else {
+    let locker = Locker::new(backend);
+    let Some(holder) = locker.inspect(&name).await? else {
         out!("{name} is free; nothing to break");
         return Ok(());
     };
@@ -128,7 +129,7 @@ pub(crate) async fn break_lock(name: &str, yes: bool, config: &Config) -> Result
         out!("left {name} alone");
         return Ok(());
     }
-    match backend.break_lock(&name).await? {
+    match locker.break_lock(&name).await? {
         Some(removed) => out!("broke {name}: removed the lease of {}", removed.owner()),
         None => out!("{name} was released meanwhile; nothing to break"),
     }

@@ -185,6 +185,19 @@ impl Locker {
             .map_err(|e| e.in_context(self.backend.backend_name(), &name))
     }
 
+    /// Removes `name`'s lease whoever holds it, as an operator would
+    /// ([`LockBackend::break_lock`]), and returns who held it.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`] for a bad name; the backend's error otherwise.
+    pub async fn break_lock(&self, name: impl AsRef<str>) -> Result<Option<HolderInfo>> {
+        let name = LockName::new(name)?;
+        self.backend
+            .break_lock(&name)
+            .await
+            .map_err(|e| e.in_context(self.backend.backend_name(), &name))
+    }
+
     /// Every lock held right now whose name starts with `prefix` (`""` for all), sorted
     /// by name, as [`LockBackend::list`] reports it.
     ///
