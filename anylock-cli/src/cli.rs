@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
-use lockcore::Ttl;
 
 const EXAMPLES: &str = "\
 Examples:
@@ -204,8 +203,8 @@ pub(crate) struct AcquireArgs {
 
     /// How long the lease lasts: nothing refreshes it, so choose more than the steps take
     /// [default: 30m]. Not read from ANYLOCK_TTL or the config (those are for `run`).
-    #[arg(long, value_parser = parse_ttl)]
-    pub(crate) ttl: Option<Ttl>,
+    #[arg(long, value_parser = parse_duration)]
+    pub(crate) ttl: Option<Duration>,
 
     #[command(flatten)]
     pub(crate) waiting: WaitArgs,
@@ -226,8 +225,8 @@ pub(crate) struct RunArgs {
 
     /// Lease TTL; the lease is refreshed every TTL/8 while the command runs [default: 30s].
     /// Durations are `90s`, `5m`, `1h30m`, or bare seconds (`90`).
-    #[arg(long, env = "ANYLOCK_TTL", value_parser = parse_ttl)]
-    pub(crate) ttl: Option<Ttl>,
+    #[arg(long, env = "ANYLOCK_TTL", value_parser = parse_duration)]
+    pub(crate) ttl: Option<Duration>,
 
     #[command(flatten)]
     pub(crate) waiting: WaitArgs,
@@ -295,11 +294,6 @@ pub(crate) fn parse_conflict_code(text: &str) -> Result<u8, String> {
 /// seconds `90`), the one parser the config file uses too.
 pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
     lockcore::parse_duration(text).map_err(|e| e.message().to_owned())
-}
-
-/// A lease TTL: a duration in lockcore's range.
-pub(crate) fn parse_ttl(text: &str) -> Result<Ttl, String> {
-    Ttl::parse(text).map_err(|e| e.message().to_owned())
 }
 
 /// What happens to processes left in the command's group after the command exits.

@@ -80,7 +80,9 @@ fn hold_at_least(args: &RunArgs, ttl: Duration) -> Result<Option<Duration>, Erro
 
 /// `--ttl` (or `ANYLOCK_TTL`), else the config's `ttl`, else lockcore's default.
 fn ttl(args: &RunArgs, config: &Config) -> Duration {
-    args.ttl.or(config.ttl).unwrap_or_default().get()
+    args.ttl
+        .or(config.ttl.map(lockcore::Ttl::get))
+        .unwrap_or(lockcore::DEFAULT_TTL)
 }
 
 /// `--grace`, which must be shorter than the TTL: after a loss the command may only run

@@ -13,8 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use anylock::Config;
 use lockcore::{
-    Error, ErrorKind, HolderInfo, Identity, LockBackend, LockName, LockOptions, Locker, Ttl,
-    WaitMode,
+    Error, ErrorKind, HolderInfo, Identity, LockBackend, LockName, LockOptions, Locker, WaitMode,
 };
 
 use crate::cli::{AcquireArgs, OwnerArgs};
@@ -38,7 +37,7 @@ pub(crate) async fn acquire(args: AcquireArgs, config: &Config, quiet: bool) -> 
 
 async fn acquire_inner(args: &AcquireArgs, config: &Config, quiet: bool) -> Result<(), Error> {
     let owner = owner(&args.held.owner)?;
-    let ttl = args.ttl.map_or(DEFAULT_TTL, Ttl::get);
+    let ttl = args.ttl.unwrap_or(DEFAULT_TTL);
     let mut options = LockOptions::new(ttl).with_wait(wait_mode(
         args.waiting.no_wait,
         args.waiting.wait,

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lockcore::testing::{Fault, FaultyBackend};
+use lockcore::testing::{Broken, Fault, FaultyBackend};
 use lockcore::{Defect, Identity, LockBackend, LockName, MemoryBackend};
 
 use test_kit::proxy::{self, FaultHandle};
@@ -143,6 +143,8 @@ impl Timing {
 #[derive(Debug, Clone)]
 pub struct MemoryHarness {
     memory: MemoryBackend,
+    /// `memory` itself, or `memory` behind a [`Broken`] wrapper.
+    backend: Arc<dyn LockBackend>,
     label: &'static str,
 }
 
@@ -155,16 +157,20 @@ impl Default for MemoryHarness {
 impl MemoryHarness {
     /// A correct memory backend.
     pub fn new() -> Self {
+        let memory = MemoryBackend::new();
         Self {
-            memory: MemoryBackend::new(),
+            backend: Arc::new(memory.clone()),
+            memory,
             label: "memory",
         }
     }
 
     /// A memory backend with a deliberate bug, to prove a case able to fail.
     pub fn with_defect(defect: Defect) -> Self {
+        let broken = Broken::new(defect);
         Self {
-            memory: MemoryBackend::with_defect(defect),
+            memory: broken.memory().clone(),
+            backend: Arc::new(broken),
             label: "memory-defect",
         }
     }
@@ -189,7 +195,7 @@ impl Harness for MemoryHarness {
     }
 
     fn backend(&self) -> Arc<dyn LockBackend> {
-        Arc::new(self.memory.clone())
+        Arc::clone(&self.backend)
     }
 
     async fn admin_delete(&self, name: &LockName) {
@@ -201,7 +207,7 @@ impl Harness for MemoryHarness {
     }
 
     async fn cuttable(&self) -> Option<Cuttable> {
-        let faulty = FaultyBackend::new(Arc::new(self.memory.clone()));
+        let faulty = FaultyBackend::new(Arc::clone(&self.backend));
         Some(Cuttable {
             backend: Arc::new(faulty.clone()),
             outage: Arc::new(HangSwitch(faulty)),

@@ -67,12 +67,14 @@ pub use identity::{AUTO_PREFIX, Identity, MAX_NAMED_LEN, MAX_TASK_LEN, NAMED_PRE
 pub use invalid::Invalid;
 pub use kind::{ErrorKind, RetryStatus};
 pub use locker::Locker;
-pub use memory::{Defect, MemoryBackend};
+pub use memory::MemoryBackend;
 pub use name::{LockName, MAX_NAME_LEN};
 pub use note::{MAX_NOTE_LEN, Note, display_safe, is_unsafe_to_show, validate_prefix};
 pub use options::{LockOptions, MAX_REFRESH_FAILURES, WaitMode};
 pub use security::{ConnectionSecurity, TlsDetails, Transport, Verification};
 pub use state::{Health, LostReason};
+#[cfg(any(test, feature = "testing"))]
+pub use testing::Defect;
 pub use ttl::{DEFAULT_TTL, MAX_TTL, MIN_TTL, Ttl};
 pub use types::{Acquire, AcquireRequest, FenceToken, HeldLock, HolderInfo, Lease};
 pub use url::is_secret_param;

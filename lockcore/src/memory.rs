@@ -34,7 +34,6 @@ pub struct MemoryBackend {
 struct Inner {
     table: Mutex<Table>,
     released: broadcast::Sender<LockName>,
-    defect: Option<Defect>,
 }
 
 impl Default for Inner {
@@ -42,7 +41,6 @@ impl Default for Inner {
         Self {
             table: Mutex::default(),
             released: broadcast::channel(1024).0,
-            defect: None,
         }
     }
 }
@@ -52,8 +50,6 @@ struct Table {
     locks: HashMap<LockName, Entry>,
     /// Fence counters; never removed, so tokens stay monotonic across releases.
     counters: HashMap<LockName, u64>,
-    /// The last note per name, kept only for [`Defect::NoteOutlivesGrant`].
-    stale_notes: HashMap<LockName, Note>,
 }
 
 #[derive(Debug, Clone)]
@@ -65,50 +61,10 @@ struct Entry {
     expires: Instant,
 }
 
-/// Deliberate bugs for [`MemoryBackend::with_defect`], so the conformance suite can prove
-/// that each of its cases is able to fail. Never use them outside tests.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Defect {
-    /// `release` deletes the lock whoever holds it.
-    ReleaseIgnoresOwner,
-    /// `release` deletes the lock when the owner matches, whatever the grant (a backend
-    /// that stores only the owner): a stale release of an owner removes its newer grant.
-    ReleaseChecksOwnerOnly,
-    /// Leases never expire.
-    NeverExpires,
-    /// Every grant gets fence token 1.
-    NonMonotonicTokens,
-    /// `refresh` succeeds even after the lock was stolen or deleted (and re-creates it).
-    RefreshIgnoresOwner,
-    /// `acquire` checks, yields, then writes: two contenders can both win.
-    RacyAcquire,
-    /// `list` reports leases that expired but were not yet removed.
-    ListsExpired,
-    /// `list` reads `_` in the prefix as "any character", as an unescaped SQL `LIKE` does.
-    ListReadsPatterns,
-    /// `refresh` rewrites the stored grant without its note.
-    RefreshDropsNote,
-    /// A grant without a note shows the note of the name's previous grant (a note stored
-    /// beside the lock and never deleted).
-    NoteOutlivesGrant,
-}
-
 impl MemoryBackend {
     /// An empty lock table.
     pub fn new() -> Self {
         Self::default()
-    }
-
-    /// A backend with a deliberate bug (only with the `testing` feature).
-    #[cfg(any(test, feature = "testing"))]
-    pub fn with_defect(defect: Defect) -> Self {
-        Self {
-            inner: Arc::new(Inner {
-                defect: Some(defect),
-                ..Inner::default()
-            }),
-        }
     }
 
     /// Deletes `name` the way an operator would (no notification). Returns whether a lock
@@ -121,10 +77,50 @@ impl MemoryBackend {
     /// would. The new grant gets a fresh fence token.
     pub fn admin_steal(&self, name: &LockName, owner: Identity, ttl: Duration) {
         let mut table = self.table();
-        let token = self.next_token(&mut table, name);
+        let token = Self::next_token(&mut table, name);
         table
             .locks
             .insert(name.clone(), Entry::new(owner, None, token, ttl));
+    }
+
+    /// Grants `request` whoever holds the name (for [`crate::testing::Broken`]).
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn grant_unchecked(&self, request: &AcquireRequest) -> Lease {
+        Self::grant(&mut self.table(), request)
+    }
+
+    /// Changes `name`'s entry, expired or not, if there is one (for
+    /// [`crate::testing::Broken`]): its expiry, token or note.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn edit(
+        &self,
+        name: &LockName,
+        edit: impl FnOnce(&mut Instant, &mut u64, &mut Option<Note>),
+    ) {
+        if let Some(e) = self.table().locks.get_mut(name) {
+            edit(&mut e.expires, &mut e.token, &mut e.note);
+        }
+    }
+
+    /// Every entry, expired ones included, with whether it expired (for
+    /// [`crate::testing::Broken`]).
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn entries(&self) -> Vec<(HeldLock, bool)> {
+        let now = Instant::now();
+        let table = self.table();
+        let entries = table.locks.iter();
+        entries
+            .map(|(name, e)| (HeldLock::new(name.clone(), e.holder()), e.expires <= now))
+            .collect()
+    }
+
+    /// Removes `name` and wakes its waiters, whoever holds it (for
+    /// [`crate::testing::Broken`]).
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn remove(&self, name: &LockName) {
+        if self.table().locks.remove(name).is_some() {
+            self.notify(name);
+        }
     }
 
     fn table(&self) -> MutexGuard<'_, Table> {
@@ -134,40 +130,27 @@ impl MemoryBackend {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn has(&self, defect: Defect) -> bool {
-        self.inner.defect == Some(defect)
-    }
-
-    fn next_token(&self, table: &mut Table, name: &LockName) -> u64 {
-        if self.has(Defect::NonMonotonicTokens) {
-            return 1;
-        }
+    fn next_token(table: &mut Table, name: &LockName) -> u64 {
         let counter = table.counters.entry(name.clone()).or_insert(0);
         *counter += 1;
         *counter
     }
 
     /// The live entry for `name`, dropping it if expired.
-    fn live<'t>(&self, table: &'t mut Table, name: &LockName) -> Option<&'t mut Entry> {
+    fn live<'t>(table: &'t mut Table, name: &LockName) -> Option<&'t mut Entry> {
         let expired = table
             .locks
             .get(name)
-            .is_some_and(|e| e.expires <= Instant::now() && !self.has(Defect::NeverExpires));
+            .is_some_and(|e| e.expires <= Instant::now());
         if expired {
             table.locks.remove(name);
         }
         table.locks.get_mut(name)
     }
 
-    fn grant(&self, table: &mut Table, request: &AcquireRequest) -> Lease {
-        let token = self.next_token(table, &request.name);
-        let mut note = request.note.clone();
-        if self.has(Defect::NoteOutlivesGrant) {
-            match &note {
-                Some(n) => drop(table.stale_notes.insert(request.name.clone(), n.clone())),
-                None => note = table.stale_notes.get(&request.name).cloned(),
-            }
-        }
+    fn grant(table: &mut Table, request: &AcquireRequest) -> Lease {
+        let token = Self::next_token(table, &request.name);
+        let note = request.note.clone();
         let entry = Entry::new(request.owner.clone(), note, token, request.ttl.get());
         table.locks.insert(request.name.clone(), entry);
         Lease::new(
@@ -183,18 +166,6 @@ impl MemoryBackend {
         // No receivers is fine: nobody is waiting.
         let _ = self.inner.released.send(name.clone());
     }
-}
-
-/// Whether `name` starts with `prefix`, byte for byte (or, for
-/// [`Defect::ListReadsPatterns`], with `_` matching any one character).
-fn matches_prefix(name: &str, prefix: &str, patterns: bool) -> bool {
-    if !patterns {
-        return name.starts_with(prefix);
-    }
-    let mut chars = name.chars();
-    prefix
-        .chars()
-        .all(|p| chars.next().is_some_and(|c| p == '_' || p == c))
 }
 
 impl Entry {
@@ -228,37 +199,20 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        if self.has(Defect::RacyAcquire) {
-            let free = self.live(&mut self.table(), &request.name).is_none();
-            tokio::task::yield_now().await;
-            if !free {
-                return Ok(Acquire::Held(HolderInfo::new(Identity::from_stored("?"))));
-            }
-            return Ok(Acquire::Acquired(self.grant(&mut self.table(), request)));
-        }
         let mut table = self.table();
-        if let Some(entry) = self.live(&mut table, &request.name)
+        if let Some(entry) = Self::live(&mut table, &request.name)
             && entry.owner != request.owner
         {
             return Ok(Acquire::Held(entry.holder()));
         }
-        Ok(Acquire::Acquired(self.grant(&mut table, request)))
+        Ok(Acquire::Acquired(Self::grant(&mut table, request)))
     }
 
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
         let mut table = self.table();
-        if self.has(Defect::RefreshIgnoresOwner) {
-            let token = lease.token().map_or(0, FenceToken::get);
-            let entry = Entry::new(lease.owner().clone(), None, token, lease.ttl().get());
-            table.locks.insert(lease.name().clone(), entry);
-            return Ok(lease.clone());
-        }
-        match self.live(&mut table, lease.name()) {
+        match Self::live(&mut table, lease.name()) {
             Some(entry) if entry.is_grant_of(lease) => {
                 entry.expires = Instant::now() + lease.ttl().get();
-                if self.has(Defect::RefreshDropsNote) {
-                    entry.note = None;
-                }
                 Ok(lease.clone())
             }
             Some(entry) => Err(Error::lost(format!("taken over by {}", entry.owner))),
@@ -268,14 +222,10 @@ impl LockBackend for MemoryBackend {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         let mut table = self.table();
-        let ours = match table.locks.get(lease.name()) {
-            Some(entry) => {
-                entry.is_grant_of(lease)
-                    || self.has(Defect::ReleaseIgnoresOwner)
-                    || (self.has(Defect::ReleaseChecksOwnerOnly) && entry.owner == *lease.owner())
-            }
-            None => false,
-        };
+        let ours = table
+            .locks
+            .get(lease.name())
+            .is_some_and(|entry| entry.is_grant_of(lease));
         if ours {
             table.locks.remove(lease.name());
             drop(table);
@@ -285,20 +235,16 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
-        Ok(self.live(&mut self.table(), name).map(|e| e.holder()))
+        Ok(Self::live(&mut self.table(), name).map(|e| e.holder()))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
         let now = Instant::now();
-        let keep_expired = self.has(Defect::NeverExpires) || self.has(Defect::ListsExpired);
-        let patterns = self.has(Defect::ListReadsPatterns);
         let table = self.table();
         let mut held: Vec<_> = table
             .locks
             .iter()
-            .filter(|(name, e)| {
-                matches_prefix(name.as_str(), prefix, patterns) && (keep_expired || e.expires > now)
-            })
+            .filter(|(name, e)| name.as_str().starts_with(prefix) && e.expires > now)
             .map(|(name, e)| HeldLock::new(name.clone(), e.holder()))
             .collect();
         held.sort_by(|a, b| a.name().cmp(b.name()));
@@ -307,7 +253,7 @@ impl LockBackend for MemoryBackend {
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let mut table = self.table();
-        let holder = self.live(&mut table, name).map(|e| e.holder());
+        let holder = Self::live(&mut table, name).map(|e| e.holder());
         table.locks.remove(name);
         drop(table);
         if holder.is_some() {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use super::{Rig, ms};
 use crate::testing::{Fault, Op};
-use crate::{Identity, LockBackend, LockGuard, LockOptions, Locker, MemoryBackend, WaitMode};
+use crate::{Identity, LockBackend, LockGuard, LockOptions, Locker, WaitMode};
 
 fn slow_attempts() -> LockOptions {
     // A long TTL keeps the refresher quiet for the whole test, so only the late attempt
@@ -167,8 +167,9 @@ fn the_release_of_a_late_grant_finishes_before_its_owner_may_try_again() {
 }
 
 async fn the_release_of_a_late_grant_finishes_before_its_owner_may_try_again_body() {
-    let memory = MemoryBackend::with_defect(crate::Defect::ReleaseChecksOwnerOnly);
-    let faulty = crate::testing::FaultyBackend::new(Arc::new(memory.clone()));
+    let broken = crate::testing::Broken::new(crate::Defect::ReleaseChecksOwnerOnly);
+    let memory = broken.memory().clone();
+    let faulty = crate::testing::FaultyBackend::new(Arc::new(broken));
     let locker = Locker::new(Arc::new(faulty.clone()))
         .with_options(slow_attempts())
         .with_identity(Identity::unique());
@@ -211,8 +212,9 @@ async fn two_handles_on_one_store_share_the_rule_for_one_owner_body() {
 
 /// A rig whose backend releases by owner alone, for one fixed identity.
 fn owner_only_rig() -> Rig {
-    let memory = MemoryBackend::with_defect(crate::Defect::ReleaseChecksOwnerOnly);
-    let faulty = crate::testing::FaultyBackend::new(Arc::new(memory.clone()));
+    let broken = crate::testing::Broken::new(crate::Defect::ReleaseChecksOwnerOnly);
+    let memory = broken.memory().clone();
+    let faulty = crate::testing::FaultyBackend::new(Arc::new(broken));
     let locker = Locker::new(Arc::new(faulty.clone()))
         .with_options(slow_attempts())
         .with_identity(Identity::unique());

@@ -1,5 +1,9 @@
 //! Test helpers (feature `testing`): a backend wrapper that injects scripted faults.
 
+mod broken;
+
+pub use broken::{Broken, Defect};
+
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
