@@ -132,9 +132,9 @@ impl RedlockBackend {
     /// (their memory settings are then not checked).
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidInput`] for a bad configuration; the nodes' errors (for example
-    /// [`ErrorKind::Unavailable`] or [`ErrorKind::PermissionDenied`]) when no quorum answers;
-    /// [`ErrorKind::Config`] when a node may evict lock keys.
+    /// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for a bad configuration; the nodes' errors (for example
+    /// [`ErrorKind::Unavailable`](lockcore::ErrorKind::Unavailable) or [`ErrorKind::PermissionDenied`](lockcore::ErrorKind::PermissionDenied)) when no quorum answers;
+    /// [`ErrorKind::Config`](lockcore::ErrorKind::Config) when a node may evict lock keys.
     ///
     /// # Cancel safety
     /// Cancel safe: it holds no lock state; connection attempts may finish in the background.
@@ -174,7 +174,7 @@ impl RedlockBackend {
     /// only because it must run inside a Tokio runtime.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidInput`] for a bad configuration.
+    /// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for a bad configuration.
     ///
     /// # Cancel safety
     /// Cancel safe: it makes no network calls.
