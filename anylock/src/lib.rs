@@ -254,7 +254,12 @@ async fn connect_url(url: &BackendUrl) -> Result<Arc<dyn LockBackend>, Error> {
     };
     // Schemes are case-insensitive (RFC 3986 3.1); the backends match them in lowercase.
     let url = format!("{scheme}{}", &url.expose()[scheme.len()..]);
-    open(&url).await
+    // Backends leave the context out (issue #15); name the backend here, as the Locker
+    // does for lock calls.
+    open(&url).await.map_err(|err| match err.backend() {
+        Some(_) => err,
+        None => err.with_backend(backend.name),
+    })
 }
 
 fn unknown(url: &BackendUrl) -> Error {

@@ -11,10 +11,11 @@ use lockcore::{
     Note, ReleaseEvents, Result, Waiting,
 };
 
-use crate::client::{AcquireReply, Node, RefreshReply};
+use crate::client::Node;
 use crate::config::RedisConfig;
 use crate::eviction;
 use crate::keys::{self, Found, LockKeys, StoredValue};
+use crate::replies::{AcquireReply, RefreshReply};
 
 const NOTES: &str = "One Redis node keeps the lock in memory: a crash or restart without \
     appendfsync=always, or a failover to an asynchronously replicated replica, can forget a \
@@ -80,7 +81,7 @@ impl RedisBackend {
     pub async fn connect(config: RedisConfig) -> Result<Self> {
         let backend = Self::connect_lazy(config).await?;
         backend.inner.node.ping().await?;
-        eviction::check(&backend.inner.node, "redis").await?;
+        eviction::check(&backend.inner.node).await?;
         Ok(backend)
     }
 
@@ -92,7 +93,7 @@ impl RedisBackend {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn from_url(url: &str) -> Result<Self> {
-        Self::connect(RedisConfig::from_url(url)?).await
+        RedisConfig::from_url(url)?.build().await
     }
 
     /// Builds the backend without contacting the server; the first call connects. Async
@@ -104,7 +105,7 @@ impl RedisBackend {
     /// # Cancel safety
     /// Cancel safe: it makes no network calls.
     pub async fn connect_lazy(config: RedisConfig) -> Result<Self> {
-        config.validate().map_err(|e| e.with_backend("redis"))?;
+        config.validate()?;
         let node = Node::lazy(config.node(), config.timeout(), config.connect_timeout())?;
         Ok(Self {
             inner: Arc::new(Inner { node, config }),
@@ -123,6 +124,19 @@ impl RedisBackend {
 
     fn node(&self) -> &Node {
         &self.inner.node
+    }
+}
+
+impl RedisConfig {
+    /// Validates the settings and [connects](RedisBackend::connect).
+    ///
+    /// # Errors
+    /// As [`RedisBackend::connect`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn build(self) -> Result<RedisBackend> {
+        RedisBackend::connect(self).await
     }
 }
 
@@ -147,10 +161,6 @@ pub(crate) fn note_arg(request: &AcquireRequest) -> &str {
     request.note.as_ref().map_or("", Note::as_str)
 }
 
-fn in_context(err: Error, backend: &str, name: &LockName) -> Error {
-    err.with_backend(backend.to_owned()).with_lock(name)
-}
-
 #[async_trait]
 impl LockBackend for RedisBackend {
     fn backend_name(&self) -> &str {
@@ -166,14 +176,12 @@ impl LockBackend for RedisBackend {
         let reply = self
             .node()
             .acquire(&keys, true, ttl_ms, owner, &suffix, note_arg(request))
-            .await
-            .map_err(|e| in_context(e, "redis", name))?;
+            .await?;
         match reply {
             AcquireReply::Granted(value) => {
                 let token = StoredValue::parse(&value).and_then(|v| v.fence_token());
                 let token = token.ok_or_else(|| {
-                    let err = Error::new(ErrorKind::Protocol, "the grant carries no fence token");
-                    in_context(err, "redis", name)
+                    Error::new(ErrorKind::Protocol, "the grant carries no fence token")
                 })?;
                 let lease = Lease::new(name.clone(), request.owner.clone(), request.ttl, value);
                 Ok(Acquire::Acquired(lease.with_token(token)))
@@ -188,8 +196,7 @@ impl LockBackend for RedisBackend {
         let reply = self
             .node()
             .refresh(&self.keys(name), lease.grant(), ttl_ms)
-            .await
-            .map_err(|e| in_context(e, "redis", name))?;
+            .await?;
         let lost = match reply {
             RefreshReply::Extended => return Ok(lease.clone()),
             RefreshReply::Missing => Error::lost("the lock key was deleted or expired"),
@@ -197,16 +204,12 @@ impl LockBackend for RedisBackend {
                 Error::lost(format!("taken over by {}", keys::owner_of(&value)))
             }
         };
-        Err(in_context(lost, "redis", name))
+        Err(lost)
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         let name = lease.name();
-        let released = self
-            .node()
-            .release(&self.keys(name), lease.grant())
-            .await
-            .map_err(|e| in_context(e, "redis", name))?;
+        let released = self.node().release(&self.keys(name), lease.grant()).await?;
         if !released {
             tracing::debug!(lock = %name, "release: the lease was already gone");
         }
@@ -218,20 +221,12 @@ impl LockBackend for RedisBackend {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
-        let found = self
-            .node()
-            .inspect(&self.keys(name))
-            .await
-            .map_err(|e| in_context(e, "redis", name))?;
+        let found = self.node().inspect(&self.keys(name)).await?;
         Ok(found.as_ref().map(keys::holder_info))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
-        let found = self
-            .node()
-            .list(self.inner.config.prefix(), prefix)
-            .await
-            .map_err(|e| e.with_backend("redis"))?;
+        let found = self.node().list(self.inner.config.prefix(), prefix).await?;
         // `SCAN` may return a key twice; both reads describe the same grant or a newer one.
         let by_name: BTreeMap<LockName, Found> = found.into_iter().collect();
         Ok(by_name
@@ -241,11 +236,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
-        let removed = self
-            .node()
-            .break_lock(&self.keys(name))
-            .await
-            .map_err(|e| in_context(e, "redis", name))?;
+        let removed = self.node().break_lock(&self.keys(name)).await?;
         Ok(removed.as_ref().map(keys::holder_info))
     }
 
@@ -258,11 +249,7 @@ impl LockBackend for RedisBackend {
     }
 
     async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
-        let events = self
-            .node()
-            .subscribe(&self.keys(name))
-            .await
-            .map_err(|e| in_context(e, "redis", name))?;
+        let events = self.node().subscribe(&self.keys(name)).await?;
         Ok(Some(events))
     }
 }

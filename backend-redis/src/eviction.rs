@@ -13,7 +13,8 @@
 use lockcore::{Error, ErrorKind, Result};
 use redis::Value;
 
-use crate::client::{Node, text};
+use crate::client::Node;
+use crate::replies::text;
 
 /// What a server's memory settings mean for lock keys.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,7 +46,7 @@ pub(crate) fn judge(policy: &str, maxmemory: u64) -> Eviction {
 /// # Errors
 /// [`ErrorKind::Config`] naming the policy and the fix for an evicting server; the
 /// connection's error when the node cannot be reached.
-pub(crate) async fn check(node: &Node, backend: &'static str) -> Result<()> {
+pub(crate) async fn check(node: &Node) -> Result<()> {
     let settings = match node.config_get("maxmemory*").await? {
         Ok(reply) => settings(&reply),
         Err(err) => {
@@ -71,9 +72,7 @@ pub(crate) async fn check(node: &Node, backend: &'static str) -> Result<()> {
             );
             Ok(())
         }
-        Eviction::Evicting { policy, maxmemory } => {
-            Err(refusal(node.label(), &policy, maxmemory).with_backend(backend))
-        }
+        Eviction::Evicting { policy, maxmemory } => Err(refusal(node.label(), &policy, maxmemory)),
     }
 }
 

@@ -68,6 +68,9 @@
 mod backend;
 mod client;
 mod config;
+#[cfg(test)]
+mod config_tests;
+mod error;
 mod eviction;
 mod keys;
 mod node_url;
@@ -75,6 +78,7 @@ mod notify;
 #[cfg(test)]
 mod prop_tests;
 mod redlock;
+mod replies;
 mod scripts;
 
 use std::sync::Arc;
@@ -84,11 +88,11 @@ use lockcore::{LockBackend, Result};
 pub use backend::{RedisBackend, guarantees};
 pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_NODE_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_PREFIX_LEN,
-    RedisConfig, RedlockConfig,
+    RedisConfig,
 };
 pub use keys::LockKeys;
 pub use lockcore;
-pub use redlock::{RedlockBackend, guarantees as redlock_guarantees};
+pub use redlock::{RedlockBackend, RedlockConfig, guarantees as redlock_guarantees};
 
 /// URL schemes of the single-instance backend (`rediss` is TLS).
 pub const SCHEMES: &[&str] = &["redis", "rediss"];
@@ -99,7 +103,8 @@ pub const REDLOCK_SCHEMES: &[&str] = &["redlock", "redlocks"];
 /// `redlock://`/`redlocks://`, or several comma-separated `redis://` URLs, for Redlock.
 ///
 /// # Errors
-/// As [`RedisBackend::from_url`] and [`RedlockBackend::from_url`].
+/// As [`RedisConfig::from_url`] and [`RedisConfig::build`], or [`RedlockConfig::from_url`]
+/// and [`RedlockConfig::build`].
 ///
 /// # Cancel safety
 /// Cancel safe.
@@ -112,8 +117,8 @@ pub async fn open(url: &str) -> Result<Arc<dyn LockBackend>> {
             .iter()
             .any(|scheme| url.contains(&format!(",{scheme}://")));
     if redlock {
-        Ok(Arc::new(RedlockBackend::from_url(url).await?))
+        Ok(Arc::new(RedlockConfig::from_url(url)?.build().await?))
     } else {
-        Ok(Arc::new(RedisBackend::from_url(url).await?))
+        Ok(Arc::new(RedisConfig::from_url(url)?.build().await?))
     }
 }

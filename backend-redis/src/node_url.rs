@@ -7,12 +7,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anylock_tls::{TlsFiles, TlsMaterial};
+use lockcore::url::{Query, percent_decode, percent_encode};
 use lockcore::{Error, ErrorKind, Result, Verification};
 use url::Url;
 
-use crate::config::MAX_PREFIX_LEN;
+use crate::error::bad_client_url;
 
-const KNOWN_PARAMS: &str = "prefix, timeout_ms, connect_timeout_ms, protocol, ca, cert, key";
+/// The URL parameters this crate reads (`protocol` is passed on to the client).
+const KNOWN: &[&str] = &[
+    "prefix",
+    "timeout_ms",
+    "connect_timeout_ms",
+    "protocol",
+    "ca",
+    "cert",
+    "key",
+];
+
+/// The ASCII characters a TLS file path is percent-encoded for in a query value: those a
+/// query, a form decoder (`+`) or a Redlock node list (`,`) would read as syntax.
+const QUERY_SPECIAL: &str = "\t\n\r !\"#$&'()*+,:;<=>?@[\\]^`{|}";
 
 /// The scheme pair a URL was written with, for messages: `("redis", "rediss")` or
 /// `("redlock", "redlocks")`.
@@ -67,7 +81,7 @@ impl NodeUrl {
         let sep = if url.contains('?') { '&' } else { '?' };
         let query: Vec<String> = params
             .into_iter()
-            .map(|(name, path)| format!("{name}={}", encode_path(&path)))
+            .map(|(name, path)| format!("{name}={}", percent_encode(&path, QUERY_SPECIAL)))
             .collect();
         format!("{url}{sep}{}{fragment}", query.join("&"))
     }
@@ -94,7 +108,7 @@ impl NodeUrl {
     pub(crate) fn user(&self) -> String {
         match self.url.username() {
             "" => "default".to_owned(),
-            user => percent_decoded(user),
+            user => percent_decode(user, "user name").unwrap_or_else(|_| user.to_owned()),
         }
     }
 
@@ -144,9 +158,7 @@ impl NodeUrl {
         };
         #[cfg(not(feature = "tls"))]
         let built = redis::Client::open(self.url.as_str());
-        built.map_err(|err| {
-            invalid(format!("{}: {}", self.redacted(), err.category())).with_backend("redis")
-        })
+        built.map_err(|err| bad_client_url(&err, &self.redacted()))
     }
 
     #[cfg(feature = "tls")]
@@ -163,24 +175,6 @@ impl NodeUrl {
             root_cert: material.ca().map(|ca| ca.pem().to_vec()),
         })
     }
-}
-
-/// Percent-encodes what a query value cannot hold, keeping `/` readable.
-fn encode_path(path: &str) -> String {
-    path.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'/' | b'.' | b'_' | b'~' | b'-' => {
-                char::from(b).to_string()
-            }
-            other => format!("%{other:02X}"),
-        })
-        .collect()
-}
-
-pub(crate) fn percent_decoded(text: &str) -> String {
-    url::form_urlencoded::parse(format!("u={text}").as_bytes())
-        .next()
-        .map_or_else(|| text.to_owned(), |(_, v)| v.into_owned())
 }
 
 /// A host spelled one way for every spelling of the same address, without DNS (parsing
@@ -224,16 +218,6 @@ pub(crate) struct Params {
 pub(crate) fn invalid(message: impl Into<String>) -> Error {
     Error::invalid_input(message.into())
 }
-
-pub(crate) fn parse_millis(key: &str, value: &str) -> Result<Duration> {
-    match value.parse::<u64>() {
-        Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
-        _ => Err(invalid(format!(
-            "URL parameter `{key}` must be a positive number of milliseconds"
-        ))),
-    }
-}
-
 /// Parses one `redis://` or `rediss://` URL and splits off this crate's parameters. TLS
 /// parameters on `redis://` are refused (naming `schemes`, the pair the user wrote); on
 /// `rediss://` their files are read and checked here, before any connection.
@@ -272,7 +256,7 @@ pub(crate) fn parse_node(raw: &str, schemes: Schemes) -> Result<(NodeUrl, Params
             ));
         }
     }
-    let params = split_params(&mut url)?;
+    let params = split_params(&mut url, schemes.0)?;
     let material = match url.scheme() {
         "rediss" => Some(Arc::new(params.tls.load()?)),
         _ => {
@@ -288,80 +272,30 @@ pub(crate) fn parse_node(raw: &str, schemes: Schemes) -> Result<(NodeUrl, Params
     Ok((node, params))
 }
 
-/// Removes `prefix`, `timeout_ms` and `connect_timeout_ms` from the query; keeps `protocol`.
-pub(crate) fn split_params(url: &mut Url) -> Result<Params> {
-    let pairs: Vec<(String, String)> = url.query_pairs().into_owned().collect();
+/// Removes this crate's parameters from the query (read through [`Query`], which refuses
+/// unknown ones, naming `backend`); keeps `protocol` for the client.
+pub(crate) fn split_params(url: &mut Url, backend: &'static str) -> Result<Params> {
+    let mut query = Query::from_pairs(backend, url.query_pairs().into_owned())?;
     let mut params = Params::default();
-    let mut kept = Vec::new();
-    for (key, value) in pairs {
-        if params.tls.take_param(&key, &value)? {
-            continue;
-        }
-        match key.as_str() {
-            "prefix" => params.prefix = Some(value),
-            "timeout_ms" => params.timeout = Some(parse_millis(&key, &value)?),
-            "connect_timeout_ms" => params.connect_timeout = Some(parse_millis(&key, &value)?),
-            "protocol" => kept.push((key, value)),
-            // Not echoed: most likely the rest of a password with a raw '?'.
-            other if other.contains('@') => {
-                return Err(invalid(
-                    "unknown URL parameter (not shown: it holds '@'); percent-encode '?', \
-                     '#' and '@' in a password as %3F, %23 and %40",
-                ));
-            }
-            other => {
-                return Err(invalid(format!(
-                    "unknown URL parameter `{other}`; known: {KNOWN_PARAMS}"
-                )));
-            }
+    for key in ["ca", "cert", "key"] {
+        if let Some(value) = query.take(key) {
+            params.tls.take_param(key, &value)?;
         }
     }
-    if kept.is_empty() {
-        url.set_query(None);
-    } else {
-        url.query_pairs_mut().clear().extend_pairs(kept);
+    params.prefix = query.take("prefix");
+    params.timeout = query.take_millis("timeout_ms")?;
+    params.connect_timeout = query.take_millis("connect_timeout_ms")?;
+    let protocol = query.take("protocol");
+    query.finish(KNOWN)?;
+    match protocol {
+        Some(protocol) => {
+            url.query_pairs_mut()
+                .clear()
+                .append_pair("protocol", &protocol);
+        }
+        None => url.set_query(None),
     }
     Ok(params)
-}
-
-/// Checks a key prefix: 1 to [`MAX_PREFIX_LEN`] bytes, no braces (they would break the
-/// `{…}` hash tag), no control characters.
-pub(crate) fn validate_prefix(prefix: &str) -> Result<()> {
-    if prefix.is_empty() || prefix.len() > MAX_PREFIX_LEN {
-        return Err(invalid(format!(
-            "key prefix must be 1 to {MAX_PREFIX_LEN} bytes, got {}",
-            prefix.len()
-        )));
-    }
-    if prefix.contains(['{', '}']) || prefix.chars().any(char::is_control) {
-        return Err(invalid(
-            "key prefix must not contain braces or control characters",
-        ));
-    }
-    Ok(())
-}
-
-pub(crate) fn validate_timeout(what: &str, timeout: Duration) -> Result<()> {
-    if timeout.is_zero() {
-        return Err(invalid(format!("{what} must be positive")));
-    }
-    Ok(())
-}
-
-/// Our parameters appended to a redacted URL, so `Display` output parses back.
-pub(crate) fn with_params(
-    url: String,
-    prefix: &str,
-    timeout: Duration,
-    connect: Duration,
-) -> String {
-    let sep = if url.contains('?') { '&' } else { '?' };
-    let prefix: String = url::form_urlencoded::byte_serialize(prefix.as_bytes()).collect();
-    format!(
-        "{url}{sep}prefix={prefix}&timeout_ms={}&connect_timeout_ms={}",
-        timeout.as_millis(),
-        connect.as_millis()
-    )
 }
 
 /// `[user:pw@]h1:p1,h2:p2/db?q#f` → one `scheme://[user:pw@]hN:pN/db?q#f` per host.

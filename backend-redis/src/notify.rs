@@ -19,7 +19,7 @@ use redis::aio::{PubSubSink, PubSubStream};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
-use crate::client::{Call, map_error, timed_out};
+use crate::error::{Call, map_error, timed_out};
 
 /// Notifications buffered per waiter; a waiter that lags just gets one spurious wake-up.
 const CAPACITY: usize = 16;

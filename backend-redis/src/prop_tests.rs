@@ -8,13 +8,13 @@ use lockcore::ErrorKind;
 use proptest::prelude::*;
 use redis::Value;
 
-use crate::client::{
-    AcquireReply, decode_acquire, decode_found, decode_many, text, time_from_reply,
-};
 use crate::keys::{
     Found, LockKeys, StoredValue, glob_escape, holder_info, name_of_lock_key, owner_of,
 };
 use crate::redlock::quorum::{best_holder, leading_grant};
+use crate::replies::{
+    AcquireReply, decode_acquire, decode_found, decode_many, text, time_from_reply,
+};
 use crate::{RedisConfig, RedlockConfig};
 
 /// Characters a URL treats specially, joining the chunks of generated passwords (no raw

@@ -311,6 +311,18 @@ async fn rejected_credentials_never_show_the_password() {
     }
     assert!(!shown.contains(secret), "{shown}");
     assert!(shown.contains("nobody:***@"), "{shown}");
+    // The backend leaves the context out; the Locker names the backend and the lock.
+    let config = RedisConfig::from_url(&with_password).expect("valid URL");
+    let lazy = RedisBackend::connect_lazy(config).await.expect("no I/O");
+    let name = common::fresh_name("refused");
+    let err = Locker::new(Arc::new(lazy))
+        .acquire(name.as_str())
+        .await
+        .expect_err("unknown user accepted");
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    assert_eq!(err.backend(), Some("redis"), "{err}");
+    assert_eq!(err.lock(), Some(&name), "{err}");
+    assert!(!format!("{err} {err:?}").contains(secret), "{err:?}");
 }
 
 /// A stalled server (`SIGSTOP` on a private redis-server) yields timely errors, not a hang:

@@ -1,29 +1,32 @@
 //! [`RedlockBackend`]: Redlock ("Distributed Locks with Valkey") over N independent Redis
 //! nodes.
 
+mod config;
 pub(crate) mod quorum;
+mod round;
+
+pub use self::config::RedlockConfig;
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::future::join_all;
-use futures_util::stream::{FuturesUnordered, StreamExt};
 use lockcore::{
-    Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion,
-    ExpiryClock, Fairness, FenceToken, Fencing, Guarantees, HeldLock, HolderInfo, Lease,
-    LockBackend, LockName, ReleaseEvents, Result, Waiting,
+    Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, Exclusion, ExpiryClock,
+    Fairness, FenceToken, Fencing, Guarantees, HeldLock, HolderInfo, Lease, LockBackend, LockName,
+    ReleaseEvents, Result, Waiting,
 };
 use tokio::time::Instant;
 
 use self::quorum::{Vote, Votes};
+use self::round::{
+    acquire_vote, check_eviction, gather, quorum_holder, refresh_vote, tally_found, undecided,
+};
 use crate::backend::note_arg;
-use crate::client::{AcquireReply, Node, RefreshReply};
-use crate::config::RedlockConfig;
-use crate::eviction;
+use crate::client::Node;
 use crate::keys::{self, Found, LockKeys};
 
 const BACKEND: &str = "redlock";
@@ -78,18 +81,17 @@ impl fmt::Debug for RedlockBackend {
     }
 }
 
-/// Refuses the first node that may evict lock keys; a node that stopped answering since
-/// its `PING` is logged and left to the quorum, like an unreachable one.
-async fn check_eviction(nodes: &[&Node]) -> Result<()> {
-    let checks = join_all(nodes.iter().map(|node| eviction::check(node, BACKEND))).await;
-    for (node, check) in nodes.iter().zip(checks) {
-        match check {
-            Err(err) if err.kind() == ErrorKind::Config => return Err(err),
-            Err(err) => tracing::warn!(node = node.label(), error = %err, "memory settings unread"),
-            Ok(()) => {}
-        }
+impl RedlockConfig {
+    /// Validates the settings and [connects](RedlockBackend::connect).
+    ///
+    /// # Errors
+    /// As [`RedlockBackend::connect`].
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn build(self) -> Result<RedlockBackend> {
+        RedlockBackend::connect(self).await
     }
-    Ok(())
 }
 
 /// What [`RedlockBackend`] promises, without connecting (for comparison tables). See
@@ -108,92 +110,6 @@ pub fn guarantees() -> Guarantees {
     .with_notes(NOTES)
 }
 
-/// Counts the answers of requests sent to every node at once until `decided`. Requests
-/// still in flight then are dropped; each is bounded by the node timeout.
-async fn gather<R, Fut>(requests: Vec<Fut>, decided: fn(&Votes<R>) -> bool) -> Votes<R>
-where
-    Fut: Future<Output = Vote<R>>,
-{
-    let mut votes = Votes::new(requests.len());
-    let mut pending: FuturesUnordered<Fut> = requests.into_iter().collect();
-    while let Some(vote) = pending.next().await {
-        votes.record(vote);
-        if decided(&votes) {
-            break;
-        }
-    }
-    votes
-}
-
-/// One node's answer to an acquisition whose value is `value`.
-async fn acquire_vote(
-    node: &Node,
-    keys: &LockKeys,
-    ttl_ms: u64,
-    owner: &str,
-    value: &str,
-    note: &str,
-) -> Vote<Found> {
-    let suffix = &value[1..];
-    match node.acquire(keys, false, ttl_ms, owner, suffix, note).await {
-        Ok(AcquireReply::Granted(stored)) if stored == value => Vote::Yes,
-        Ok(AcquireReply::Granted(_)) => Vote::Failed(Error::new(
-            ErrorKind::Protocol,
-            format!("acquire on {}: stored an unexpected value", node.label()),
-        )),
-        Ok(AcquireReply::Held(found)) => Vote::No(found),
-        Err(err) => Vote::Failed(err),
-    }
-}
-
-/// One node's answer to an extension of `value`.
-async fn refresh_vote(node: &Node, keys: &LockKeys, value: &str, ttl_ms: u64) -> Vote<String> {
-    match node.refresh(keys, value, ttl_ms).await {
-        Ok(RefreshReply::Extended) => Vote::Yes,
-        Ok(RefreshReply::Missing) => Vote::No("deleted or expired".to_owned()),
-        Ok(RefreshReply::Changed(other)) => {
-            Vote::No(format!("taken over by {}", keys::owner_of(&other)))
-        }
-        Err(err) => Vote::Failed(err),
-    }
-}
-
-/// Counts per-node reads of `(value, PTTL, note)`: answered nodes are yes votes.
-fn tally_found(replies: Vec<Result<Option<Found>>>) -> (Votes<()>, Vec<Found>) {
-    let mut votes = Votes::new(replies.len());
-    let mut seen = Vec::new();
-    for reply in replies {
-        match reply {
-            Ok(found) => {
-                votes.record(Vote::Yes);
-                seen.extend(found);
-            }
-            Err(err) => votes.record(Vote::Failed(err)),
-        }
-    }
-    (votes, seen)
-}
-
-/// The holder whose value is on at least `quorum` nodes (keys on a minority hold nothing).
-fn quorum_holder(seen: &[Found], quorum: usize) -> Option<HolderInfo> {
-    let (leader, count) = quorum::leading_grant(seen);
-    if count < quorum {
-        return None;
-    }
-    let same: Vec<_> = seen.iter().filter(|f| f.value == leader).cloned().collect();
-    quorum::best_holder(&same)
-}
-
-/// Whether the nodes that did not answer (`failed` of them) could complete a quorum for a
-/// grant seen on only `count` nodes: then nobody can say whether it is held.
-fn undecided(count: usize, failed: usize, quorum: usize) -> bool {
-    count < quorum && count + failed >= quorum
-}
-
-fn in_context(err: Error, name: &LockName) -> Error {
-    err.with_backend(BACKEND).with_lock(name)
-}
-
 /// A Redlock grant: the TTL asked for (refresh extends by it again) and the stored value.
 fn encode_grant(ttl_ms: u64, value: &str) -> String {
     format!("{ttl_ms}:{value}")
@@ -204,12 +120,7 @@ fn decode_grant(lease: &Lease) -> Result<(u64, &str)> {
         .grant()
         .split_once(':')
         .and_then(|(ttl, value)| Some((ttl.parse().ok()?, value)))
-        .ok_or_else(|| {
-            in_context(
-                Error::invalid_input("the lease was not issued by a Redlock backend"),
-                lease.name(),
-            )
-        })
+        .ok_or_else(|| Error::invalid_input("the lease was not issued by a Redlock backend"))
 }
 
 impl RedlockBackend {
@@ -221,9 +132,9 @@ impl RedlockBackend {
     /// (their memory settings are then not checked).
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidInput`] for a bad configuration; the nodes' errors (for example
-    /// [`ErrorKind::Unavailable`] or [`ErrorKind::PermissionDenied`]) when no quorum answers;
-    /// [`ErrorKind::Config`] when a node may evict lock keys.
+    /// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for a bad configuration; the nodes' errors (for example
+    /// [`ErrorKind::Unavailable`](lockcore::ErrorKind::Unavailable) or [`ErrorKind::PermissionDenied`](lockcore::ErrorKind::PermissionDenied)) when no quorum answers;
+    /// [`ErrorKind::Config`](lockcore::ErrorKind::Config) when a node may evict lock keys.
     ///
     /// # Cancel safety
     /// Cancel safe: it holds no lock state; connection attempts may finish in the background.
@@ -242,7 +153,7 @@ impl RedlockBackend {
             votes.record(ping.map_or_else(Vote::Failed, |()| Vote::Yes));
         }
         if !votes.has_quorum() {
-            return Err(votes.failure("connect").with_backend(BACKEND));
+            return Err(votes.failure("connect"));
         }
         check_eviction(&answered).await?;
         Ok(backend)
@@ -256,19 +167,19 @@ impl RedlockBackend {
     /// # Cancel safety
     /// Cancel safe.
     pub async fn from_url(url: &str) -> Result<Self> {
-        Self::connect(RedlockConfig::from_url(url)?).await
+        RedlockConfig::from_url(url)?.build().await
     }
 
     /// Builds the backend without contacting the nodes; the first call connects. Async
     /// only because it must run inside a Tokio runtime.
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidInput`] for a bad configuration.
+    /// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for a bad configuration.
     ///
     /// # Cancel safety
     /// Cancel safe: it makes no network calls.
     pub async fn connect_lazy(config: RedlockConfig) -> Result<Self> {
-        config.validate().map_err(|e| e.with_backend(BACKEND))?;
+        config.validate()?;
         let nodes = config
             .node_urls()
             .iter()
@@ -356,9 +267,7 @@ impl LockBackend for RedlockBackend {
             let lease = Lease::new(name.clone(), request.owner.clone(), validity, grant);
             return Ok(Acquire::Acquired(lease));
         }
-        self.abandon(&keys, &value, votes, elapsed)
-            .await
-            .map_err(|e| in_context(e, name))
+        self.abandon(&keys, &value, votes, elapsed).await
     }
 
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
@@ -376,10 +285,9 @@ impl LockBackend for RedlockBackend {
         if votes.has_quorum() {
             return match quorum::validity(Duration::from_millis(ttl_ms), elapsed) {
                 Some(validity) => Ok(lease.clone().with_ttl(validity)),
-                None => Err(in_context(
-                    Error::unavailable(format!("a quorum extended only after {elapsed:?}")),
-                    name,
-                )),
+                None => Err(Error::unavailable(format!(
+                    "a quorum extended only after {elapsed:?}"
+                ))),
             };
         }
         let err = if votes.refused_by_quorum() {
@@ -389,7 +297,7 @@ impl LockBackend for RedlockBackend {
         } else {
             votes.failure("refresh")
         };
-        Err(in_context(err, name))
+        Err(err)
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
@@ -404,7 +312,7 @@ impl LockBackend for RedlockBackend {
         if votes.has_quorum() {
             return Ok(());
         }
-        Err(in_context(votes.failure("release"), name))
+        Err(votes.failure("release"))
     }
 
     fn fence_token(&self, _lease: &Lease) -> Option<FenceToken> {
@@ -418,7 +326,7 @@ impl LockBackend for RedlockBackend {
         let (_, count) = quorum::leading_grant(&seen);
         // Free unless the nodes that did not answer could complete someone's quorum.
         if undecided(count, votes.failed.len(), votes.quorum()) {
-            return Err(in_context(votes.failure("inspect"), name));
+            return Err(votes.failure("inspect"));
         }
         Ok(quorum_holder(&seen, votes.quorum()))
     }
@@ -445,13 +353,13 @@ impl LockBackend for RedlockBackend {
         }
         // A name on no answering node could still be held on the silent ones.
         if undecided(0, votes.failed.len(), votes.quorum()) {
-            return Err(votes.failure("list").with_backend(BACKEND));
+            return Err(votes.failure("list"));
         }
         let mut held = Vec::new();
         for (name, seen) in by_name {
             let (_, count) = quorum::leading_grant(&seen);
             if undecided(count, votes.failed.len(), votes.quorum()) {
-                return Err(in_context(votes.failure("list"), &name));
+                return Err(votes.failure("list"));
             }
             held.extend(quorum_holder(&seen, votes.quorum()).map(|h| HeldLock::new(name, h)));
         }
@@ -465,7 +373,7 @@ impl LockBackend for RedlockBackend {
         let (votes, seen) = tally_found(removed);
         if !votes.has_quorum() {
             // The holder may keep a majority on the nodes that did not answer.
-            return Err(in_context(votes.failure("break"), name));
+            return Err(votes.failure("break"));
         }
         Ok(quorum_holder(&seen, votes.quorum()))
     }
@@ -490,7 +398,7 @@ impl LockBackend for RedlockBackend {
             }
         }
         match first_error {
-            Some(err) if streams.is_empty() => Err(in_context(err, name)),
+            Some(err) if streams.is_empty() => Err(err),
             _ => Ok(Some(Box::pin(futures_util::stream::select_all(streams)))),
         }
     }
@@ -499,7 +407,7 @@ impl LockBackend for RedlockBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lockcore::Identity;
+    use lockcore::{ErrorKind, Identity};
 
     #[test]
     fn grants_round_trip() {
