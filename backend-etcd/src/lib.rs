@@ -52,6 +52,9 @@
 mod backend;
 mod client;
 mod config;
+mod error;
+#[cfg(test)]
+mod error_tests;
 mod grpc;
 mod keys;
 #[cfg(test)]
@@ -70,10 +73,12 @@ pub use lockcore;
 pub const SCHEMES: &[&str] = &[config::SCHEME, config::TLS_SCHEME];
 
 /// Opens the backend `url` names: parses it ([`EtcdConfig::from_url`]) and connects to
-/// every member ([`EtcdBackend::connect`]).
+/// every member ([`EtcdConfig::build`]).
 ///
 /// # Errors
 /// As [`EtcdBackend::from_url`].
 pub async fn open(url: &str) -> lockcore::Result<std::sync::Arc<dyn lockcore::LockBackend>> {
-    Ok(std::sync::Arc::new(EtcdBackend::from_url(url).await?))
+    Ok(std::sync::Arc::new(
+        EtcdConfig::from_url(url)?.build().await?,
+    ))
 }

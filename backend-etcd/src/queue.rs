@@ -33,7 +33,8 @@ use lockcore::{AcquireRequest, Error, ErrorKind, ReleaseEvents, Result};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::client::{EtcdClient, Op, malformed, revision_of, txn_rpc};
+use crate::client::{EtcdClient, revision_of, txn_rpc};
+use crate::error::{Op, malformed};
 use crate::grpc::WatchStream;
 use crate::keys::{self, Layout};
 use crate::requests;

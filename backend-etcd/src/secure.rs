@@ -1,7 +1,7 @@
 //! Connection security: the transport check made before the first RPC (so a wrong CA, a
 //! refused client certificate or a closed port fails within the connect timeout, with a
-//! message naming the cause), the wording of authentication and RBAC refusals, and the
-//! report for `anylock check`.
+//! message naming the cause), who we are to etcd, and the report for `anylock check`.
+//! The wording of refusals and TLS failures is in `error.rs`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,6 +11,8 @@ use lockcore::{ConnectionSecurity, Error, ErrorKind, Result, TlsDetails, Transpo
 use rustls::ClientConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+
+use crate::error::tls_failure;
 
 /// The HTTP/2 client preface and an empty SETTINGS frame: the server answers with its own
 /// SETTINGS, so one byte read proves the server accepted the connection.
@@ -26,8 +28,7 @@ pub(crate) fn split_host(host_port: &str) -> (String, u16) {
 /// The rustls configuration the TLS check and the probe use: the `ca` file or the OS trust
 /// store, full verification, the client certificate, HTTP/2 (gRPC) offered by ALPN.
 pub(crate) fn rustls_config(material: &TlsMaterial) -> Result<ClientConfig> {
-    let mut config = anylock_tls::client_config(material, Verification::Full)
-        .map_err(|e| e.with_backend("etcd"))?;
+    let mut config = anylock_tls::client_config(material, Verification::Full)?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(config)
 }
@@ -76,54 +77,6 @@ pub(crate) async fn check_transport(
     }
 }
 
-/// `presented`: whether we sent a client certificate. Servers built with older Go answer a
-/// missing one with the same alert as a bad one, so without one the message says so.
-fn tls_failure(host_port: &str, presented: bool, e: std::io::Error) -> Error {
-    match anylock_tls::diagnose(&e) {
-        Some(explained) => {
-            let mut what = explained.message().to_owned();
-            if !presented && what.contains("client certificate") {
-                what = "TLS handshake failed: the server requires a client certificate and \
-                        we sent none (URL parameters `cert` and `key`)"
-                    .to_owned();
-            }
-            let message = format!("etcd at {host_port}: {what}");
-            Error::new(explained.kind(), message).with_source(e)
-        }
-        None => Error::unavailable(format!("TLS connection to etcd at {host_port} failed: {e}"))
-            .with_source(e),
-    }
-}
-
-/// What the server said no to, recognised in an etcd client error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Refusal {
-    /// Wrong user name or password (etcd answers both with one message).
-    BadCredentials,
-    /// Authentication is on and we sent no credentials (and no client certificate).
-    NoCredentials,
-    /// The user lacks an RBAC permission on the keys.
-    NoPermission,
-}
-
-/// Recognises etcd's authentication and RBAC refusals by their gRPC status message (etcd
-/// sends the same code, InvalidArgument, for a wrong password as for a malformed request).
-pub(crate) fn refusal(err: &crate::grpc::RpcError) -> Option<Refusal> {
-    let crate::grpc::RpcError::Status(status) = err else {
-        return None;
-    };
-    let message = status.message();
-    if message.contains("authentication failed") {
-        Some(Refusal::BadCredentials)
-    } else if message.contains("user name is empty") {
-        Some(Refusal::NoCredentials)
-    } else if message.contains("permission denied") {
-        Some(Refusal::NoPermission)
-    } else {
-        None
-    }
-}
-
 /// Who we are to etcd, as far as the config tells: the URL's user, else the client
 /// certificate's common name (etcd's user name with `--client-cert-auth`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -142,7 +95,8 @@ impl Who {
         }
     }
 
-    fn user(&self) -> &str {
+    /// The user name for messages: the URL's user or the certificate's common name.
+    pub(crate) fn user(&self) -> &str {
         match self {
             Self::User(user) | Self::Certificate(Some(user)) => user,
             _ => "<user>",
@@ -156,37 +110,6 @@ impl Who {
             Self::Certificate(Some(cn)) => Some(format!("client certificate CN={cn}")),
             Self::Certificate(None) => Some("client certificate (no common name)".to_owned()),
             Self::Nobody => None,
-        }
-    }
-
-    /// The message for `refusal` in `op`: what etcd refused and how to fix it. Never holds
-    /// a password.
-    pub(crate) fn explain(&self, refusal: Refusal, op: &str, prefix: &str) -> String {
-        let user = self.user();
-        match refusal {
-            Refusal::BadCredentials => format!(
-                "{op}: etcd refused user `{user}`: authentication failed (wrong user name or \
-                 password)"
-            ),
-            Refusal::NoCredentials => format!(
-                "{op}: etcd has authentication enabled and we sent no user: put \
-                 `user:password@` in the URL, or present a client certificate (URL parameters \
-                 `cert` and `key`) whose common name is an etcd user"
-            ),
-            Refusal::NoPermission => {
-                let range = if prefix.is_empty() {
-                    "--from-key ''".to_owned()
-                } else {
-                    format!("--prefix=true '{prefix}'")
-                };
-                format!(
-                    "{op}: etcd denied user `{user}` access to the lock keys under `{prefix}` \
-                     (RBAC: the user needs a role with readwrite on that key prefix); fix: \
-                     `etcdctl role add anylock-locks && etcdctl role grant-permission \
-                     anylock-locks readwrite {range} && etcdctl user grant-role {user} \
-                     anylock-locks`"
-                )
-            }
         }
     }
 }
@@ -293,19 +216,9 @@ mod tests {
     }
 
     #[test]
-    fn refusals_name_the_user_and_the_fix_but_no_password() {
+    fn who_we_are_is_described_without_a_password() {
         let who = Who::User("anylock".to_owned());
-        let bad = who.explain(Refusal::BadCredentials, "Authenticate", "anylock/");
-        assert!(
-            bad.contains("etcd refused user `anylock`: authentication failed"),
-            "{bad}"
-        );
-        let denied = who.explain(Refusal::NoPermission, "Range", "anylock/");
-        assert!(
-            denied.contains("readwrite --prefix=true 'anylock/'"),
-            "{denied}"
-        );
-        assert!(denied.contains("grant-role anylock"), "{denied}");
+        assert_eq!(who.user(), "anylock");
         assert_eq!(Who::Nobody.describe(), None);
         assert_eq!(
             who.describe().as_deref(),

@@ -6,10 +6,14 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
-use backend_etcd::EtcdBackend;
-use lockcore::{Acquire, AcquireRequest, ErrorKind, Identity, Lease, LockBackend, LockName};
+use backend_etcd::{EtcdBackend, EtcdConfig};
+use lockcore::{
+    Acquire, AcquireRequest, ErrorKind, Identity, Lease, LockBackend, LockName, Locker,
+};
+use test_kit::proxy::{Fault, FaultProxy};
 use test_kit::servers::Etcd;
 
 const LONG: Duration = Duration::from_secs(30);
@@ -168,6 +172,34 @@ async fn names_with_slashes_are_escaped_and_independent() {
     assert_eq!(seen.owner(), &b);
     backend.release(&parent_lease).await.expect("release");
     backend.release(&child_lease).await.expect("release");
+}
+
+/// The backend leaves backend and lock out of its errors; through a `Locker` they are
+/// filled in: here a Range to a member that stopped answering (our request timeout).
+#[tokio::test]
+async fn errors_through_a_locker_name_the_backend_and_the_lock() {
+    let Some(endpoints) = common::shared_endpoints() else {
+        return;
+    };
+    let host = endpoints[0].trim_start_matches("http://");
+    let mut addresses = tokio::net::lookup_host(host).await.expect("resolve");
+    let proxy = FaultProxy::start(addresses.next().expect("an address"))
+        .await
+        .expect("proxy");
+    let config = EtcdConfig::new([proxy.local_addr().to_string()])
+        .expect("endpoint")
+        .with_prefix(&common::random_prefix("context"))
+        .with_request_timeout(Duration::from_millis(300));
+    let backend = EtcdBackend::connect(config).await.expect("connect");
+    let locker = Locker::new(Arc::new(backend));
+    assert!(locker.inspect("job").await.expect("inspect").is_none());
+    proxy.set_fault(Fault::Blackhole);
+    let err = locker.inspect("job").await.expect_err("no answer");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert_eq!(err.backend(), Some("etcd"), "{err}");
+    assert_eq!(err.lock().map(LockName::as_str), Some("job"), "{err}");
+    assert!(err.message().starts_with("Range: "), "{err}");
+    proxy.set_fault(Fault::Pass);
 }
 
 /// An operator deleting the key while the lease lives makes refresh fail with Lost, and so
