@@ -9,6 +9,9 @@ use serde::{Deserialize, Deserializer};
 
 use crate::url::BackendUrl;
 
+/// The URL used when nothing is configured: the embedded backend at its default location.
+pub const DEFAULT_URL: &str = "local:";
+
 /// anylock configuration, for example from `~/.config/anylock/config.toml`:
 ///
 /// ```toml
@@ -33,7 +36,7 @@ use crate::url::BackendUrl;
 #[derive(Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
-    /// The backend URL; `None` means the embedded default ([`DEFAULT_URL`](crate::DEFAULT_URL)).
+    /// The backend URL; `None` means the embedded default ([`DEFAULT_URL`]).
     pub backend: Option<String>,
     /// The default lease TTL (`None`: [`DEFAULT_TTL`](lockcore::DEFAULT_TTL)).
     #[serde(default, deserialize_with = "ttl")]
@@ -164,14 +167,14 @@ impl Config {
 
     /// The backend URL, or the embedded default.
     pub fn backend_url(&self) -> BackendUrl {
-        BackendUrl::new(self.backend.as_deref().unwrap_or(crate::DEFAULT_URL))
+        BackendUrl::new(self.backend.as_deref().unwrap_or(DEFAULT_URL))
     }
 }
 
 impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
-            .field("backend", &self.backend.as_deref().map(crate::redact))
+            .field("backend", &self.backend.as_deref().map(crate::url::redact))
             .field("ttl", &self.ttl)
             .field("wait", &self.wait)
             .field("grace", &self.grace)

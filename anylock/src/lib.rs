@@ -48,7 +48,7 @@ use std::sync::Arc;
 
 use lockcore::MemoryBackend;
 
-pub use config::Config;
+pub use config::{Config, DEFAULT_URL};
 pub use lockcore;
 pub use lockcore::{
     Backoff, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
@@ -103,9 +103,6 @@ pub const SCHEMES: &[Scheme] = &{
     }
     all
 };
-
-/// The URL used when nothing is configured: the embedded backend at its default location.
-pub const DEFAULT_URL: &str = "local:";
 
 /// A boxed `open` future.
 type Opening<'a> = Pin<Box<dyn Future<Output = Result<Arc<dyn LockBackend>, Error>> + Send + 'a>>;
