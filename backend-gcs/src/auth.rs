@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use lockcore::{Error, ErrorKind, Result};
 
+#[cfg(feature = "auth")]
+use crate::error::{chain, no_credentials};
 use crate::renew::{Renewing, Source};
-
-/// The OAuth2 scope the lock needs: read and write objects.
-pub const STORAGE_SCOPE: &str = "https://www.googleapis.com/auth/devstorage.read_write";
+#[cfg(feature = "auth")]
+use crate::token::STORAGE_SCOPE;
 
 /// How the backend authenticates to GCS. `Debug` never shows a token.
 #[derive(Clone, PartialEq, Eq)]
@@ -90,7 +91,7 @@ impl Authorizer {
         };
         if let Some(source) = source {
             let builder = reqwest::Client::builder().redirect(reqwest::redirect::Policy::none());
-            let http = crate::client::http_client(builder, timeout)?;
+            let http = crate::http::http_client(builder, timeout)?;
             authorizer.renewing = Some(Renewing::new(source, http, timeout));
         }
         Ok(authorizer)
@@ -159,7 +160,7 @@ impl Authorizer {
                     "the credentials file {}: field type is {:?}; supported: service_account \
                      (a key), external_account (workload identity federation)",
                     path.display(),
-                    crate::renew::shorten(other.unwrap_or("missing"), 40)
+                    crate::error::shorten(other.unwrap_or("missing"), 40)
                 ),
             )),
         }
@@ -250,34 +251,6 @@ fn no_auth_feature() -> Error {
         "Google credentials need backend-gcs's `auth` feature; this build has only emulators \
          and GCS_ACCESS_TOKEN",
     )
-}
-
-#[cfg(feature = "auth")]
-fn no_credentials(e: gcp_auth::Error) -> Error {
-    Error::new(
-        ErrorKind::Config,
-        format!(
-            "no Google credentials found ({}). Set GOOGLE_APPLICATION_CREDENTIALS to a \
-             service-account key file, run `gcloud auth application-default login`, run on \
-             Google Cloud, or pass a token in GCS_ACCESS_TOKEN with ?auth=token; for an \
-             emulator set STORAGE_EMULATOR_HOST or ?endpoint=",
-            chain(&e)
-        ),
-    )
-}
-
-/// An error and its sources on one line. gcp_auth's messages name files and steps, never
-/// key material or tokens.
-#[cfg(feature = "auth")]
-fn chain(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 impl fmt::Debug for Authorizer {

@@ -11,6 +11,7 @@ use lockcore::{
 
 use crate::client::{Answer, GcsClient, Preconditions, Reply};
 use crate::config::{GcsConfig, MAX_OBJECT_NAME_LEN, MIN_REFRESH_INTERVAL};
+use crate::error::{no_bucket, protocol};
 use crate::object::{self, LockObject};
 
 /// The object name (after the prefix) that `server_time` reads; never created.
@@ -72,12 +73,25 @@ pub struct GcsBackend {
     client: GcsClient,
 }
 
-impl GcsBackend {
-    /// A backend for `config`. Makes no request.
+impl GcsConfig {
+    /// The backend this configuration describes ([`GcsBackend::connect`]). Makes no
+    /// request: the first lock call authenticates and reaches the bucket.
     ///
     /// # Errors
-    /// [`Config`](lockcore::ErrorKind::Config) when the HTTP client cannot be built.
-    pub fn new(config: GcsConfig) -> Result<Self> {
+    /// As [`GcsBackend::connect`].
+    pub async fn build(self) -> Result<GcsBackend> {
+        GcsBackend::connect(self).await
+    }
+}
+
+impl GcsBackend {
+    /// A backend for `config`: builds the HTTP client and reads a credentials file, if
+    /// any. Makes no request (async so that every backend's `connect` has one shape).
+    ///
+    /// # Errors
+    /// [`Config`](lockcore::ErrorKind::Config) when the HTTP client cannot be built, the
+    /// credentials would travel in clear, or a credentials file is unreadable or malformed.
+    pub async fn connect(config: GcsConfig) -> Result<Self> {
         Ok(Self {
             client: GcsClient::new(config)?,
         })
@@ -86,9 +100,9 @@ impl GcsBackend {
     /// A backend for a `gs://bucket/prefix[?endpoint=…]` URL.
     ///
     /// # Errors
-    /// As [`GcsConfig::from_url`] and [`GcsBackend::new`].
-    pub fn from_url(url: &str) -> Result<Self> {
-        Self::new(GcsConfig::from_url(url)?)
+    /// As [`GcsConfig::from_url`] and [`GcsBackend::connect`].
+    pub async fn from_url(url: &str) -> Result<Self> {
+        GcsConfig::from_url(url)?.build().await
     }
 
     /// The configuration.
@@ -339,14 +353,6 @@ fn lease(request: &AcquireRequest, obj: &LockObject) -> Lease {
     .with_token(FenceToken::new(obj.generation))
 }
 
-fn protocol(message: &'static str) -> Error {
-    Error::new(lockcore::ErrorKind::Protocol, message)
-}
-
-fn no_bucket() -> Error {
-    Error::new(lockcore::ErrorKind::Config, "the GCS bucket does not exist")
-}
-
 #[async_trait]
 impl LockBackend for GcsBackend {
     fn backend_name(&self) -> &str {
@@ -359,26 +365,22 @@ impl LockBackend for GcsBackend {
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         let object = self.config().object_name(&request.name)?;
-        let result = self.try_acquire(&object, request).await;
-        result.map_err(|e| e.with_backend("gcs").with_lock(&request.name))
+        self.try_acquire(&object, request).await
     }
 
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
         let object = self.config().object_name(lease.name())?;
-        let result = self.try_refresh(&object, lease).await;
-        result.map_err(|e| e.with_backend("gcs").with_lock(lease.name()))
+        self.try_refresh(&object, lease).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         let object = self.config().object_name(lease.name())?;
-        let result = self.try_release(&object, lease).await;
-        result.map_err(|e| e.with_backend("gcs").with_lock(lease.name()))
+        self.try_release(&object, lease).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let object = self.config().object_name(name)?;
-        let current = self.current(&object).await;
-        let current = current.map_err(|e| e.with_backend("gcs").with_lock(name))?;
+        let current = self.current(&object).await?;
         Ok(current.map(|(obj, date)| obj.holder(Some(date))))
     }
 
@@ -390,14 +392,12 @@ impl LockBackend for GcsBackend {
     /// each item with its metadata: one request per 1000 objects stored under the prefix,
     /// held or not (expired objects nobody deleted count too).
     async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
-        let result = self.try_list(prefix).await;
-        result.map_err(|e| e.with_backend("gcs"))
+        self.try_list(prefix).await
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let object = self.config().object_name(name)?;
-        let result = self.try_break(&object).await;
-        result.map_err(|e| e.with_backend("gcs").with_lock(name))
+        self.try_break(&object).await
     }
 
     /// One object GET of a name no lock uses (`prefix + ".anylock-clock"`): every reply,
@@ -413,79 +413,13 @@ impl LockBackend for GcsBackend {
     /// handshake for the version and cipher (verified against the OS trust store, as
     /// reqwest does).
     async fn connection_security(&self) -> Result<Vec<lockcore::ConnectionSecurity>> {
-        let endpoint = url::Url::parse(self.config().endpoint())
-            .map_err(|e| Error::invalid_input(format!("bad GCS endpoint: {e}")))?;
-        let host = endpoint.host_str().unwrap_or_default().to_owned();
-        let port = endpoint.port_or_known_default().unwrap_or(443);
-        let transport = if endpoint.scheme() == "https" {
-            lockcore::Transport::Tls(tls_details(&host, port, self.config().timeout()).await)
-        } else {
-            lockcore::Transport::Plaintext
-        };
-        let report = lockcore::ConnectionSecurity::new(format!("{host}:{port}"), transport);
-        Ok(vec![match identity(self.config().auth()) {
-            Some(identity) => report.with_identity(identity),
-            None => report,
-        }])
+        crate::security::report(self.config()).await
     }
-}
-
-/// Who GCS knows us as, in words that name no secret.
-fn identity(auth: &crate::GcsAuth) -> Option<String> {
-    match auth {
-        crate::GcsAuth::None => None,
-        crate::GcsAuth::AccessToken(_) => Some("an OAuth access token (bearer)".to_owned()),
-        crate::GcsAuth::Google => Some("Google application-default credentials".to_owned()),
-        crate::GcsAuth::ServiceAccountKey(path) => Some(format!(
-            "the credentials in {} (a service-account key or workload identity federation; \
-             OAuth)",
-            path.display()
-        )),
-        crate::GcsAuth::TokenCommand(_) => {
-            Some("an OAuth access token from GCS_TOKEN_COMMAND (bearer, renewed)".to_owned())
-        }
-    }
-}
-
-#[cfg(feature = "tls")]
-async fn tls_details(host: &str, port: u16, timeout: std::time::Duration) -> lockcore::TlsDetails {
-    let details = lockcore::TlsDetails::new(lockcore::Verification::Full, false)
-        .with_roots("the OS trust store");
-    let config = anylock_tls::TlsFiles::default()
-        .load()
-        .and_then(|m| anylock_tls::client_config(&m, lockcore::Verification::Full));
-    let Ok(config) = config else { return details };
-    match anylock_tls::probe(
-        host,
-        port,
-        host,
-        config,
-        anylock_tls::Preamble::None,
-        timeout,
-    )
-    .await
-    {
-        Ok(n) => details.with_negotiated(Some(n.version), Some(n.cipher)),
-        Err(_) => details,
-    }
-}
-
-#[cfg(not(feature = "tls"))]
-async fn tls_details(_: &str, _: u16, _: std::time::Duration) -> lockcore::TlsDetails {
-    lockcore::TlsDetails::new(lockcore::Verification::Full, false)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn identities_name_no_secret() {
-        let token = crate::GcsAuth::AccessToken("ya29.secret-token".to_owned());
-        let said = identity(&token).expect("a bearer token is an identity");
-        assert!(!said.contains("secret-token"), "{said}");
-        assert_eq!(identity(&crate::GcsAuth::None), None);
-    }
 
     #[test]
     fn options_must_respect_the_mutation_rate() {

@@ -1,5 +1,4 @@
-//! The GCS JSON API calls the lock makes, and the one place that maps their failures to
-//! lockcore errors.
+//! The GCS JSON API calls the lock makes; their failures are mapped by [`crate::error`].
 
 use std::time::SystemTime;
 
@@ -10,6 +9,8 @@ use serde_json::{Value, json};
 
 use crate::auth::Authorizer;
 use crate::config::GcsConfig;
+use crate::error::{Call, Failure, malformed_json, map_error, no_bucket, protocol};
+use crate::http::{http_client, is_loopback};
 use crate::object::LockObject;
 
 /// Characters left unescaped in a path segment (RFC 3986 unreserved).
@@ -20,13 +21,6 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'~');
 
 const BOUNDARY: &str = "anylock-gcs-boundary-7c1f";
-
-/// Whether a call may have changed the object (decides timeout → outcome unknown).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Call {
-    Read,
-    Write,
-}
 
 /// A call's outcome when the status is one the lock logic decides on itself.
 #[derive(Debug)]
@@ -80,24 +74,6 @@ pub(crate) struct GcsClient {
     http: reqwest::Client,
     config: GcsConfig,
     auth: std::sync::Arc<Authorizer>,
-}
-
-/// `builder` with every request and connect bounded by `timeout`: the one way this crate
-/// builds an HTTP client (storage calls, and token sources with redirects off).
-pub(crate) fn http_client(
-    builder: reqwest::ClientBuilder,
-    timeout: std::time::Duration,
-) -> Result<reqwest::Client> {
-    builder
-        .timeout(timeout)
-        .connect_timeout(timeout)
-        .build()
-        .map_err(|e| {
-            Error::new(
-                ErrorKind::Config,
-                format!("cannot build the HTTP client: {e}"),
-            )
-        })
 }
 
 impl GcsClient {
@@ -212,12 +188,7 @@ impl GcsClient {
         let response = self.exchange(self.http.get(url), Call::Read).await?;
         let date = date_of(&response);
         match response.status() {
-            StatusCode::NOT_FOUND => {
-                return Err(Error::new(
-                    ErrorKind::Config,
-                    "the GCS bucket does not exist",
-                ));
-            }
+            StatusCode::NOT_FOUND => return Err(no_bucket()),
             s if s.is_success() => {}
             s => return Err(map_error(Failure::Status(s.as_u16()), Call::Read)),
         }
@@ -311,20 +282,19 @@ pub(crate) struct ListPage {
 
 impl ListPage {
     fn parse(body: &[u8], date: Option<SystemTime>) -> Result<Self> {
-        let protocol = |what: String| Error::new(ErrorKind::Protocol, what);
         let mut value: Value = serde_json::from_slice(body)
-            .map_err(|e| protocol(format!("GCS answered a list with malformed JSON: {e}")))?;
+            .map_err(|e| malformed_json("a list with malformed JSON", &e))?;
         let items = match value.get_mut("items").map(Value::take) {
             None | Some(Value::Null) => Vec::new(),
             Some(Value::Array(items)) => items,
-            Some(_) => return Err(protocol("the list reply's `items` is not an array".into())),
+            Some(_) => return Err(protocol("the list reply's `items` is not an array")),
         };
         let next_page_token = value
             .get("nextPageToken")
             .and_then(Value::as_str)
             .filter(|t| !t.is_empty())
             .map(str::to_owned);
-        let date = date.ok_or_else(|| protocol("GCS sent no Date header".into()))?;
+        let date = date.ok_or_else(|| protocol("GCS sent no Date header"))?;
         Ok(Self {
             items,
             next_page_token,
@@ -339,12 +309,7 @@ fn parse_object(body: &[u8]) -> Result<Option<LockObject>> {
     let value: Value = match serde_json::from_slice(body) {
         Ok(value) => value,
         Err(_) if body.is_empty() => return Ok(None),
-        Err(e) => {
-            return Err(Error::new(
-                ErrorKind::Protocol,
-                format!("GCS answered malformed JSON: {e}"),
-            ));
-        }
+        Err(e) => return Err(malformed_json("malformed JSON", &e)),
     };
     if value.get("generation").is_none() {
         return Ok(None);
@@ -356,62 +321,6 @@ fn segment(text: &str) -> String {
     utf8_percent_encode(text, SEGMENT).to_string()
 }
 
-/// What failed: an HTTP status the lock logic does not handle itself, or the transport.
-#[derive(Debug)]
-pub(crate) enum Failure {
-    Status(u16),
-    Transport(reqwest::Error),
-}
-
-/// The one mapping from GCS failures to lockcore errors.
-///
-/// | failure | kind | retry |
-/// |---|---|---|
-/// | 400 | `InvalidInput` | permanent |
-/// | 401, 403 | `PermissionDenied` | permanent |
-/// | 408, 429, 5xx | `Unavailable` | temporary |
-/// | other status | `Protocol` | permanent |
-///
-/// 404 and 412 never get here: `send` answers them as `Reply::NotFound` and
-/// `Reply::PreconditionFailed`, and the lock logic decides (a missing bucket is noticed
-/// by the insert, which has no other reason to see 404).
-/// | connect error | `Unavailable` | temporary |
-/// | timeout or broken reply on a write | `OutcomeUnknown` | temporary |
-/// | timeout or broken reply on a read | `Unavailable` | temporary |
-pub(crate) fn map_error(failure: Failure, call: Call) -> Error {
-    let error = match failure {
-        Failure::Status(400) => Error::invalid_input("GCS rejected the request as invalid (400)"),
-        Failure::Status(code @ (401 | 403)) => Error::new(
-            ErrorKind::PermissionDenied,
-            format!("GCS refused the credentials ({code}); check the token and bucket IAM"),
-        ),
-        Failure::Status(code @ (408 | 429 | 500..=599)) => {
-            Error::unavailable(format!("GCS answered {code}; retry later"))
-        }
-        Failure::Status(code) => Error::new(
-            ErrorKind::Protocol,
-            format!("GCS answered unexpected status {code}"),
-        ),
-        Failure::Transport(e) if e.is_connect() => {
-            Error::unavailable("cannot connect to GCS").with_source(e.without_url())
-        }
-        Failure::Transport(e) => {
-            let what = if e.is_timeout() {
-                "timed out"
-            } else {
-                "failed"
-            };
-            let kind = match call {
-                Call::Write => ErrorKind::OutcomeUnknown,
-                Call::Read => ErrorKind::Unavailable,
-            };
-            Error::new(kind, format!("the GCS request {what}")).with_source(e.without_url())
-        }
-    };
-    let status = error.kind().default_status();
-    error.with_backend("gcs").with_status(status)
-}
-
 /// Credentials travel only over https, or plain http to this machine (emulators and test
 /// servers): a token sent in clear to another host could be read and replayed.
 fn refuse_credentials_in_clear(config: &GcsConfig) -> Result<()> {
@@ -421,7 +330,7 @@ fn refuse_credentials_in_clear(config: &GcsConfig) -> Result<()> {
     let Ok(endpoint) = url::Url::parse(config.endpoint()) else {
         return Ok(());
     };
-    if endpoint.scheme() == "http" && !crate::config::is_loopback(&endpoint) {
+    if endpoint.scheme() == "http" && !is_loopback(&endpoint) {
         return Err(Error::new(
             ErrorKind::Config,
             "GCS credentials would be sent unencrypted: the endpoint is plain http to \
@@ -434,7 +343,6 @@ fn refuse_credentials_in_clear(config: &GcsConfig) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lockcore::RetryStatus;
 
     #[test]
     fn credentials_never_travel_in_clear_to_another_machine() {
@@ -452,23 +360,6 @@ mod tests {
         GcsClient::new(config("http://[::1]:4443", token())).expect("loopback");
         GcsClient::new(config("http://192.0.2.1:80", crate::GcsAuth::None)).expect("no auth");
         GcsClient::new(config("https://storage.example", token())).expect("https");
-    }
-
-    #[test]
-    fn statuses_map_to_kinds_and_retry() {
-        let cases = [
-            (400, ErrorKind::InvalidInput, RetryStatus::Permanent),
-            (401, ErrorKind::PermissionDenied, RetryStatus::Permanent),
-            (403, ErrorKind::PermissionDenied, RetryStatus::Permanent),
-            (408, ErrorKind::Unavailable, RetryStatus::Temporary),
-            (429, ErrorKind::Unavailable, RetryStatus::Temporary),
-            (503, ErrorKind::Unavailable, RetryStatus::Temporary),
-            (302, ErrorKind::Protocol, RetryStatus::Permanent),
-        ];
-        for (code, kind, status) in cases {
-            let error = map_error(Failure::Status(code), Call::Write);
-            assert_eq!((error.kind(), error.status()), (kind, status), "{code}");
-        }
     }
 
     #[test]

@@ -3,6 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
+use lockcore::url::Query;
 use lockcore::{Error, LockName, Result};
 
 use crate::auth::GcsAuth;
@@ -20,6 +21,8 @@ pub const TOKEN_ENV: &str = "GCS_ACCESS_TOKEN";
 /// Environment variable holding a shell command that prints a bearer token, run again to
 /// renew it ([`GcsAuth::TokenCommand`]).
 pub const TOKEN_COMMAND_ENV: &str = "GCS_TOKEN_COMMAND";
+/// The URL parameters [`GcsConfig::from_url`] reads.
+const KNOWN_PARAMS: &[&str] = &["endpoint", "auth", "credentials", "timeout_ms"];
 /// The shortest refresh interval real GCS sustains: about one mutation per second per
 /// object.
 pub const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
@@ -101,27 +104,28 @@ impl GcsConfig {
                  credentials=PATH",
             ));
         }
-        let prefix = percent_encoding::percent_decode_str(prefix)
-            .decode_utf8()
-            .map_err(|_| Error::invalid_input("the prefix is not UTF-8"))?;
+        let prefix = lockcore::url::percent_decode(prefix, "prefix")?;
         let mut config = Self::new(bucket)?.with_prefix(prefix)?;
-        let mut auth = None;
-        for (key, value) in url::form_urlencoded::parse(query.as_bytes()) {
-            match &*key {
-                "endpoint" => config = config.with_endpoint(&value)?,
-                "timeout_ms" => config = config.with_timeout(parse_timeout(&value)?),
-                "auth" => auth = Some(parse_auth(&value)?),
-                "credentials" if !value.is_empty() => {
-                    auth = Some(GcsAuth::ServiceAccountKey(value.into_owned().into()));
-                }
-                other => {
-                    return Err(Error::invalid_input(format!(
-                        "unknown or empty GCS URL parameter {other:?} (known: endpoint, auth, \
-                         credentials, timeout_ms)"
-                    )));
-                }
-            }
+        let mut query = Query::parse("gcs", query)?;
+        if let Some(endpoint) = query.take("endpoint") {
+            config = config.with_endpoint(&endpoint)?;
         }
+        if let Some(timeout) = query.take_millis("timeout_ms")? {
+            config = config.with_timeout(timeout);
+        }
+        let mut auth = query
+            .take("auth")
+            .map(|mode| parse_auth(&mode))
+            .transpose()?;
+        if let Some(path) = query.take("credentials") {
+            if path.is_empty() {
+                return Err(Error::invalid_input(
+                    "the gcs URL parameter `credentials` must be a file path",
+                ));
+            }
+            auth = Some(GcsAuth::ServiceAccountKey(path.into()));
+        }
+        query.finish(KNOWN_PARAMS)?;
         Ok(match auth {
             Some(auth) => config.with_auth(auth),
             None => config,
@@ -239,15 +243,6 @@ impl GcsConfig {
     }
 }
 
-fn parse_timeout(value: &str) -> Result<Duration> {
-    match value.parse::<u64>() {
-        Ok(ms) if ms > 0 => Ok(Duration::from_millis(ms)),
-        _ => Err(Error::invalid_input(
-            "timeout_ms must be a positive integer",
-        )),
-    }
-}
-
 fn parse_auth(value: &str) -> Result<GcsAuth> {
     match value {
         "none" => Ok(GcsAuth::None),
@@ -262,10 +257,10 @@ fn parse_auth(value: &str) -> Result<GcsAuth> {
                 "auth=command needs {TOKEN_COMMAND_ENV} set to a command that prints a token"
             ))
         }),
-        other => Err(Error::invalid_input(format!(
-            "unknown GCS auth mode {other:?} (known: none, google, token, command; or \
-             credentials=PATH)"
-        ))),
+        _ => Err(Error::invalid_input(
+            "the gcs URL parameter `auth` must be none, google, token or command (or give \
+             credentials=PATH)",
+        )),
     }
 }
 
@@ -345,17 +340,6 @@ impl fmt::Debug for GcsConfig {
             .field("auth", &self.auth)
             .field("min_refresh", &self.min_refresh)
             .finish()
-    }
-}
-
-/// Whether `url` names this machine (`localhost`, 127.0.0.0/8, ::1): the only place
-/// credentials may travel over plain http.
-pub(crate) fn is_loopback(url: &url::Url) -> bool {
-    match url.host() {
-        Some(url::Host::Domain(host)) => host == "localhost",
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => false,
     }
 }
 

@@ -15,8 +15,8 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
 use url::Url;
 
-use crate::auth::STORAGE_SCOPE;
-use crate::renew::{Fresh, scrub, shorten};
+use crate::error::{broken_reply, missing_fields, refused, unreachable};
+use crate::token::{Fresh, STORAGE_SCOPE};
 
 const DEFAULT_TOKEN_URL: &str = "https://sts.googleapis.com/v1/token";
 const TOKEN_EXCHANGE: &str = "urn:ietf:params:oauth:grant-type:token-exchange";
@@ -186,7 +186,7 @@ impl ExternalAccount {
                 token: token.to_owned(),
                 life: Duration::from_secs(life),
             }),
-            _ => Err(protocol(
+            _ => Err(missing_fields(
                 "the STS token exchange",
                 "access_token and expires_in",
             )),
@@ -223,7 +223,7 @@ async fn impersonate(
                 .unwrap_or_default()
                 .min(Duration::from_secs(lifetime)),
         }),
-        _ => Err(protocol(
+        _ => Err(missing_fields(
             "generateAccessToken",
             "accessToken and expireTime",
         )),
@@ -231,59 +231,19 @@ async fn impersonate(
 }
 
 /// The body of a 2xx reply; a classified error naming `what` otherwise, its server
-/// message shortened and scrubbed of `secrets`.
+/// message shortened and scrubbed of `secrets` ([`refused`]).
 async fn answer(
     reply: reqwest::Result<reqwest::Response>,
     what: &str,
     secrets: &[&str],
 ) -> Result<Vec<u8>> {
-    let response = reply.map_err(|e| {
-        Error::unavailable(format!("{what} failed: cannot reach the endpoint"))
-            .with_source(e.without_url())
-    })?;
+    let response = reply.map_err(|e| unreachable(what, e))?;
     let status = response.status();
-    let body = response.bytes().await.map_err(|e| {
-        Error::unavailable(format!("{what} failed: broken reply")).with_source(e.without_url())
-    })?;
+    let body = response.bytes().await.map_err(|e| broken_reply(what, e))?;
     if status.is_success() {
         return Ok(body.to_vec());
     }
-    let detail = scrub(&shorten(&server_message(&body), 300), secrets);
-    let kind = match status.as_u16() {
-        408 | 429 | 500..=599 => ErrorKind::Unavailable,
-        400..=499 => ErrorKind::PermissionDenied,
-        _ => ErrorKind::Protocol,
-    };
-    Err(Error::new(
-        kind,
-        format!("{what} was refused ({status}): {detail}"),
-    ))
-}
-
-/// The error text of an OAuth2 (`error`, `error_description`) or Google API
-/// (`error.status`, `error.message`) reply.
-fn server_message(body: &[u8]) -> String {
-    let value: Value = serde_json::from_slice(body).unwrap_or_default();
-    let text = |v: &Value, key: &str| v.get(key).and_then(Value::as_str).map(str::to_owned);
-    match value.get("error") {
-        Some(Value::String(code)) => match text(&value, "error_description") {
-            Some(description) => format!("{code}: {description}"),
-            None => code.clone(),
-        },
-        Some(error @ Value::Object(_)) => format!(
-            "{}: {}",
-            text(error, "status").unwrap_or_default(),
-            text(error, "message").unwrap_or_default()
-        ),
-        _ => "no error details".to_owned(),
-    }
-}
-
-fn protocol(what: &str, fields: &str) -> Error {
-    Error::new(
-        ErrorKind::Protocol,
-        format!("{what} answered without {fields}"),
-    )
+    Err(refused(what, status, &body, secrets))
 }
 
 /// Field readers whose errors name the file and the field, never a value.
@@ -329,7 +289,7 @@ impl<'a> Fields<'a> {
         let url = Url::parse(text).map_err(|_| self.error(field, "is not a URL"))?;
         match url.scheme() {
             "https" => Ok(url),
-            "http" if crate::config::is_loopback(&url) => Ok(url),
+            "http" if crate::http::is_loopback(&url) => Ok(url),
             "http" => Err(self.error(
                 field,
                 "is plain http to a host that is not loopback; use https (a token must not \
@@ -520,14 +480,5 @@ mod tests {
             let parsed = ExternalAccount::parse(Path::new("f"), &file(value));
             assert_eq!(parsed.is_ok(), ok, "{url}");
         }
-    }
-
-    #[test]
-    fn server_messages_of_both_shapes() {
-        let oauth = br#"{"error":"invalid_target","error_description":"no such pool"}"#;
-        assert_eq!(server_message(oauth), "invalid_target: no such pool");
-        let google = br#"{"error":{"code":403,"status":"PERMISSION_DENIED","message":"denied"}}"#;
-        assert_eq!(server_message(google), "PERMISSION_DENIED: denied");
-        assert_eq!(server_message(b"<html>"), "no error details");
     }
 }

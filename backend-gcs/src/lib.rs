@@ -32,7 +32,7 @@
 //! use lockcore::Locker;
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), lockcore::Error> {
-//! let backend = GcsBackend::from_url("gs://my-locks/app/")?;
+//! let backend = GcsBackend::from_url("gs://my-locks/app/").await?;
 //! let options = backend_gcs::default_options(); // TTL 5 min, refresh every 37 s
 //! let locker = Locker::new(Arc::new(backend)).with_options(options);
 //! let guard = locker.acquire("nightly-report").await?;
@@ -45,32 +45,38 @@ mod auth;
 mod backend;
 mod client;
 mod config;
+mod error;
 #[cfg(feature = "auth")]
 mod external_account;
+mod http;
 mod object;
 #[cfg(test)]
 mod prop_tests;
 mod renew;
+mod security;
+mod token;
 mod token_command;
 
-pub use auth::{GcsAuth, STORAGE_SCOPE};
+pub use auth::GcsAuth;
 pub use backend::{GcsBackend, default_options, guarantees, validate_options};
 pub use config::{
     DEFAULT_ENDPOINT, DEFAULT_TIMEOUT, EMULATOR_ENV, GcsConfig, MAX_OBJECT_NAME_LEN,
     MIN_REFRESH_INTERVAL, TOKEN_COMMAND_ENV, TOKEN_ENV,
 };
 pub use lockcore;
+pub use token::STORAGE_SCOPE;
 pub use token_command::PLAIN_TOKEN_LIFE;
 
 /// The URL schemes this crate opens.
 pub const SCHEMES: &[&str] = &["gs"];
 
-/// Opens the backend `url` names ([`GcsBackend::from_url`]). No request is made: the
-/// first lock call authenticates and reaches the bucket. Async so that every backend
-/// crate's `open` has the same shape.
+/// Opens the backend `url` names ([`GcsConfig::from_url`], then [`GcsConfig::build`]).
+/// No request is made: the first lock call authenticates and reaches the bucket.
 ///
 /// # Errors
-/// As [`GcsBackend::from_url`].
+/// As [`GcsConfig::from_url`] and [`GcsBackend::connect`].
 pub async fn open(url: &str) -> lockcore::Result<std::sync::Arc<dyn lockcore::LockBackend>> {
-    Ok(std::sync::Arc::new(GcsBackend::from_url(url)?))
+    Ok(std::sync::Arc::new(
+        GcsConfig::from_url(url)?.build().await?,
+    ))
 }

@@ -6,6 +6,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use lockcore::{Error, FenceToken, HolderInfo, Identity, Note, Result, Ttl};
 use serde_json::{Map, Value, json};
 
+use crate::error::protocol;
+
 /// Metadata key holding the owner's identity.
 pub(crate) const KEY_IDENTITY: &str = "identity";
 /// Metadata key holding the TTL in milliseconds (staleness is `updated + ttl_ms`).
@@ -154,10 +156,6 @@ fn number(value: &Value, field: &str) -> Result<u64> {
             other => other.as_u64(),
         })
         .ok_or_else(|| protocol(format!("the object resource has no valid `{field}`")))
-}
-
-fn protocol(message: impl Into<std::borrow::Cow<'static, str>>) -> Error {
-    Error::new(lockcore::ErrorKind::Protocol, message)
 }
 
 /// Parses RFC 3339 UTC timestamps as GCS and emulators write them:

@@ -8,17 +8,13 @@ use std::time::{Duration, Instant};
 use lockcore::Result;
 use tokio::sync::Mutex;
 
+use crate::token::Fresh;
+
 /// The most a token is renewed ahead of its expiry: a quarter of its life, at most this.
 const MAX_RENEW_MARGIN: Duration = Duration::from_secs(300);
 /// The longest life a token is trusted for, whatever its issuer says (Google's access
 /// tokens live at most 12 hours).
 const MAX_TOKEN_LIFE: Duration = Duration::from_secs(12 * 3600);
-
-/// A token and how long it lives, counted from when its request was sent.
-pub(crate) struct Fresh {
-    pub(crate) token: String,
-    pub(crate) life: Duration,
-}
 
 /// Where a renewable token comes from.
 pub(crate) enum Source {
@@ -156,38 +152,5 @@ impl Inner {
             expires_at: sent + life,
         });
         Ok(fresh.token)
-    }
-}
-
-/// `text` with every occurrence of each secret replaced by `***`.
-#[cfg_attr(not(feature = "auth"), allow(dead_code))]
-pub(crate) fn scrub(text: &str, secrets: &[&str]) -> String {
-    secrets
-        .iter()
-        .filter(|s| s.len() >= 4)
-        .fold(text.to_owned(), |text, secret| text.replace(secret, "***"))
-}
-
-/// At most `max` bytes of `text`, cut at a character boundary, `…` marking a cut.
-pub(crate) fn shorten(text: &str, max: usize) -> String {
-    if text.len() <= max {
-        return text.to_owned();
-    }
-    let mut end = max;
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    format!("{}…", &text[..end])
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn scrub_and_shorten() {
-        assert_eq!(scrub("a s3cret b", &["s3cret", ""]), "a *** b");
-        assert_eq!(shorten("héllo", 2), "h…");
-        assert_eq!(shorten("ok", 5), "ok");
     }
 }

@@ -14,7 +14,8 @@ use std::time::Duration;
 use lockcore::{Error, ErrorKind, Result};
 use serde_json::Value;
 
-use crate::renew::{Fresh, shorten};
+use crate::error::shorten;
+use crate::token::Fresh;
 
 /// How long a token printed as plain text is used before the command runs again.
 pub const PLAIN_TOKEN_LIFE: Duration = Duration::from_secs(300);

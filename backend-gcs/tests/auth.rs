@@ -50,13 +50,13 @@ fn key_with(gcs: &Gcs, field: &str, value: &str) -> String {
     key.to_string()
 }
 
-fn backend_with(gcs: &Gcs, auth: GcsAuth) -> lockcore::Result<GcsBackend> {
+async fn backend_with(gcs: &Gcs, auth: GcsAuth) -> lockcore::Result<GcsBackend> {
     let config = GcsConfig::new(&gcs.bucket)?
         .with_endpoint(&gcs.server.url())?
         .with_prefix(&gcs.prefix)?
         .with_timeout(Duration::from_secs(5))
         .with_auth(auth);
-    GcsBackend::new(config)
+    GcsBackend::connect(config).await
 }
 
 fn locker(backend: GcsBackend) -> Locker {
@@ -71,7 +71,11 @@ async fn a_service_account_key_authenticates_every_call() {
     gcs.server.require_auth();
     let scratch = Scratch::new("sa");
     let path = key_file(&scratch.0, &gcs.server.service_account_key_json());
-    let locker = locker(backend_with(&gcs, GcsAuth::ServiceAccountKey(path)).expect("key"));
+    let locker = locker(
+        backend_with(&gcs, GcsAuth::ServiceAccountKey(path))
+            .await
+            .expect("key"),
+    );
     for _ in 0..3 {
         let guard = locker.acquire("with-auth").await.expect("authorised");
         guard.release().await.expect("released");
@@ -87,7 +91,7 @@ async fn a_service_account_key_authenticates_every_call() {
 async fn no_credentials_is_permission_denied_at_once() {
     let gcs = Gcs::start().await;
     gcs.server.require_auth();
-    let locker = locker(backend_with(&gcs, GcsAuth::None).expect("config"));
+    let locker = locker(backend_with(&gcs, GcsAuth::None).await.expect("config"));
     let err = locker.acquire("anonymous").await.expect_err("401");
     assert_eq!(err.kind(), ErrorKind::PermissionDenied);
     assert_eq!(err.status(), RetryStatus::Permanent);
@@ -102,8 +106,11 @@ async fn a_static_token_is_sent_as_given_and_never_echoed() {
     let gcs = Gcs::start().await;
     gcs.server.require_auth();
     gcs.server.allow_token("ya29.granted-token");
-    let good =
-        locker(backend_with(&gcs, GcsAuth::AccessToken("ya29.granted-token".into())).expect("ok"));
+    let good = locker(
+        backend_with(&gcs, GcsAuth::AccessToken("ya29.granted-token".into()))
+            .await
+            .expect("ok"),
+    );
     good.acquire("static")
         .await
         .expect("granted token")
@@ -111,7 +118,7 @@ async fn a_static_token_is_sent_as_given_and_never_echoed() {
         .await
         .expect("released");
     let wrong = GcsAuth::AccessToken("ya29.wrong-s3cret".into());
-    let err = locker(backend_with(&gcs, wrong).expect("ok"))
+    let err = locker(backend_with(&gcs, wrong).await.expect("ok"))
         .acquire("static")
         .await
         .expect_err("refused");
@@ -127,13 +134,17 @@ async fn a_broken_key_file_fails_at_construction_without_echoing_it() {
     let scratch = Scratch::new("broken");
     let pem = "-----BEGIN PRIVATE KEY-----\nS3CRETMATERIAL\n-----END PRIVATE KEY-----\n";
     let path = key_file(&scratch.0, &key_with(&gcs, "private_key", pem));
-    let err = backend_with(&gcs, GcsAuth::ServiceAccountKey(path.clone())).expect_err("bad key");
+    let err = backend_with(&gcs, GcsAuth::ServiceAccountKey(path.clone()))
+        .await
+        .expect_err("bad key");
     assert_eq!(err.kind(), ErrorKind::Config);
     let text = format!("{err} {err:?}");
     assert!(text.contains(&path.display().to_string()), "{text}");
     assert!(!text.contains("S3CRETMATERIAL"), "{text}");
     std::fs::write(&path, "{ not json").expect("write");
-    let err = backend_with(&gcs, GcsAuth::ServiceAccountKey(path)).expect_err("not JSON");
+    let err = backend_with(&gcs, GcsAuth::ServiceAccountKey(path))
+        .await
+        .expect_err("not JSON");
     assert_eq!(err.kind(), ErrorKind::Config);
 }
 
@@ -148,7 +159,9 @@ async fn an_unreachable_token_endpoint_is_temporary_and_writes_nothing() {
     let uri = format!("http://{}/token", closed.local_addr().expect("addr"));
     drop(closed);
     let path = key_file(&scratch.0, &key_with(&gcs, "token_uri", &uri));
-    let backend = backend_with(&gcs, GcsAuth::ServiceAccountKey(path)).expect("key parses");
+    let backend = backend_with(&gcs, GcsAuth::ServiceAccountKey(path))
+        .await
+        .expect("key parses");
     let started = std::time::Instant::now();
     let err = locker(backend)
         .try_acquire("down")
@@ -181,7 +194,7 @@ async fn a_silent_token_endpoint_is_cut_off_by_the_request_timeout() {
         .expect("config")
         .with_timeout(Duration::from_millis(500))
         .with_auth(GcsAuth::ServiceAccountKey(path));
-    let backend = GcsBackend::new(config).expect("key parses");
+    let backend = GcsBackend::connect(config).await.expect("key parses");
     let started = std::time::Instant::now();
     let err = locker(backend)
         .try_acquire("silent")
@@ -200,7 +213,9 @@ async fn a_silent_token_endpoint_is_cut_off_by_the_request_timeout() {
 #[tokio::test]
 async fn the_locker_refuses_refreshes_faster_than_gcs_allows() {
     let gcs = Gcs::start().await;
-    let locker = Locker::new(Arc::new(backend_with(&gcs, GcsAuth::None).expect("ok")));
+    let locker = Locker::new(Arc::new(
+        backend_with(&gcs, GcsAuth::None).await.expect("ok"),
+    ));
     let fast = LockOptions::new(Duration::from_secs(3));
     let err = locker
         .acquire_with("fast", &fast)

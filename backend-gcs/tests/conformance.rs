@@ -30,7 +30,9 @@ impl GcsHarness {
     async fn start() -> Self {
         let gcs = Gcs::start().await;
         let main_proxy = FaultProxy::start(gcs.server.addr()).await.expect("proxy");
-        let backend = gcs.backend_at(&format!("http://{}", main_proxy.local_addr()));
+        let backend = gcs
+            .backend_at(&format!("http://{}", main_proxy.local_addr()))
+            .await;
         Self {
             gcs,
             main_proxy,
@@ -73,7 +75,8 @@ impl Harness for GcsHarness {
             .expect("proxy");
         let backend = self
             .gcs
-            .backend_at(&format!("http://{}", proxy.local_addr()));
+            .backend_at(&format!("http://{}", proxy.local_addr()))
+            .await;
         let outage = Arc::new(proxy.handle());
         self.proxies
             .lock()

@@ -35,7 +35,11 @@ async fn harness() -> Option<FakeGcsHarness> {
         .as_nanos();
     let bucket = format!("anylock-fake-{nanos}");
     // Building a backend first installs the rustls provider a plain reqwest client needs.
-    drop(GcsBackend::from_url("gs://provider-warmup").expect("backend"));
+    drop(
+        GcsBackend::from_url("gs://provider-warmup")
+            .await
+            .expect("backend"),
+    );
     let created = reqwest::Client::new()
         .post(format!("{url}/storage/v1/b"))
         .json(&serde_json::json!({ "name": bucket }))
@@ -48,7 +52,7 @@ async fn harness() -> Option<FakeGcsHarness> {
         created.status()
     );
     let objects = Bucket::new(&url, &bucket, "locks/");
-    let backend = objects.backend();
+    let backend = objects.backend().await;
     Some(FakeGcsHarness {
         objects,
         backend,

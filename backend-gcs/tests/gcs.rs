@@ -39,7 +39,7 @@ async fn grant(backend: &GcsBackend, lock: &str, ttl: Duration) -> Lease {
 #[tokio::test]
 async fn an_uncontended_cycle_is_two_api_calls() {
     let gcs = Gcs::start().await;
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     gcs.server.clear_requests();
     let lease = grant(&backend, "cycle", Duration::from_secs(30)).await;
     backend.release(&lease).await.expect("release");
@@ -60,7 +60,7 @@ async fn an_uncontended_cycle_is_two_api_calls() {
 #[tokio::test]
 async fn writes_carry_their_preconditions() {
     let gcs = Gcs::start().await;
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     let lease = grant(&backend, "pre", Duration::from_secs(30)).await;
     let lease = backend.refresh(&lease).await.expect("refresh");
     backend.release(&lease).await.expect("release");
@@ -86,7 +86,7 @@ async fn a_fresh_lock_is_held_whatever_the_client_clock_says() {
     let gcs = Gcs::start().await;
     gcs.server
         .set_clock_offset(ClockOffset::Behind(Duration::from_secs(3600)));
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     let holder = grant(&backend, "skew", Duration::from_secs(5)).await;
     match take(
         &backend,
@@ -120,7 +120,7 @@ async fn a_fresh_lock_is_held_whatever_the_client_clock_says() {
 #[tokio::test]
 async fn a_lock_stale_on_the_server_clock_is_taken_over() {
     let gcs = Gcs::start().await;
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     let old = grant(&backend, "stale", Duration::from_secs(60)).await;
     gcs.server
         .set_clock_offset(ClockOffset::Ahead(Duration::from_secs(3600)));
@@ -143,7 +143,7 @@ async fn a_lock_stale_on_the_server_clock_is_taken_over() {
 #[tokio::test]
 async fn the_same_identity_retakes_at_once() {
     let gcs = Gcs::start().await;
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     let owner = Identity::unique();
     let Acquire::Acquired(first) = take(&backend, "retake", &owner, Duration::from_secs(60)).await
     else {
@@ -161,7 +161,7 @@ async fn the_same_identity_retakes_at_once() {
 #[tokio::test]
 async fn a_refresh_after_a_lost_reply_recovers() {
     let gcs = Gcs::start().await;
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     let lease = grant(&backend, "lost-reply", Duration::from_secs(30)).await;
     gcs.raw_patch("lost-reply", json!({"expires": "later"}))
         .await;
@@ -190,7 +190,7 @@ async fn server_expiry(gcs: &Gcs, lock: &str) -> SystemTime {
 #[tokio::test]
 async fn a_recovered_refresh_never_reports_more_than_the_server_grants() {
     let gcs = Gcs::start().await;
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     let lease = grant(&backend, "lost-ttl", Duration::from_secs(30)).await;
     gcs.server.inject(Fault::LoseReplies { count: 1 });
     let lost = backend
@@ -219,7 +219,7 @@ async fn a_guard_after_a_lost_refresh_reply_never_outlives_the_server_lease() {
     let options = LockOptions::new(Duration::from_secs(8))
         .with_refresh_interval(Duration::from_millis(1500))
         .with_max_refresh_failures(2);
-    let locker = Locker::new(Arc::new(gcs.backend())).with_options(options);
+    let locker = Locker::new(Arc::new(gcs.backend().await)).with_options(options);
     let guard = locker.acquire("lost-guard").await.expect("acquire");
     gcs.server.clear_requests();
     gcs.server.inject(Fault::LoseReplies { count: 1 });
@@ -250,7 +250,7 @@ async fn a_guard_after_a_lost_refresh_reply_never_outlives_the_server_lease() {
 #[tokio::test]
 async fn release_after_a_lost_refresh_reply_removes_the_lock() {
     let gcs = Gcs::start().await;
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     let lease = grant(&backend, "lost-release", Duration::from_secs(30)).await;
     gcs.server.inject(Fault::LoseReplies { count: 1 });
     let lost = backend
@@ -270,7 +270,7 @@ async fn release_after_a_lost_refresh_reply_removes_the_lock() {
 #[tokio::test]
 async fn release_after_a_lost_reply_spares_a_new_holder() {
     let gcs = Gcs::start().await;
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     let lease = grant(&backend, "lost-spare", Duration::from_secs(30)).await;
     gcs.server.inject(Fault::LoseReplies { count: 1 });
     backend
@@ -293,7 +293,7 @@ async fn release_after_a_lost_reply_spares_a_new_holder() {
 #[tokio::test]
 async fn a_refresh_never_overwrites_a_changed_owner() {
     let gcs = Gcs::start().await;
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     let lease = grant(&backend, "intruder", Duration::from_secs(30)).await;
     gcs.raw_patch("intruder", json!({"identity": "intruder"}))
         .await;
@@ -313,7 +313,7 @@ async fn server_errors_degrade_then_recover() {
     let options = LockOptions::new(Duration::from_secs(4))
         .with_refresh_interval(Duration::from_millis(200))
         .with_max_refresh_failures(10);
-    let locker = Locker::new(Arc::new(gcs.backend())).with_options(options);
+    let locker = Locker::new(Arc::new(gcs.backend().await)).with_options(options);
     let guard = locker.acquire("burst").await.expect("acquire");
     let mut health = guard.health();
     gcs.server.inject(Fault::ServerErrors { count: 2 });
@@ -337,7 +337,7 @@ async fn server_errors_degrade_then_recover() {
 async fn rate_limited_refresh_is_temporary() {
     let gcs = Gcs::start().await;
     gcs.server.inject(Fault::gcs_rate_limit());
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     let lease = grant(&backend, "rate", Duration::from_secs(30)).await;
     let err = backend.refresh(&lease).await.expect_err("429 expected");
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
@@ -356,7 +356,7 @@ async fn bad_object_names_are_invalid_input() {
     let config = GcsConfig::new(&gcs.bucket)
         .and_then(|c| c.with_endpoint(&gcs.server.url()))
         .expect("config");
-    let backend = GcsBackend::new(config).expect("backend");
+    let backend = GcsBackend::connect(config).await.expect("backend");
     gcs.server.clear_requests();
     for bad in [".", "..", ".well-known/acme-challenge/token"] {
         let request = AcquireRequest::new(
@@ -381,7 +381,7 @@ async fn the_token_is_redacted() {
         .and_then(|c| c.with_endpoint(&gcs.server.url()))
         .expect("config")
         .with_access_token("ya29.s3cr3t-token");
-    let backend = GcsBackend::new(config.clone()).expect("backend");
+    let backend = GcsBackend::connect(config.clone()).await.expect("backend");
     gcs.server.inject(Fault::ServerErrors { count: 1 });
     let err = backend.inspect(&name("x")).await.expect_err("503");
     for text in [
@@ -403,6 +403,7 @@ async fn server_time_is_the_servers_clock() {
         .set_clock_offset(ClockOffset::Ahead(Duration::from_secs(3600)));
     let server = gcs
         .backend()
+        .await
         .server_time()
         .await
         .expect("call")
@@ -417,7 +418,7 @@ async fn server_time_is_the_servers_clock() {
 #[tokio::test]
 async fn break_lock_removes_the_holder() {
     let gcs = Gcs::start().await;
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     let lease = grant(&backend, "break", Duration::from_secs(30)).await;
     let broken = backend.break_lock(&name("break")).await.expect("break");
     assert_eq!(

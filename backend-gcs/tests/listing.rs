@@ -48,7 +48,7 @@ fn names(held: &[HeldLock]) -> Vec<&str> {
 #[tokio::test]
 async fn the_note_is_a_metadata_key_of_the_grant() {
     let gcs = Gcs::start().await;
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     gcs.server.clear_requests();
     let lease = grant(&backend, "noted", Some(note("deploy #7"))).await;
     let calls: Vec<_> = gcs
@@ -89,7 +89,7 @@ async fn the_note_is_a_metadata_key_of_the_grant() {
 #[tokio::test]
 async fn refresh_keeps_the_note_and_a_retake_replaces_it() {
     let gcs = Gcs::start().await;
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     let owner = Identity::unique();
     let Acquire::Acquired(lease) = take(&backend, "r", &owner, Some(note("first"))).await else {
         panic!("free name");
@@ -119,7 +119,7 @@ async fn refresh_keeps_the_note_and_a_retake_replaces_it() {
 #[tokio::test]
 async fn stored_notes_are_read_back_safely() {
     let gcs = Gcs::start().await;
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     let owner = Identity::unique();
     gcs.raw_put("old", &owner, Duration::from_secs(30)).await;
     let mut meta = json!({"identity": owner.as_str(), "ttl_ms": "30000"});
@@ -150,7 +150,7 @@ async fn stored_notes_are_read_back_safely() {
 #[tokio::test]
 async fn prefixes_round_trip_through_the_query_string() {
     let gcs = Gcs::start().await;
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     let locks = [
         "p%41", "pA", "a+b", "a b", "h#1", "h", "q&x=1", "q", "s%2Fx", "s/x", "ü*?[", "ü",
     ];
@@ -181,7 +181,7 @@ async fn prefixes_round_trip_through_the_query_string() {
 #[tokio::test]
 async fn list_follows_the_page_token_one_request_per_page() {
     let gcs = Gcs::start().await;
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     for i in 0..1001 {
         grant(&backend, &format!("many/{i:04}"), None).await;
     }
@@ -217,7 +217,7 @@ async fn list_follows_the_page_token_one_request_per_page() {
 #[tokio::test]
 async fn list_agrees_with_inspect_and_skips_what_is_no_lock() {
     let gcs = Gcs::start().await;
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     let lease = grant(&backend, "mine", Some(note("n"))).await;
     gcs.raw_put_metadata("foreign", json!({"purpose": "not a lock"}))
         .await;
@@ -249,7 +249,7 @@ async fn list_agrees_with_inspect_and_skips_what_is_no_lock() {
 #[tokio::test]
 async fn list_judges_expiry_on_the_server_clock() {
     let gcs = Gcs::start().await;
-    let backend = gcs.backend();
+    let backend = gcs.backend().await;
     grant(&backend, "timed", None).await;
     assert_eq!(names(&backend.list("").await.expect("list")), ["timed"]);
     gcs.server
@@ -271,7 +271,7 @@ async fn list_in_a_missing_bucket_is_a_config_error() {
     let config = GcsConfig::new("no-such-bucket")
         .and_then(|c| c.with_endpoint(&gcs.url))
         .expect("config");
-    let backend = GcsBackend::new(config).expect("backend");
+    let backend = GcsBackend::connect(config).await.expect("backend");
     let err = backend.list("").await.expect_err("no bucket");
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
 }

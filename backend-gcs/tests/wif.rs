@@ -51,14 +51,14 @@ impl Drop for Scratch {
     }
 }
 
-fn backend(gcs: &Gcs, auth: GcsAuth, timeout: Duration) -> lockcore::Result<GcsBackend> {
+async fn backend(gcs: &Gcs, auth: GcsAuth, timeout: Duration) -> lockcore::Result<GcsBackend> {
     let config = GcsConfig::new(&gcs.bucket)?
         .with_endpoint(&gcs.server.url())?
         .with_prefix(&gcs.prefix)?
         .with_timeout(timeout)
         .with_min_refresh_interval(Duration::from_millis(100))
         .with_auth(auth);
-    GcsBackend::new(config)
+    GcsBackend::connect(config).await
 }
 
 /// A locker whose leases refresh every 375 ms (TTL 3 s).
@@ -78,7 +78,11 @@ async fn federated(scratch: &Scratch, source: Value) -> (Gcs, PathBuf) {
 
 async fn one_cycle(gcs: &Gcs, path: &Path) {
     let auth = GcsAuth::ServiceAccountKey(path.to_owned());
-    let locker = locker(backend(gcs, auth, Duration::from_secs(5)).expect("credentials"));
+    let locker = locker(
+        backend(gcs, auth, Duration::from_secs(5))
+            .await
+            .expect("credentials"),
+    );
     let guard = locker.acquire("wif").await.expect("authorised");
     guard.release().await.expect("released");
     let statuses: Vec<u16> = gcs.server.requests().iter().map(|r| r.status).collect();
@@ -152,7 +156,11 @@ async fn tokens_expiring_during_a_held_lock_are_renewed_and_the_rotated_file_rer
     let path = scratch.write("wif.json", &file.to_string());
     gcs.server.set_token_lifetime(Duration::from_secs(2));
     let auth = GcsAuth::ServiceAccountKey(path);
-    let locker = locker(backend(&gcs, auth, Duration::from_secs(5)).expect("credentials"));
+    let locker = locker(
+        backend(&gcs, auth, Duration::from_secs(5))
+            .await
+            .expect("credentials"),
+    );
     let guard = locker.acquire("long-deploy").await.expect("acquired");
     tokio::time::sleep(Duration::from_millis(2500)).await;
     // The CI platform rotates the subject token; the old one is refused from now on.
@@ -183,7 +191,11 @@ async fn a_revoked_token_is_replaced_at_the_first_401() {
     let token = scratch.write("token", SUBJECT);
     let (gcs, path) = federated(&scratch, json!({ "file": token })).await;
     let auth = GcsAuth::ServiceAccountKey(path);
-    let locker = locker(backend(&gcs, auth, Duration::from_secs(5)).expect("credentials"));
+    let locker = locker(
+        backend(&gcs, auth, Duration::from_secs(5))
+            .await
+            .expect("credentials"),
+    );
     let guard = locker.acquire("revoked").await.expect("acquired");
     gcs.server.revoke_tokens();
     tokio::time::sleep(Duration::from_millis(1000)).await;
@@ -216,6 +228,7 @@ async fn a_wrong_audience_is_permission_denied_naming_it() {
             GcsAuth::ServiceAccountKey(path),
             Duration::from_secs(5),
         )
+        .await
         .expect("parses"),
     );
     let err = locker.acquire("aud").await.expect_err("refused");
@@ -270,6 +283,7 @@ async fn bad_credential_files_are_config_errors_naming_the_field() {
             GcsAuth::ServiceAccountKey(path.clone()),
             Duration::from_secs(5),
         )
+        .await
         .expect_err(expected);
         assert_eq!(err.kind(), ErrorKind::Config, "{err}");
         let shown = format!("{err} {err:?}");
@@ -297,8 +311,11 @@ async fn the_token_command_renews_by_expiry_and_at_a_401() {
         "echo x >> '{0}'; n=$(wc -l < '{0}'); printf '{{\"access_token\":\"cmd-token-%d\",\"expires_in\":1}}' $n",
         runs.display()
     );
-    let counted =
-        locker(backend(&gcs, GcsAuth::TokenCommand(command), Duration::from_secs(5)).expect("ok"));
+    let counted = locker(
+        backend(&gcs, GcsAuth::TokenCommand(command), Duration::from_secs(5))
+            .await
+            .expect("ok"),
+    );
     let guard = counted.acquire("cmd").await.expect("acquired");
     tokio::time::sleep(Duration::from_millis(2500)).await;
     assert_eq!(guard.state(), Health::Healthy);
@@ -313,8 +330,11 @@ async fn the_token_command_renews_by_expiry_and_at_a_401() {
     let file = scratch.write("plain", "plain-token-a");
     gcs.server.allow_token("plain-token-a");
     let command = format!("cat '{}'", file.display());
-    let plain =
-        locker(backend(&gcs, GcsAuth::TokenCommand(command), Duration::from_secs(5)).expect("ok"));
+    let plain = locker(
+        backend(&gcs, GcsAuth::TokenCommand(command), Duration::from_secs(5))
+            .await
+            .expect("ok"),
+    );
     let guard = plain.acquire("plain").await.expect("acquired");
     gcs.server.revoke_tokens();
     gcs.server.allow_token("plain-token-b");
@@ -341,8 +361,11 @@ async fn a_slow_token_command_renews_in_the_background_and_the_lease_stays_healt
         "sleep 1; echo x >> '{0}'; n=$(wc -l < '{0}'); printf '{{\"access_token\":\"slow-token-%d\",\"expires_in\":3}}' $n",
         runs.display()
     );
-    let slow =
-        locker(backend(&gcs, GcsAuth::TokenCommand(command), Duration::from_secs(5)).expect("ok"));
+    let slow = locker(
+        backend(&gcs, GcsAuth::TokenCommand(command), Duration::from_secs(5))
+            .await
+            .expect("ok"),
+    );
     let guard = slow.acquire("slow").await.expect("acquired");
     tokio::time::sleep(Duration::from_secs(7)).await;
     assert_eq!(guard.state(), Health::Healthy, "refreshes kept the lease");
@@ -363,8 +386,11 @@ async fn an_absurd_token_lifetime_is_capped_not_a_panic() {
     gcs.server.allow_token("long-token");
     let command =
         "printf '{\"access_token\":\"long-token\",\"expires_in\":18446744073709551615}'".to_owned();
-    let long =
-        locker(backend(&gcs, GcsAuth::TokenCommand(command), Duration::from_secs(5)).expect("ok"));
+    let long = locker(
+        backend(&gcs, GcsAuth::TokenCommand(command), Duration::from_secs(5))
+            .await
+            .expect("ok"),
+    );
     // Bounded: the panic it used to cause left the acquire waiting forever.
     let cycle = async {
         let guard = long.acquire("long").await.expect("acquired");
@@ -404,7 +430,7 @@ async fn a_failing_token_command_is_a_clear_error_without_secrets() {
     ];
     for (command, timeout, kind, expected) in cases {
         let auth = GcsAuth::TokenCommand(command.to_owned());
-        let locker = locker(backend(&gcs, auth, timeout).expect("ok"));
+        let locker = locker(backend(&gcs, auth, timeout).await.expect("ok"));
         let started = Instant::now();
         let err = locker.try_acquire("cmd").await.expect_err(command);
         assert!(

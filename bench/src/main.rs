@@ -66,8 +66,13 @@ fn main() -> ExitCode {
         };
     }
     // Building a GCS backend installs the rustls provider that plain reqwest clients need.
-    if let Err(e) = backend_gcs::GcsBackend::from_url("gs://provider-warmup") {
-        return fail(&e.into());
+    let warmup = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map(|rt| rt.block_on(backend_gcs::GcsBackend::from_url("gs://provider-warmup")));
+    match warmup {
+        Err(e) => return fail(&e.into()),
+        Ok(Err(e)) => return fail(&e.into()),
+        Ok(Ok(_)) => {}
     }
     let gcs = match start_gcs(&args) {
         Ok(gcs) => gcs,

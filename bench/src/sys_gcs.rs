@@ -23,7 +23,7 @@ pub(crate) async fn connect(url: &str, ctx: &Ctx) -> Res<System> {
         token: std::env::var(backend_gcs::TOKEN_ENV).ok(),
     };
     let ours = config.with_prefix(format!("anylock-bench-{}/", ctx.run))?;
-    let backend = Arc::new(GcsBackend::new(ours)?);
+    let backend = Arc::new(GcsBackend::connect(ours).await?);
     let raw_object = format!("anylock-bench-raw-{}", ctx.run);
     api.insert(&raw_object, false).await?;
     let peer = Gcslock {

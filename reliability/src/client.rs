@@ -142,7 +142,7 @@ async fn open(url: &str) -> lockcore::Result<Arc<dyn LockBackend>> {
     if url.starts_with("gs://") {
         let config = backend_gcs::GcsConfig::from_url(url)?
             .with_min_refresh_interval(Duration::from_millis(100));
-        return Ok(Arc::new(backend_gcs::GcsBackend::new(config)?));
+        return Ok(Arc::new(config.build().await?));
     }
     anylock::connect(url).await
 }

@@ -6,7 +6,8 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{ErrorKind, Verification};
+use lockcore::{Error, ErrorKind, Result, Verification};
+use rustls::RootCertStore;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 

@@ -47,7 +47,11 @@ impl Gcs {
         assert!(server.create_bucket(&bucket));
         // Building a backend first installs the rustls crypto provider that a plain
         // `reqwest::Client` needs under the `tls` feature.
-        drop(GcsBackend::from_url("gs://provider-warmup").expect("backend"));
+        drop(
+            GcsBackend::from_url("gs://provider-warmup")
+                .await
+                .expect("backend"),
+        );
         let objects = Bucket::new(&server.url(), &bucket, &format!("locks-{nanos}/"));
         Self { server, objects }
     }
@@ -65,7 +69,7 @@ impl Bucket {
     }
 
     /// A backend talking to `endpoint` (the server, or a proxy in front of it).
-    pub fn backend_at(&self, endpoint: &str) -> GcsBackend {
+    pub async fn backend_at(&self, endpoint: &str) -> GcsBackend {
         let config = GcsConfig::new(&self.bucket)
             .and_then(|c| c.with_endpoint(endpoint))
             .and_then(|c| c.with_prefix(&self.prefix))
@@ -74,11 +78,11 @@ impl Bucket {
             // The test server has no mutation rate limit unless a test injects one, and
             // the conformance TTL of 3 s refreshes every 375 ms.
             .with_min_refresh_interval(Duration::from_millis(100));
-        GcsBackend::new(config).expect("backend")
+        GcsBackend::connect(config).await.expect("backend")
     }
 
-    pub fn backend(&self) -> GcsBackend {
-        self.backend_at(&self.url)
+    pub async fn backend(&self) -> GcsBackend {
+        self.backend_at(&self.url).await
     }
 
     fn object_url(&self, name: &str) -> String {
