@@ -120,12 +120,3 @@ pub(crate) fn exit_code(status: ExitStatus) -> u8 {
         (None, None) => exit::FAILED,
     }
 }
-
-/// The exit code for a command that could not be started.
-pub(crate) fn spawn_error_code(err: &io::Error) -> u8 {
-    match err.kind() {
-        io::ErrorKind::NotFound => exit::NOT_FOUND,
-        io::ErrorKind::PermissionDenied => exit::NOT_EXECUTABLE,
-        _ => exit::FAILED,
-    }
-}

@@ -1,6 +1,7 @@
 //! Exit codes, and the one-line error report.
 
 use std::error::Error as _;
+use std::io;
 
 use lockcore::{Error, ErrorKind};
 
@@ -28,6 +29,15 @@ pub(crate) fn code_for(err: &Error) -> u8 {
         ErrorKind::Timeout => TIMEOUT,
         ErrorKind::Lost => LOST,
         ErrorKind::InvalidInput | ErrorKind::Config => USAGE,
+        _ => FAILED,
+    }
+}
+
+/// The exit code for a command that could not be started.
+pub(crate) fn spawn_error_code(err: &io::Error) -> u8 {
+    match err.kind() {
+        io::ErrorKind::NotFound => NOT_FOUND,
+        io::ErrorKind::PermissionDenied => NOT_EXECUTABLE,
         _ => FAILED,
     }
 }

@@ -23,7 +23,7 @@ use tokio::time::{Instant, sleep};
 
 use crate::cli::Leftovers;
 use crate::signals::Signals;
-use crate::{child, exit, group};
+use crate::{exit, group};
 
 /// The hidden first argument that makes `anylock` a supervisor.
 pub(crate) const ARG: &str = "__supervise";
@@ -134,7 +134,7 @@ fn spawn(command: &[OsString]) -> Result<Pid, u8> {
         Ok(spawned) => Ok(Pid::from_raw(spawned.id() as i32)),
         Err(err) => {
             note!("anylock: cannot run {}: {err}", program.to_string_lossy());
-            Err(child::spawn_error_code(&err))
+            Err(exit::spawn_error_code(&err))
         }
     }
 }

@@ -1,15 +1,14 @@
 //! Runs one backend's scale measurement in a child process of its own: a fresh heap, so
 //! the resident-memory growth is the leases' own and not reused free space, and no other
-//! section's tasks (nor the in-process GCS test server) in its CPU time.
+//! section's tasks (nor the in-process GCS test server) in its CPU time. This module is
+//! the parent's side (the [`Job`] and [`spawn`]); the child's side is `scale_child`.
 
 use std::process::Stdio;
 
 use serde::{Deserialize, Serialize};
 
-use crate::args::Plan;
 use crate::op::Res;
 use crate::results::ScaleRow;
-use crate::system::{Ctx, Kind, System};
 
 /// What the child measures.
 #[derive(Debug, Serialize, Deserialize)]
@@ -43,28 +42,4 @@ pub(crate) async fn spawn(job: &Job) -> Res<Vec<ScaleRow>> {
         return Err(format!("the scale child for {} failed: {}", job.kind, output.status).into());
     }
     Ok(serde_json::from_slice(&output.stdout)?)
-}
-
-/// In the child: measures anylock today and the prototype, and prints the rows as JSON.
-///
-/// # Errors
-/// When the backend cannot be reached or a measurement fails outright.
-pub(crate) async fn run(job: &str) -> Res<()> {
-    let job: Job = serde_json::from_str(job)?;
-    let kind = Kind::from_name(&job.kind).ok_or_else(|| format!("unknown backend {}", job.kind))?;
-    let plan = if job.smoke {
-        Plan::smoke()
-    } else {
-        Plan::full()
-    };
-    let ctx = Ctx {
-        run: job.run,
-        ttl: crate::TTL,
-        gcs_server: None,
-    };
-    let system = System::connect(kind, &job.url, &ctx).await?;
-    let mut rows = vec![crate::scale::ours(&system, &ctx, &plan, job.per_refresh).await?];
-    rows.extend(crate::proto::run(&system, &ctx, &plan).await?);
-    println!("{}", serde_json::to_string(&rows)?);
-    Ok(())
 }

@@ -49,7 +49,7 @@ pub(crate) async fn run(systems: &[System], ctx: &Ctx, plan: &Plan, out: &mut Re
             out.counts.push(row);
         }
         refresh.release().await?;
-        crate::progress(&format!("counts: {} done", system.kind.name()));
+        crate::common::progress(&format!("counts: {} done", system.kind.name()));
     }
     Ok(())
 }

@@ -70,7 +70,7 @@ pub(crate) async fn run(systems: &[System], ctx: &Ctx, plan: &Plan, out: &mut Re
             errors: errors[i],
         });
     }
-    crate::progress("redlock fan-out done");
+    crate::common::progress("redlock fan-out done");
     Ok(())
 }
 

@@ -110,7 +110,7 @@ pub(crate) async fn run(systems: &[System], ctx: &Ctx, plan: &Plan, out: &mut Re
                 errors,
             });
         }
-        crate::progress(&format!("handoff: {} done", system.kind.name()));
+        crate::common::progress(&format!("handoff: {} done", system.kind.name()));
     }
     Ok(())
 }

@@ -40,7 +40,7 @@ pub(crate) async fn run(systems: &[System], ctx: &Ctx, plan: &Plan, out: &mut Re
                 errors,
             });
         }
-        crate::progress(&format!("latency: {} done", system.kind.name()));
+        crate::common::progress(&format!("latency: {} done", system.kind.name()));
     }
     Ok(())
 }

@@ -13,6 +13,8 @@
 
 mod args;
 mod child;
+mod common;
+mod connect;
 mod counts;
 mod etcd_grpc;
 mod fanout;
@@ -26,6 +28,7 @@ mod proto;
 mod report;
 mod results;
 mod scale;
+mod scale_child;
 mod servers;
 mod stats;
 mod svg;
@@ -40,19 +43,18 @@ mod throughput;
 mod wrap;
 
 use std::process::ExitCode;
-use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::SystemTime;
 
 use clap::Parser;
 use gcs_test_server::GcsTestServer;
 
 use crate::args::Args;
+use crate::common::{TTL, progress, started};
 use crate::op::Res;
 use crate::results::Results;
 use crate::system::{Ctx, Kind, System};
 
-/// Lease TTL of latency, throughput and handoff cycles.
-pub(crate) const TTL: Duration = Duration::from_secs(30);
 /// The bucket of the in-process GCS test server.
 const BUCKET: &str = "anylock-bench";
 
@@ -83,7 +85,7 @@ fn main() -> ExitCode {
         .thread_name("bench-worker")
         .build();
     let outcome = match (runtime, args.scale_child.clone()) {
-        (Ok(runtime), Some(job)) => runtime.block_on(child::run(&job)),
+        (Ok(runtime), Some(job)) => runtime.block_on(scale_child::run(&job)),
         (Ok(runtime), None) => runtime.block_on(run(args, gcs.as_ref().map(|g| g.1.clone()))),
         (Err(e), _) => Err(e.into()),
     };
@@ -97,19 +99,6 @@ fn main() -> ExitCode {
 fn fail(e: &op::BoxError) -> ExitCode {
     eprintln!("anylock-bench: error: {e}");
     ExitCode::FAILURE
-}
-
-fn started() -> Instant {
-    static START: OnceLock<Instant> = OnceLock::new();
-    *START.get_or_init(Instant::now)
-}
-
-/// Prints one progress line with the time since start.
-pub(crate) fn progress(what: &str) {
-    eprintln!(
-        "anylock-bench: [{:6.1} s] {what}",
-        started().elapsed().as_secs_f64()
-    );
 }
 
 /// Starts the in-process GCS test server on a runtime of its own (its threads are named

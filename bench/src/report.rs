@@ -2,25 +2,12 @@
 
 use crate::op::Role;
 use crate::results::Results;
-use crate::stats::{fmt_count, fmt_rate, fmt_ratio, fmt_us, ratio};
+use crate::stats::{fmt_count, fmt_rate, fmt_ratio, fmt_us, ratio, table};
 
 /// The markers around the generated block.
 pub(crate) const BEGIN: &str = "<!-- bench:begin -->";
 /// See [`BEGIN`].
 pub(crate) const END: &str = "<!-- bench:end -->";
-
-/// A Markdown table.
-pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
-    let mut out = format!(
-        "| {} |\n|{}\n",
-        headers.join(" | "),
-        "---|".repeat(headers.len())
-    );
-    for row in rows {
-        out.push_str(&format!("| {} |\n", row.join(" | ")));
-    }
-    out
-}
 
 /// The whole generated block (between the markers), with plots linked under `plots`.
 pub(crate) fn render(r: &Results, plots: &str) -> String {
@@ -344,11 +331,5 @@ mod tests {
     fn failed_units_are_shown_beside_the_count() {
         assert_eq!(with_errors(1000, 0), "1000");
         assert_eq!(with_errors(998, 2), "998 (+2 failed)");
-    }
-
-    #[test]
-    fn tables_have_a_rule_per_column() {
-        let t = table(&["a", "b"], &[vec!["1".into(), "2".into()]]);
-        assert_eq!(t, "| a | b |\n|---|---|\n| 1 | 2 |\n");
     }
 }

@@ -37,7 +37,7 @@ pub(crate) async fn run(systems: &[System], ctx: &Ctx, plan: &Plan, out: &mut Re
             smoke: plan.mode == "smoke",
         };
         out.scale.extend(crate::child::spawn(&job).await?);
-        crate::progress(&format!("scale: {} done", system.kind.name()));
+        crate::common::progress(&format!("scale: {} done", system.kind.name()));
     }
     Ok(())
 }

@@ -1,4 +1,5 @@
-//! Sample summaries (percentiles, means) and the number formats the report uses.
+//! Sample summaries (percentiles, means), and the number formats and Markdown tables the
+//! report uses.
 
 use std::time::Duration;
 
@@ -102,6 +103,19 @@ pub(crate) fn fmt_count(count: Option<f64>) -> String {
     }
 }
 
+/// A Markdown table.
+pub(crate) fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut out = format!(
+        "| {} |\n|{}\n",
+        headers.join(" | "),
+        "---|".repeat(headers.len())
+    );
+    for row in rows {
+        out.push_str(&format!("| {} |\n", row.join(" | ")));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,5 +167,11 @@ mod tests {
         assert_eq!(fmt_count(Some(2.0)), "2");
         assert_eq!(fmt_count(Some(2.5)), "2.5");
         assert_eq!(fmt_count(None), "—");
+    }
+
+    #[test]
+    fn tables_have_a_rule_per_column() {
+        let t = table(&["a", "b"], &[vec!["1".into(), "2".into()]]);
+        assert_eq!(t, "| a | b |\n|---|---|\n| 1 | 2 |\n");
     }
 }

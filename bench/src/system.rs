@@ -1,5 +1,7 @@
 //! [`System`]: one backend under test with everything measured beside it: its server's raw
-//! round trip, peer libraries, and a server-side call counter.
+//! round trip, peer libraries, and a server-side call counter. The `sys_*` modules build
+//! systems from these types, and `connect` (which holds `System::connect`) picks one by
+//! kind, so the types here depend on neither.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,9 +9,8 @@ use std::time::Duration;
 use gcs_test_server::GcsTestServer;
 use lockcore::{LockBackend, Waiting};
 
-use crate::op::{Bare, Entry, Lock, Ours, Res, Role};
+use crate::op::{Bare, Entry, Lock, Ours, Role};
 use crate::servers::Counter;
-use crate::{sys_etcd, sys_gcs, sys_pg, sys_redis};
 
 /// Which backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,27 +117,6 @@ impl Peer {
 }
 
 impl System {
-    /// Connects `kind` at `url` (see each `sys_*` module for the URL form).
-    pub(crate) async fn connect(kind: Kind, url: &str, ctx: &Ctx) -> Res<Self> {
-        match kind {
-            Kind::Redis => sys_redis::single(url, ctx).await,
-            Kind::Redlock => sys_redis::redlock(url, ctx).await,
-            Kind::Postgres => sys_pg::connect(url, ctx).await,
-            Kind::Etcd => sys_etcd::connect(url, ctx).await,
-            Kind::Gcs => sys_gcs::connect(url, ctx).await,
-            Kind::Local => local(url).await,
-        }
-    }
-
-    /// The same system with every server address in its URL replaced by `to(address)`.
-    pub(crate) async fn reconnect_via(&self, ctx: &Ctx, to: &dyn Fn(&str) -> String) -> Res<Self> {
-        let mut url = self.url.clone();
-        for upstream in &self.upstreams {
-            url = url.replace(upstream.as_str(), &to(upstream));
-        }
-        Self::connect(self.kind, &url, ctx).await
-    }
-
     /// Whether waiters are woken by the backend.
     pub(crate) fn notified(&self) -> bool {
         self.backend.guarantees().waiting == Waiting::Notified
@@ -169,21 +149,6 @@ impl System {
     pub(crate) fn ours(&self, ctx: &Ctx) -> Arc<dyn Lock> {
         Arc::new(Ours::new(self.backend.clone(), ctx.ttl))
     }
-}
-
-/// The embedded backend at `url` (`local:/path`): no server, so no raw round trip or peer.
-async fn local(url: &str) -> Res<System> {
-    Ok(System {
-        kind: Kind::Local,
-        url: url.to_owned(),
-        upstreams: Vec::new(),
-        backend: anylock::connect(url).await?,
-        raw: None,
-        extras: Vec::new(),
-        peers: Vec::new(),
-        counter: None,
-        note: String::new(),
-    })
 }
 
 /// `url` with `key=value` appended as a query parameter, unless `key` is already set.

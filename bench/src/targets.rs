@@ -2,9 +2,8 @@
 //! ratio and whether it was met.
 
 use crate::op::Role;
-use crate::report::table;
 use crate::results::Results;
-use crate::stats::{fmt_rate, fmt_ratio, fmt_us, ratio};
+use crate::stats::{fmt_rate, fmt_ratio, fmt_us, ratio, table};
 
 /// Label of ours through `Locker` in every section.
 pub(crate) const OURS: &str = "anylock (Locker)";

@@ -58,7 +58,7 @@ pub(crate) async fn run(systems: &[System], ctx: &Ctx, plan: &Plan, out: &mut Re
                 });
             }
         }
-        crate::progress(&format!("throughput: {} done", system.kind.name()));
+        crate::common::progress(&format!("throughput: {} done", system.kind.name()));
     }
     Ok(())
 }

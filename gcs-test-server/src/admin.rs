@@ -14,10 +14,10 @@ use std::time::Duration;
 use hyper::{Method, Response, StatusCode};
 use serde_json::{Value, json};
 
+use crate::body::{Body, ReadRequest, error_response, json_response, no_content};
 use crate::error::ApiError;
 use crate::fault::{ClockOffset, Fault};
-use crate::handler::{Body, ReadRequest, error_response, json_response, no_content};
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// Every admin path starts with this.
 pub(crate) const PREFIX: &str = "/_test/";

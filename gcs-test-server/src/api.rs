@@ -7,13 +7,14 @@ use hyper::{Method, Response, StatusCode};
 use percent_encoding::percent_decode_str;
 use serde_json::json;
 
+use crate::body::{Body, ReadRequest, error_response, json_response, no_content};
 use crate::error::ApiError;
-use crate::handler::{Body, ReadRequest, error_response, json_response, no_content};
 use crate::multipart;
+use crate::object::NewObject;
 use crate::precondition::Preconditions;
 use crate::query::Query;
-use crate::server::Shared;
-use crate::store::{NewObject, Store};
+use crate::shared::Shared;
+use crate::store::Store;
 use crate::wire;
 
 /// What a request path names.
@@ -184,7 +185,7 @@ fn page_token_name(token: &str) -> Result<String, ApiError> {
 }
 
 /// `200 OK` with the object's JSON resource.
-fn object_ok(shared: &Shared, object: &crate::store::Object) -> Response<Body> {
+fn object_ok(shared: &Shared, object: &crate::object::Object) -> Response<Body> {
     json_response(StatusCode::OK, &wire::object_json(object, &shared.base_url))
 }
 

@@ -20,8 +20,8 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hyper::{Method, Response, StatusCode};
 use serde_json::{Value, json};
 
+use crate::body::{Body, ReadRequest, json_response};
 use crate::error::ApiError;
-use crate::handler::{Body, ReadRequest, json_response};
 
 /// The token endpoint's path.
 pub(crate) const TOKEN_PATH: &str = "/token";
@@ -58,7 +58,19 @@ pub(crate) struct AuthState {
     pub(crate) sequence: u64,
     /// The lifetime of tokens granted from now on.
     pub(crate) lifetime: Duration,
-    pub(crate) federation: crate::federation::Federation,
+    pub(crate) federation: Federation,
+}
+
+/// The workload identity pool provider the server trusts, and counters (the endpoints
+/// in `federation.rs` read and count with it).
+#[derive(Debug, Default)]
+pub(crate) struct Federation {
+    pub(crate) audience: Option<String>,
+    pub(crate) subject_token: Option<String>,
+    pub(crate) service_account: Option<String>,
+    pub(crate) oidc_request_token: Option<String>,
+    pub(crate) exchanges: u64,
+    pub(crate) impersonations: u64,
 }
 
 impl Default for AuthState {
@@ -69,7 +81,7 @@ impl Default for AuthState {
             granted: 0,
             sequence: 0,
             lifetime: DEFAULT_LIFETIME,
-            federation: crate::federation::Federation::default(),
+            federation: Federation::default(),
         }
     }
 }

@@ -21,8 +21,8 @@ use std::time::{Duration, SystemTime};
 use hyper::{Method, Response, StatusCode};
 use serde_json::{Value, json};
 
-use crate::auth::{AuthState, OAuthForm, oauth_error, whole_seconds};
-use crate::handler::{Body, ReadRequest, json_response};
+use crate::auth::{AuthState, Federation, OAuthForm, oauth_error, whole_seconds};
+use crate::body::{Body, ReadRequest, json_response};
 
 /// The STS token endpoint's path.
 pub(crate) const STS_PATH: &str = "/sts/v1/token";
@@ -43,17 +43,6 @@ const SUBJECT_TOKEN_TYPES: [&str; 4] = [
 /// The longest `lifetime` generateAccessToken accepts (with the org policy
 /// that allows more than an hour).
 const MAX_IMPERSONATION_LIFETIME: u64 = 43_200;
-
-/// The workload identity pool provider the server trusts, and counters.
-#[derive(Debug, Default)]
-pub(crate) struct Federation {
-    pub(crate) audience: Option<String>,
-    pub(crate) subject_token: Option<String>,
-    pub(crate) service_account: Option<String>,
-    pub(crate) oidc_request_token: Option<String>,
-    pub(crate) exchanges: u64,
-    pub(crate) impersonations: u64,
-}
 
 /// Answers a federation request, or `None` when the path is not one.
 pub(crate) fn handle(auth: &mut AuthState, request: &ReadRequest) -> Option<Response<Body>> {

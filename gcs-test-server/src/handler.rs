@@ -5,29 +5,15 @@
 use std::fmt;
 use std::sync::{Arc, PoisonError};
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper::header::{CONTENT_TYPE, DATE, HeaderValue};
-use hyper::{Request, Response, StatusCode};
-use serde_json::Value;
+use hyper::header::{DATE, HeaderValue};
+use hyper::{Request, Response};
 
+use crate::body::{Body, ReadRequest, error_response};
 use crate::error::ApiError;
-use crate::server::{RequestRecord, Shared};
+use crate::shared::{RequestRecord, Shared};
 use crate::{admin, api, auth, federation};
-
-/// A response body.
-pub(crate) type Body = Full<Bytes>;
-
-/// A request with its body read.
-#[derive(Debug)]
-pub(crate) struct ReadRequest {
-    pub(crate) method: hyper::Method,
-    pub(crate) path: String,
-    pub(crate) query: Option<String>,
-    pub(crate) headers: hyper::HeaderMap,
-    pub(crate) body: Bytes,
-}
 
 /// The error that makes hyper close the connection without a reply: an injected
 /// [`Fault::LoseReplies`](crate::Fault::LoseReplies).
@@ -105,29 +91,5 @@ async fn api_request(shared: &Shared, request: &ReadRequest) -> Response<Body> {
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .push(record);
-    response
-}
-
-/// A JSON response.
-pub(crate) fn json_response(status: StatusCode, value: &Value) -> Response<Body> {
-    let mut response = Response::new(Full::new(Bytes::from(value.to_string())));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/json; charset=UTF-8"),
-    );
-    response
-}
-
-/// The JSON error response for `error`.
-pub(crate) fn error_response(error: &ApiError) -> Response<Body> {
-    let status = StatusCode::from_u16(error.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    json_response(status, &error.body())
-}
-
-/// 204 with no body.
-pub(crate) fn no_content() -> Response<Body> {
-    let mut response = Response::new(Full::new(Bytes::new()));
-    *response.status_mut() = StatusCode::NO_CONTENT;
     response
 }

@@ -29,16 +29,20 @@
 mod admin;
 mod api;
 mod auth;
+mod body;
 mod error;
 mod fault;
 mod federation;
 mod handler;
 mod multipart;
+mod object;
 mod precondition;
 mod query;
 mod server;
+mod shared;
 mod store;
 mod wire;
 
 pub use fault::{ClockOffset, Fault, GCS_MUTATION_INTERVAL};
-pub use server::{GcsTestServer, RequestRecord};
+pub use server::GcsTestServer;
+pub use shared::RequestRecord;

@@ -1,8 +1,8 @@
 //! The four JSON-API precondition parameters and GCS's rules for them.
 
 use crate::error::ApiError;
+use crate::object::Object;
 use crate::query::Query;
-use crate::store::Object;
 
 /// `ifGenerationMatch`, `ifGenerationNotMatch`, `ifMetagenerationMatch` and
 /// `ifMetagenerationNotMatch` from one request's query string.
@@ -74,7 +74,7 @@ fn int_param(query: &Query, name: &str) -> Result<Option<i64>, ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::Object;
+    use crate::object::Object;
 
     fn object(generation: i64, metageneration: i64) -> Object {
         let mut o = Object::empty("b", "n", std::time::SystemTime::UNIX_EPOCH);

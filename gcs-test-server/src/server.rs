@@ -1,4 +1,4 @@
-//! The server handle, its shared state and the accept loop.
+//! The server handle and the accept loop.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -11,88 +11,11 @@ use serde_json::{Value, json};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::{JoinHandle, JoinSet};
 
-use crate::auth::{AuthState, Grant, TOKEN_PATH};
-use crate::fault::{Clock, ClockOffset, Fault, RequestFaults};
+use crate::auth::{Grant, TOKEN_PATH};
+use crate::fault::{Clock, ClockOffset, Fault};
 use crate::federation::{IAM_PREFIX, OIDC_PATH, STS_PATH};
 use crate::handler;
-use crate::store::Store;
-
-/// One API request as the server saw it (admin paths are not logged).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RequestRecord {
-    /// `GET`, `POST`, `PATCH`, `DELETE`, …
-    pub method: String,
-    /// The path as sent, still percent-encoded.
-    pub path: String,
-    /// The raw query string, if any.
-    pub query: Option<String>,
-    /// The status the server answered.
-    pub status: u16,
-}
-
-impl RequestRecord {
-    pub(crate) fn to_json(&self) -> Value {
-        json!({ "method": self.method, "path": self.path, "query": self.query, "status": self.status })
-    }
-}
-
-/// State shared by the handle and every connection.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    pub(crate) base_url: String,
-    pub(crate) store: Mutex<Store>,
-    pub(crate) faults: Mutex<RequestFaults>,
-    pub(crate) log: Mutex<Vec<RequestRecord>>,
-    pub(crate) clock: Clock,
-    pub(crate) auth: Mutex<AuthState>,
-}
-
-impl Shared {
-    pub(crate) fn inject(&self, fault: Fault) {
-        match fault {
-            Fault::ServerErrors { count } => self.faults().server_errors = count,
-            Fault::RateLimit { min_interval } => self.set_rate_limit(Some(min_interval)),
-            Fault::Delay(delay) => self.set_delay(Some(delay)),
-            Fault::LoseReplies { count } => self.faults().lost_replies = count,
-        }
-    }
-
-    pub(crate) fn clear_faults(&self) {
-        *self.faults() = RequestFaults::default();
-        self.set_rate_limit(None);
-    }
-
-    pub(crate) fn set_rate_limit(&self, min_interval: Option<Duration>) {
-        let mut store = self.store.lock().unwrap_or_else(PoisonError::into_inner);
-        store.set_rate_limit(min_interval);
-    }
-
-    pub(crate) fn set_delay(&self, delay: Option<Duration>) {
-        self.faults().delay = delay;
-    }
-
-    pub(crate) fn requests(&self) -> Vec<RequestRecord> {
-        self.log
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-    }
-
-    pub(crate) fn clear_requests(&self) {
-        self.log
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clear();
-    }
-
-    pub(crate) fn auth(&self) -> std::sync::MutexGuard<'_, AuthState> {
-        self.auth.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(crate) fn faults(&self) -> std::sync::MutexGuard<'_, RequestFaults> {
-        self.faults.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
+use crate::shared::{RequestRecord, Shared};
 
 /// A running in-memory GCS JSON-API server. It stops when dropped.
 ///

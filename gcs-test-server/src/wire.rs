@@ -7,7 +7,7 @@ use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use serde_json::{Map, Value, json};
 
 use crate::error::ApiError;
-use crate::store::{MetadataEntries, NewObject, Object, Patch};
+use crate::object::{MetadataEntries, NewObject, Object, Patch};
 
 /// Characters GCS percent-encodes in an object name inside a URL path.
 const PATH_SEGMENT: &AsciiSet = &NON_ALPHANUMERIC

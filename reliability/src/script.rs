@@ -6,16 +6,17 @@ use std::future::Future;
 use std::time::Duration;
 
 use test_kit::proxy::Fault as LinkFault;
-use tokio::sync::broadcast::error::RecvError;
-use tokio::time::{Instant, sleep, timeout};
+use tokio::time::{Instant, sleep};
 
 use crate::backends::Workload;
 use crate::fault::Fault;
 use crate::group::Group;
-use crate::history::{Event, Op};
 use crate::servers::{Lane, node_name};
 
+mod moment;
 mod rollback;
+
+use moment::{begun, trigger};
 
 /// Redlock's node C (index 2): the node both sides of Kleppmann's partition reach.
 const NODE_C: usize = 2;
@@ -130,49 +131,6 @@ where
             Ok(notes)
         }
     }
-}
-
-/// Waits for the next event of `group` matching `wanted`, for at most 20 TTL.
-async fn wait_for(
-    group: &Group,
-    w: Workload,
-    what: &str,
-    wanted: impl Fn(&Event) -> bool,
-) -> Result<Event, String> {
-    let mut events = group.register.subscribe();
-    let limit = w.ttl * 20;
-    let deadline = Instant::now() + limit;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match timeout(left, events.recv()).await {
-            Ok(Ok(event)) if wanted(&event) => return Ok(event),
-            Ok(Ok(_) | Err(RecvError::Lagged(_))) => {}
-            Ok(Err(RecvError::Closed)) | Err(_) => {
-                return Err(format!(
-                    "{}: no {what} within {limit:?}: the fault was never applied",
-                    group.mode.as_str()
-                ));
-            }
-        }
-    }
-}
-
-/// A holder that just checked its lease and is about to write (one of `clients`, if any).
-async fn trigger(group: &Group, w: Workload, clients: &[u32]) -> Result<Event, String> {
-    let needed = u64::try_from((w.step + w.margin).as_millis()).unwrap_or(u64::MAX);
-    wait_for(group, w, "lease check before a write", |e| {
-        let ok = matches!(e.op, Op::Check { held: true, remaining_ms } if remaining_ms >= needed);
-        ok && (clients.is_empty() || clients.contains(&e.id.client))
-    })
-    .await
-}
-
-/// A client that was just granted the lock.
-async fn begun(group: &Group, w: Workload) -> Result<Event, String> {
-    wait_for(group, w, "grant", |e| {
-        matches!(e.op, Op::Begin { accepted: true, .. })
-    })
-    .await
 }
 
 async fn pause(group: &Group, w: Workload) -> Result<String, String> {

@@ -6,7 +6,7 @@
 
 use tokio::time::sleep;
 
-use super::{begun, trigger};
+use super::moment::{begun, trigger};
 use crate::backends::Workload;
 use crate::group::Group;
 use crate::servers::Lane;
