@@ -348,10 +348,7 @@ impl LockBackend for LocalBackend {
             return Ok(None);
         };
         let owner = row.owner.as_deref().unwrap_or_default();
-        let cleared = self
-            .client
-            .clear(name.as_str(), owner, row.token)
-            .await?;
+        let cleared = self.client.clear(name.as_str(), owner, row.token).await?;
         if !cleared {
             // The holder changed between the read and the clear. `Ok(None)` would claim
             // nobody held it; say what happened instead (as the GCS backend does).

@@ -79,8 +79,7 @@ async fn a_dead_holder_is_listed_as_inspect_shows_it() {
 /// moment (a cancelled job) must not hand the lock to the next contender at once.
 #[tokio::test]
 async fn a_detached_lease_outlives_the_holders_death_until_its_ttl() {
-    let dir =
-        std::env::temp_dir().join(format!("anylock-detach-{:016x}", rand::random::<u64>()));
+    let dir = std::env::temp_dir().join(format!("anylock-detach-{:016x}", rand::random::<u64>()));
     let config = LocalConfig::new(dir.join("locks.sqlite3"));
     let contender = LocalBackend::connect(config.clone()).await.expect("open");
     let (a, b) = (

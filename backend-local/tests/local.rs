@@ -303,7 +303,9 @@ async fn a_lease_from_an_older_version_is_not_taken_over_early() {
 #[tokio::test]
 async fn an_unusable_path_is_a_clear_config_error() {
     let config = LocalConfig::new("/proc/anylock-cannot-create/locks.sqlite3");
-    let err = LocalBackend::connect(config).await.expect_err("cannot create");
+    let err = LocalBackend::connect(config)
+        .await
+        .expect_err("cannot create");
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
     assert!(
         err.to_string()

@@ -33,6 +33,9 @@ use tokio::time::timeout;
 use crate::backend::{PostgresBackend, grant_token};
 use crate::error::{Effect, map_error};
 
+/// Also at the crate root; kept here, where it was first published.
+pub use crate::error::error_from_sqlx;
+
 /// A transaction in which the lease's row is verified and locked against takeover.
 ///
 /// Run your statements on it (it dereferences to a [`PgConnection`]), then

@@ -298,6 +298,52 @@ mod tests {
     }
 
     #[test]
+    fn parameters_are_read_by_the_shared_reader() {
+        for (query, message) in [
+            (
+                "timeout_ms=soon",
+                "the postgres URL parameter `timeout_ms` must be a positive whole number of \
+                 milliseconds",
+            ),
+            (
+                "create_schema=maybe",
+                "the postgres URL parameter `create_schema` must be true or false",
+            ),
+            (
+                "pool_size=-1",
+                "the postgres URL parameter `pool_size` must be a whole number",
+            ),
+            (
+                "schema=a&schema=b",
+                "the postgres URL parameter `schema` is given twice; give it once",
+            ),
+            (
+                "sslcrl=/crl.pem",
+                "the postgres URL parameter `sslcrl` is not supported: it is a libpq parameter \
+                 the driver (sqlx) does not implement",
+            ),
+        ] {
+            let url = Url::parse(&format!("postgres://h/db?{query}")).expect("url");
+            let err = super::split_params(&url).expect_err(query);
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{query}");
+            assert_eq!(err.message(), message, "{query}");
+        }
+        let url = Url::parse("postgres://h/db?sslmod=S3CRET").expect("url");
+        let err = super::split_params(&url).expect_err("unknown");
+        assert!(
+            err.message()
+                .starts_with("unknown postgres URL parameter `sslmod`; known: schema, table"),
+            "{err}"
+        );
+        assert!(!err.to_string().contains("S3CRET"), "{err}");
+        let url = Url::parse("postgres://h/db?statement_timeout_ms=0&prepared_statements=off")
+            .expect("url");
+        let own = super::split_params(&url).expect("valid").own;
+        assert_eq!(own.statement_timeout, Some(std::time::Duration::ZERO));
+        assert_eq!(own.prepared_statements, Some(false));
+    }
+
+    #[test]
     fn own_parameters_are_not_passed_to_sqlx() {
         let url = Url::parse("postgres://h/db?schema=s&sslmode=disable&table=t").expect("url");
         let params = super::split_params(&url).expect("known");

@@ -259,8 +259,13 @@ async fn missing_privileges_are_permission_denied() {
         Identity::unique(),
         lockcore::Ttl::new(LONG).expect("valid TTL"),
     );
-    let statement = match connect(&schema).await {
-        Ok(backend) => backend.acquire(&request).await.map(drop),
+    let (statement, through_locker) = match connect(&schema).await {
+        Ok(backend) => {
+            let direct = backend.acquire(&request).await.map(drop);
+            let locker = lockcore::Locker::new(std::sync::Arc::new(backend));
+            let name = request.name.as_str();
+            (direct, locker.try_acquire(name).await.map(drop))
+        }
         Err(err) => panic!("USAGE granted and the table exists, yet: {err}"),
     };
     run(format!("DROP OWNED BY {role}")).await;
@@ -274,6 +279,11 @@ async fn missing_privileges_are_permission_denied() {
         assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{what}: {err}");
         assert_eq!(err.status(), RetryStatus::Permanent, "{what}");
     }
+    // The backend leaves out the context; the Locker names the backend and the lock.
+    let err = through_locker.expect_err("through a Locker");
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    assert_eq!(err.backend(), Some("postgres"), "{err}");
+    assert_eq!(err.lock(), Some(&request.name), "{err}");
 }
 
 /// Connection errors are temporary, a missing database is a config error, and neither
