@@ -48,18 +48,15 @@ impl LocalBackend {
     /// on Linux, when this process cannot read the boot id (a chroot without `/proc`, a
     /// sandbox): it could then not tell this boot's leases from an earlier boot's;
     /// [`ErrorKind::PermissionDenied`] when it is read-only.
-    pub async fn open(config: LocalConfig) -> Result<Self> {
-        host::require_boot_id().map_err(|e| e.with_backend("local"))?;
-        let client = Client::open(&config)
-            .await
-            .map_err(|e| e.with_backend("local"))?;
+    pub async fn connect(config: LocalConfig) -> Result<Self> {
+        host::require_boot_id()?;
+        let client = Client::open(&config).await?;
         let holders = HolderDir::for_database(config.path());
         holders.create().map_err(|e| {
             Error::new(
                 ErrorKind::Config,
                 format!("cannot create {}", holders.path().display()),
             )
-            .with_backend("local")
             .with_source(e)
         })?;
         Ok(Self {
@@ -90,10 +87,7 @@ impl LocalBackend {
     ) -> Result<()> {
         let ttl = Ttl::new(ttl)?;
         let claim = self.claim(name, owner, ttl, None, None);
-        self.client
-            .force(&claim)
-            .await
-            .map_err(|e| e.with_lock(name))
+        self.client.force(&claim).await
     }
 
     /// Closes the connection pool.
@@ -192,6 +186,17 @@ impl LocalBackend {
     }
 }
 
+impl LocalConfig {
+    /// Opens the database this config names, with [`LocalBackend::connect`] (here rather
+    /// than in the config's module, which the backend depends on).
+    ///
+    /// # Errors
+    /// As [`LocalBackend::connect`].
+    pub async fn build(self) -> Result<LocalBackend> {
+        LocalBackend::connect(self).await
+    }
+}
+
 /// The holder described by `row`, or `None` when the row is free at `now`.
 fn holder_info(row: &Row, now: i64) -> Option<HolderInfo> {
     let owner = row.owner.as_ref()?;
@@ -216,7 +221,6 @@ fn token_of(lease: &Lease) -> Result<i64> {
             ErrorKind::InvalidInput,
             "this lease was not issued by the local backend",
         )
-        .with_lock(lease.name())
     })
 }
 
@@ -238,7 +242,6 @@ impl LockBackend for LocalBackend {
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        let ctx = |e: Error| e.with_lock(&request.name);
         // Locked before the claim is written: a row never names an unlocked file.
         let liveness = self.hold_liveness(&request.name);
         let claim = self.claim(
@@ -248,23 +251,23 @@ impl LockBackend for LocalBackend {
             liveness.as_ref(),
             request.note.as_ref(),
         );
-        if let Some(token) = self.client.grant(&claim).await.map_err(ctx)? {
+        if let Some(token) = self.client.grant(&claim).await? {
             return Ok(self.granted(request, token, liveness));
         }
-        let row = self.client.read(claim.name).await.map_err(ctx)?;
+        let row = self.client.read(claim.name).await?;
         let Some(row) = row else {
-            return Err(ctx(Error::unavailable(
+            return Err(Error::unavailable(
                 "the lock row vanished during the attempt",
-            )));
+            ));
         };
         let Some(holder) = holder_info(&row, claim.now_ms) else {
             // Freed between the two statements: say so, the caller retries at once.
-            return Err(ctx(Error::unavailable(
+            return Err(Error::unavailable(
                 "the lock was released during the attempt",
-            )));
+            ));
         };
         let taken = self.take_over_if_dead(&claim, &row, &request.name).await;
-        if let Some(token) = taken.map_err(ctx)? {
+        if let Some(token) = taken? {
             return Ok(self.granted(request, token, liveness));
         }
         Ok(Acquire::Held(holder))
@@ -274,27 +277,23 @@ impl LockBackend for LocalBackend {
         let token = token_of(lease)?;
         let claim = self.claim(lease.name(), lease.owner(), lease.ttl(), None, None);
         let extended = self.client.extend(&claim, token).await;
-        if extended.map_err(|e| e.with_lock(lease.name()))? {
+        if extended? {
             return Ok(lease.clone());
         }
         self.forget(lease.name(), token);
-        Err(
-            Error::lost("the lease expired, was broken, or was taken over")
-                .with_backend("local")
-                .with_lock(lease.name()),
-        )
+        Err(Error::lost(
+            "the lease expired, was broken, or was taken over",
+        ))
     }
 
     async fn detach(&self, lease: &Lease) -> Result<()> {
         let token = token_of(lease)?;
         let claim = self.claim(lease.name(), lease.owner(), lease.ttl(), None, None);
         let detached = self.client.detach(&claim, token).await;
-        if !detached.map_err(|e| e.with_lock(lease.name()))? {
-            return Err(
-                Error::lost("the lease expired, was broken, or was taken over")
-                    .with_backend("local")
-                    .with_lock(lease.name()),
-            );
+        if !detached? {
+            return Err(Error::lost(
+                "the lease expired, was broken, or was taken over",
+            ));
         }
         // The row names our liveness file no more: unlock and remove it.
         self.forget(lease.name(), token);
@@ -311,15 +310,11 @@ impl LockBackend for LocalBackend {
         // Even when the clear failed: a missing liveness file only makes contenders wait
         // for the TTL, which is safe.
         self.forget(name, token);
-        cleared.map(drop).map_err(|e| e.with_lock(name))
+        cleared.map(drop)
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
-        let row = self
-            .client
-            .read(name.as_str())
-            .await
-            .map_err(|e| e.with_lock(name))?;
+        let row = self.client.read(name.as_str()).await?;
         Ok(row.and_then(|row| holder_info(&row, self.now_ms())))
     }
 
@@ -347,24 +342,19 @@ impl LockBackend for LocalBackend {
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
-        let ctx = |e: Error| e.with_lock(name);
-        let row = self.client.read(name.as_str()).await.map_err(ctx)?;
+        let row = self.client.read(name.as_str()).await?;
         let Some((row, holder)) = row.and_then(|r| holder_info(&r, self.now_ms()).map(|h| (r, h)))
         else {
             return Ok(None);
         };
         let owner = row.owner.as_deref().unwrap_or_default();
-        let cleared = self
-            .client
-            .clear(name.as_str(), owner, row.token)
-            .await
-            .map_err(ctx)?;
+        let cleared = self.client.clear(name.as_str(), owner, row.token).await?;
         if !cleared {
             // The holder changed between the read and the clear. `Ok(None)` would claim
             // nobody held it; say what happened instead (as the GCS backend does).
-            return Err(ctx(Error::unavailable(
+            return Err(Error::unavailable(
                 "the holder changed while breaking the lock; run the break again",
-            )));
+            ));
         }
         Ok(Some(holder))
     }
@@ -405,117 +395,5 @@ pub fn guarantees() -> Guarantees {
 }
 
 #[cfg(test)]
-mod tests {
-    use lockcore::{Acquire, AcquireRequest, Identity, LockBackend, LockName};
-
-    use super::*;
-
-    /// This process dies the hard way (SIGKILL: no destructor runs): its liveness files
-    /// stay on disk, unlocked.
-    fn die(backend: &LocalBackend) {
-        for (_, held) in backend.held().drain() {
-            held.unlock_only();
-        }
-    }
-
-    async fn acquire(backend: &LocalBackend, owner: &Identity) -> Acquire {
-        let name = LockName::new("job").expect("valid");
-        let request = AcquireRequest::new(
-            name,
-            owner.clone(),
-            lockcore::Ttl::new(Duration::from_secs(60)).expect("valid TTL"),
-        );
-        backend.acquire(&request).await.expect("one attempt")
-    }
-
-    /// A holder that died the hard way is still listed, exactly as `inspect` shows it,
-    /// until a contender takes it over; then the new holder and its note are.
-    #[tokio::test]
-    async fn a_dead_holder_is_listed_as_inspect_shows_it() {
-        let dir = std::env::temp_dir().join(format!("anylock-list-{:016x}", rand::random::<u64>()));
-        let config = LocalConfig::new(dir.join("locks.sqlite3"));
-        let holder = LocalBackend::open(config.clone()).await.expect("open");
-        let contender = LocalBackend::open(config).await.expect("open");
-        let name = LockName::new("job").expect("valid");
-        let note = Note::new("first").expect("note");
-        let request = AcquireRequest::new(
-            name.clone(),
-            Identity::unique(),
-            lockcore::Ttl::new(Duration::from_secs(60)).expect("valid TTL"),
-        )
-        .with_note(Some(note.clone()));
-        let Acquire::Acquired(_) = holder.acquire(&request).await.expect("attempt") else {
-            panic!("free")
-        };
-        die(&holder);
-        let listed = contender.list("").await.expect("list");
-        let inspected = contender
-            .inspect(&name)
-            .await
-            .expect("inspect")
-            .expect("held");
-        assert_eq!(listed.len(), 1);
-        assert_eq!(listed[0].holder().owner(), inspected.owner());
-        assert_eq!(listed[0].holder().token(), inspected.token());
-        assert_eq!(listed[0].holder().note(), Some(&note));
-
-        let second = Note::new("second").expect("note");
-        let request = AcquireRequest::new(
-            name.clone(),
-            Identity::unique(),
-            lockcore::Ttl::new(Duration::from_secs(60)).expect("valid TTL"),
-        )
-        .with_note(Some(second.clone()));
-        let Acquire::Acquired(lease) = contender.acquire(&request).await.expect("attempt") else {
-            panic!("a dead holder is taken over at once")
-        };
-        let listed = contender.list("jo").await.expect("list");
-        assert_eq!(listed.len(), 1);
-        assert_eq!(listed[0].holder().token(), lease.token());
-        assert_eq!(
-            listed[0].holder().note(),
-            Some(&second),
-            "the takeover stores its note"
-        );
-        contender.release(&lease).await.expect("release");
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
-    /// `anylock acquire` leaves a lease for later CI steps and exits; a SIGKILL at that
-    /// moment (a cancelled job) must not hand the lock to the next contender at once.
-    #[tokio::test]
-    async fn a_detached_lease_outlives_the_holders_death_until_its_ttl() {
-        let dir =
-            std::env::temp_dir().join(format!("anylock-detach-{:016x}", rand::random::<u64>()));
-        let config = LocalConfig::new(dir.join("locks.sqlite3"));
-        let contender = LocalBackend::open(config.clone()).await.expect("open");
-        let (a, b) = (
-            Identity::named("a").expect("ok"),
-            Identity::named("b").expect("ok"),
-        );
-
-        // The control: without detach, a dead holder is taken over at once.
-        let holder = LocalBackend::open(config.clone()).await.expect("open");
-        let Acquire::Acquired(lease) = acquire(&holder, &a).await else {
-            panic!("free")
-        };
-        die(&holder);
-        let Acquire::Acquired(taken) = acquire(&contender, &b).await else {
-            panic!("a dead holder's lock is taken over at once")
-        };
-        assert!(taken.token() > lease.token());
-        contender.release(&taken).await.expect("released");
-
-        let holder = LocalBackend::open(config).await.expect("open");
-        let Acquire::Acquired(lease) = acquire(&holder, &a).await else {
-            panic!("free")
-        };
-        holder.detach(&lease).await.expect("detached");
-        die(&holder);
-        assert!(
-            matches!(acquire(&contender, &b).await, Acquire::Held(_)),
-            "held for its TTL"
-        );
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-}
+#[path = "backend_tests.rs"]
+mod tests;

@@ -1,12 +1,12 @@
-//! The SQLite lease table: schema, one statement per operation, and the one place where
-//! database errors become lockcore errors.
+//! The SQLite lease table: schema and one statement per operation (errors are mapped in
+//! [`crate::error`]).
 //!
 //! Rows are never deleted: release clears the owner and keeps the row, so each name's
 //! `token` counter only ever grows (durable, monotonic fencing).
 
 use std::time::Duration;
 
-use lockcore::{Error, ErrorKind, RetryStatus, Ttl};
+use lockcore::{Error, ErrorKind, Ttl};
 use sqlx::Row as _;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteRow,
@@ -14,6 +14,7 @@ use sqlx::sqlite::{
 };
 
 use crate::config::LocalConfig;
+use crate::error::map_error;
 
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS anylock_leases (
     name        TEXT PRIMARY KEY NOT NULL,
@@ -381,56 +382,4 @@ fn decode(row: &SqliteRow) -> Result<Row, Error> {
         expires_ms: row.try_get("expires_ms").map_err(map_error)?,
         note: row.try_get("note").map_err(map_error)?,
     })
-}
-
-/// Every sqlx error becomes a lockcore error here, and nowhere else.
-///
-/// | SQLite / sqlx | kind | retry |
-/// |---|---|---|
-/// | `SQLITE_BUSY`, `SQLITE_LOCKED`, pool timeout, I/O | `Unavailable` | temporary |
-/// | `SQLITE_READONLY`, `SQLITE_PERM`, `SQLITE_AUTH` | `PermissionDenied` | permanent |
-/// | `SQLITE_CANTOPEN`, `SQLITE_NOTADB` | `Config` | permanent |
-/// | anything else (corruption, decode errors) | `Protocol` | permanent |
-pub(crate) fn map_error(err: sqlx::Error) -> Error {
-    let (kind, status, message) = match &err {
-        sqlx::Error::Database(db) => {
-            let code = db.code().and_then(|c| c.parse::<i32>().ok()).unwrap_or(0);
-            match code & 0xff {
-                5 | 6 => (
-                    ErrorKind::Unavailable,
-                    RetryStatus::Temporary,
-                    "the lock database is busy",
-                ),
-                3 | 8 | 23 => (
-                    ErrorKind::PermissionDenied,
-                    RetryStatus::Permanent,
-                    "no permission to write the lock database",
-                ),
-                14 | 26 => (
-                    ErrorKind::Config,
-                    RetryStatus::Permanent,
-                    "cannot open the lock database",
-                ),
-                _ => (
-                    ErrorKind::Protocol,
-                    RetryStatus::Permanent,
-                    "the lock database failed",
-                ),
-            }
-        }
-        sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) | sqlx::Error::PoolClosed => (
-            ErrorKind::Unavailable,
-            RetryStatus::Temporary,
-            "the lock database is unavailable",
-        ),
-        _ => (
-            ErrorKind::Protocol,
-            RetryStatus::Permanent,
-            "unexpected lock database reply",
-        ),
-    };
-    Error::new(kind, message)
-        .with_status(status)
-        .with_backend("local")
-        .with_source(err)
 }

@@ -15,7 +15,7 @@
 //! use backend_local::{LocalBackend, LocalConfig};
 //! use lockcore::Locker;
 //! # async fn demo() -> Result<(), lockcore::Error> {
-//! let backend = LocalBackend::open(LocalConfig::from_url("local:/tmp/demo-locks.sqlite3")?).await?;
+//! let backend: LocalBackend = LocalConfig::from_url("local:/tmp/demo-locks.sqlite3")?.build().await?;
 //! let guard = Locker::new(Arc::new(backend)).acquire("nightly-report").await?;
 //! guard.release().await?;
 //! # Ok(()) }
@@ -24,6 +24,7 @@
 mod backend;
 mod client;
 mod config;
+mod error;
 mod host;
 mod liveness;
 #[cfg(test)]
@@ -43,11 +44,10 @@ use lockcore::{LockBackend, Result};
 pub const SCHEMES: &[&str] = &[config::SCHEME];
 
 /// Opens the backend `url` names (`local:` or `local:/path/locks.sqlite3`): parses it
-/// ([`LocalConfig::from_url`]) and opens the database ([`LocalBackend::open`]).
+/// ([`LocalConfig::from_url`]) and opens the database ([`LocalConfig::build`]).
 ///
 /// # Errors
-/// As [`LocalConfig::from_url`] and [`LocalBackend::open`].
+/// As [`LocalConfig::from_url`] and [`LocalBackend::connect`].
 pub async fn open(url: &str) -> Result<Arc<dyn LockBackend>> {
-    let config = LocalConfig::from_url(url)?;
-    Ok(Arc::new(LocalBackend::open(config).await?))
+    Ok(Arc::new(LocalConfig::from_url(url)?.build().await?))
 }

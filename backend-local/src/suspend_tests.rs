@@ -43,7 +43,7 @@ impl Clocks for SuspendableClocks {
 }
 
 async fn open(path: &std::path::Path, clocks: &Arc<SuspendableClocks>) -> Arc<LocalBackend> {
-    let backend = LocalBackend::open(LocalConfig::new(path))
+    let backend = LocalBackend::connect(LocalConfig::new(path))
         .await
         .expect("open");
     Arc::new(backend.with_clocks(clocks.clone()))

@@ -131,7 +131,7 @@ impl Harness for LocalHarness {
             .db
             .config()
             .with_busy_timeout(Duration::from_millis(100));
-        let backend = LocalBackend::open(config).await.expect("second backend");
+        let backend = LocalBackend::connect(config).await.expect("second backend");
         let (tx, rx) = watch::channel(false);
         let url = format!("sqlite://{}", self.db.path().display());
         tokio::spawn(hold_writer(url, rx));

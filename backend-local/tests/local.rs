@@ -30,7 +30,7 @@ async fn child_holder() {
     let Ok(path) = std::env::var(CHILD_DB) else {
         return;
     };
-    let backend = LocalBackend::open(LocalConfig::new(path))
+    let backend = LocalBackend::connect(LocalConfig::new(path))
         .await
         .expect("open");
     let guard = locker(backend, WaitMode::Forever)
@@ -303,7 +303,9 @@ async fn a_lease_from_an_older_version_is_not_taken_over_early() {
 #[tokio::test]
 async fn an_unusable_path_is_a_clear_config_error() {
     let config = LocalConfig::new("/proc/anylock-cannot-create/locks.sqlite3");
-    let err = LocalBackend::open(config).await.expect_err("cannot create");
+    let err = LocalBackend::connect(config)
+        .await
+        .expect_err("cannot create");
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
     assert!(
         err.to_string()
@@ -319,7 +321,7 @@ async fn many_processes_opening_a_fresh_database_at_once_all_succeed() {
         let opens: Vec<_> = (0..16)
             .map(|_| {
                 let config = db.config();
-                tokio::spawn(async move { LocalBackend::open(config).await })
+                tokio::spawn(async move { LocalBackend::connect(config).await })
             })
             .collect();
         for open in opens {

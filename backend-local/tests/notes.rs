@@ -87,7 +87,7 @@ async fn a_database_from_before_notes_is_upgraded_by_concurrent_opens() {
     let opens: Vec<_> = (0..16)
         .map(|_| {
             let config = db.config();
-            tokio::spawn(async move { LocalBackend::open(config).await })
+            tokio::spawn(async move { LocalBackend::connect(config).await })
         })
         .collect();
     let mut backends = Vec::new();

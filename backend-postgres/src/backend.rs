@@ -14,8 +14,9 @@ use lockcore::{
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
 
-use crate::client::{BACKEND, Client, Effect};
+use crate::client::Client;
 use crate::config::PostgresConfig;
+use crate::error::{BACKEND, Effect};
 use crate::notify::Notifier;
 use crate::sql;
 
@@ -152,6 +153,17 @@ impl PostgresBackend {
     }
 }
 
+impl PostgresConfig {
+    /// Validates and connects: [`PostgresBackend::connect`] (here rather than in the
+    /// config's module, which the backend depends on).
+    ///
+    /// # Errors
+    /// As [`PostgresBackend::connect`].
+    pub async fn build(self) -> Result<PostgresBackend> {
+        PostgresBackend::connect(self).await
+    }
+}
+
 /// One acquire statement's answer.
 struct Outcome {
     acquired: bool,
@@ -165,13 +177,8 @@ impl LockBackend for PostgresBackend {
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
-        let context = |e: Error| e.with_lock(&request.name);
         let ttl = request.ttl;
-        match self
-            .attempt(request, ttl.as_micros())
-            .await
-            .map_err(context)?
-        {
+        match self.attempt(request, ttl.as_micros()).await? {
             Some(Outcome {
                 acquired: true,
                 holder,
@@ -197,8 +204,7 @@ impl LockBackend for PostgresBackend {
     }
 
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
-        let context = |e: Error| e.with_lock(lease.name());
-        let token = grant_token(lease).map_err(context)?;
+        let token = grant_token(lease)?;
         let ttl_us = lease.ttl().as_micros();
         let c = self.client();
         let seen = c
@@ -213,19 +219,15 @@ impl LockBackend for PostgresBackend {
                     .await?;
                 Seen::from_row(&row)
             })
-            .await
-            .map_err(context)?;
+            .await?;
         if seen.refreshed == 1 {
             return Ok(lease.clone());
         }
-        Err(context(
-            Error::lost(seen.why_not(lease, token)).with_backend(BACKEND),
-        ))
+        Err(Error::lost(seen.why_not(lease, token)))
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        let context = |e: Error| e.with_lock(lease.name());
-        let token = grant_token(lease).map_err(context)?;
+        let token = grant_token(lease)?;
         let c = self.client();
         let channel = &self.inner.channel;
         c.run(Effect::Write, async |conn| {
@@ -239,7 +241,6 @@ impl LockBackend for PostgresBackend {
         })
         .await
         .map(drop)
-        .map_err(context)
     }
 
     async fn server_time(&self) -> Result<Option<std::time::SystemTime>> {
@@ -268,7 +269,6 @@ impl LockBackend for PostgresBackend {
             row.as_ref().map(holder).transpose()
         })
         .await
-        .map_err(|e| e.with_lock(name))
     }
 
     /// One statement, streamed row by row: memory grows with the locks listed, not with
@@ -313,7 +313,6 @@ impl LockBackend for PostgresBackend {
             }
         })
         .await
-        .map_err(|e| e.with_lock(name))
     }
 
     fn guarantees(&self) -> Guarantees {
@@ -464,10 +463,10 @@ fn holder(row: &PgRow) -> Result<HolderInfo, sqlx::Error> {
 
 /// The token this backend stored in `lease`'s grant.
 pub(crate) fn grant_token(lease: &Lease) -> Result<i64> {
-    lease.grant().parse::<i64>().map_err(|_| {
-        Error::invalid_input("the lease was not issued by the postgres backend")
-            .with_backend(BACKEND)
-    })
+    lease
+        .grant()
+        .parse::<i64>()
+        .map_err(|_| Error::invalid_input("the lease was not issued by the postgres backend"))
 }
 
 #[cfg(test)]

@@ -1,30 +1,19 @@
-//! Talking to PostgreSQL: the pool, one bounded attempt per call, schema creation, and the
-//! one place where sqlx and database errors become lockcore errors.
+//! Talking to PostgreSQL: the pool, one bounded attempt per call, and schema creation
+//! (sqlx and database errors become lockcore errors in [`crate::error`]).
 
 use std::time::Duration;
 
-use lockcore::{Error, ErrorKind, RetryStatus};
+use lockcore::{Error, ErrorKind};
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Connection, Row, SqlStr};
 use tokio::time::{Instant, timeout_at};
 
 use crate::config::PostgresConfig;
-use crate::denied::{self, Who};
+use crate::denied::Who;
+use crate::error::{Effect, connect_failed, map_error_as, timed_out};
 use crate::limits;
-use crate::sql::{self, Names, Statements};
-use crate::tls::tls_failure;
-
-/// The backend name in every error.
-pub(crate) const BACKEND: &str = "postgres";
-
-/// Whether an operation changes the lease table, which decides what a lost reply means.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Effect {
-    /// A read: a lost reply changed nothing.
-    Read,
-    /// A write: once sent, a lost reply leaves the outcome unknown.
-    Write,
-}
+use crate::names::Names;
+use crate::sql::{self, Statements};
 
 /// The pool plus the statements, shared by every clone of a backend.
 #[derive(Debug)]
@@ -64,7 +53,7 @@ impl Client {
                 })
             })
             .connect_lazy_with(config.connect_options());
-        let names = Names::new(config);
+        let names = config.names();
         let who = Who {
             user: config.user().to_owned(),
             names: names.clone(),
@@ -96,12 +85,7 @@ impl Client {
                 let _ = conn.close().await;
                 Ok(())
             }
-            Ok(Err(err @ sqlx::Error::Io(_))) if tls_failure(&err).is_none() => Err(
-                Error::unavailable("cannot connect to the PostgreSQL server")
-                    .with_backend(BACKEND)
-                    .with_source(err),
-            ),
-            Ok(Err(err)) => Err(map_error_as(err, Effect::Read, Some(&self.who))),
+            Ok(Err(err)) => Err(connect_failed(err, &self.who)),
             Err(_) => Err(timed_out(Effect::Read, self.timeout, "connecting")),
         }
     }
@@ -192,7 +176,7 @@ impl Client {
                  off; create it (see docs/postgres.md) or allow create_schema"
             )
         };
-        Err(Error::new(ErrorKind::Config, message).with_backend(BACKEND))
+        Err(Error::new(ErrorKind::Config, message))
     }
 }
 
@@ -327,7 +311,6 @@ fn cached_sequence(sequence: &str, cache: i64) -> Error {
              ALTER SEQUENCE {sequence} CACHE 1"
         ),
     )
-    .with_backend(BACKEND)
 }
 
 async fn schema_exists(conn: &mut PgConnection, names: &Names) -> Result<bool, sqlx::Error> {
@@ -337,140 +320,4 @@ async fn schema_exists(conn: &mut PgConnection, names: &Names) -> Result<bool, s
         .fetch_one(conn)
         .await?;
     row.try_get("present")
-}
-
-fn timed_out(effect: Effect, limit: Duration, phase: &str) -> Error {
-    let kind = match effect {
-        Effect::Read => ErrorKind::Unavailable,
-        Effect::Write => ErrorKind::OutcomeUnknown,
-    };
-    Error::new(kind, format!("no answer within {limit:?} ({phase})")).with_backend(BACKEND)
-}
-
-/// Maps every sqlx error to a lockcore kind and retry status.
-///
-/// A database error means the statement failed and was rolled back, so even for a write
-/// its outcome is known; a broken connection after a write was sent is not.
-pub(crate) fn map_error(err: sqlx::Error, effect: Effect) -> Error {
-    map_error_as(err, effect, None)
-}
-
-/// [`map_error`], naming `who` in authentication and privilege failures.
-pub(crate) fn map_error_as(err: sqlx::Error, effect: Effect, who: Option<&Who>) -> Error {
-    if let Some(tls) = tls_failure(&err) {
-        return tls.with_backend(BACKEND).with_source(err);
-    }
-    let (kind, status, message) = match &err {
-        sqlx::Error::Database(db) => {
-            let code = db.code().map(|c| c.into_owned()).unwrap_or_default();
-            let (kind, status) = classify_sqlstate(&code);
-            let mut message = format!("SQLSTATE {code}: {}", db.message());
-            if let Some(hint) = denied::hint(&code, db.message(), who) {
-                message = hint;
-            }
-            (kind, status, message)
-        }
-        other => {
-            let (kind, status, message) = classify_client_error(other, effect);
-            (kind, status, message.to_owned())
-        }
-    };
-    Error::new(kind, message)
-        .with_status(status)
-        .with_backend(BACKEND)
-        .with_source(err)
-}
-
-/// The kind, retry status and message of an error raised on the client side.
-fn classify_client_error(err: &sqlx::Error, effect: Effect) -> (ErrorKind, RetryStatus, &str) {
-    use ErrorKind::*;
-    use RetryStatus::*;
-    match err {
-        sqlx::Error::Io(_) | sqlx::Error::WorkerCrashed => match effect {
-            Effect::Read => (Unavailable, Temporary, "connection lost"),
-            Effect::Write => (OutcomeUnknown, Temporary, "connection lost after sending"),
-        },
-        sqlx::Error::PoolTimedOut => (
-            Unavailable,
-            Temporary,
-            "no pooled connection became available (server unreachable or pool exhausted)",
-        ),
-        sqlx::Error::PoolClosed => (Unavailable, Permanent, "the connection pool is closed"),
-        sqlx::Error::Configuration(_) | sqlx::Error::InvalidArgument(_) => {
-            (Config, Permanent, "invalid connection settings")
-        }
-        _ => (Protocol, Permanent, "unexpected reply from the server"),
-    }
-}
-
-/// The kind and retry status of a SQLSTATE code (PostgreSQL appendix A).
-pub(crate) fn classify_sqlstate(code: &str) -> (ErrorKind, RetryStatus) {
-    use ErrorKind::*;
-    use RetryStatus::*;
-    match code {
-        // serialization_failure, deadlock_detected: the transaction lost a race.
-        "40001" | "40P01" => (Unavailable, Temporary),
-        // lock_not_available, query_canceled (statement_timeout), read_only_sql_transaction
-        // (a standby after a failover), idle_in_transaction_session_timeout (the server
-        // ended an idle transaction), admin/crash shutdown, cannot_connect_now.
-        "55P03" | "57014" | "25006" | "25P03" | "57P01" | "57P02" | "57P03" => {
-            (Unavailable, Temporary)
-        }
-        // invalid_password, invalid_authorization_specification, insufficient_privilege.
-        "28P01" | "28000" | "42501" => (PermissionDenied, Permanent),
-        // invalid_catalog_name (no such database), undefined_table, invalid_schema_name.
-        "3D000" | "42P01" | "3F000" => (Config, Permanent),
-        "0A000" => (Unsupported, Permanent),
-        _ => match code.get(..2) {
-            // connection_exception, insufficient_resources (too many connections, disk full),
-            // operator_intervention, system_error.
-            Some("08" | "53" | "57" | "58") => (Unavailable, Temporary),
-            // data_exception (string too long, bad encoding), program_limit_exceeded.
-            Some("22" | "54") => (InvalidInput, Permanent),
-            _ => (Protocol, Permanent),
-        },
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sqlstates_map_to_kinds_and_retry_status() {
-        let cases = [
-            ("40001", ErrorKind::Unavailable, RetryStatus::Temporary),
-            ("40P01", ErrorKind::Unavailable, RetryStatus::Temporary),
-            ("08006", ErrorKind::Unavailable, RetryStatus::Temporary),
-            ("57P01", ErrorKind::Unavailable, RetryStatus::Temporary),
-            ("53300", ErrorKind::Unavailable, RetryStatus::Temporary),
-            ("25006", ErrorKind::Unavailable, RetryStatus::Temporary),
-            ("25P03", ErrorKind::Unavailable, RetryStatus::Temporary),
-            ("28P01", ErrorKind::PermissionDenied, RetryStatus::Permanent),
-            ("42501", ErrorKind::PermissionDenied, RetryStatus::Permanent),
-            ("3D000", ErrorKind::Config, RetryStatus::Permanent),
-            ("42P01", ErrorKind::Config, RetryStatus::Permanent),
-            ("22001", ErrorKind::InvalidInput, RetryStatus::Permanent),
-            ("23505", ErrorKind::Protocol, RetryStatus::Permanent),
-            ("XX000", ErrorKind::Protocol, RetryStatus::Permanent),
-        ];
-        for (code, kind, status) in cases {
-            assert_eq!(classify_sqlstate(code), (kind, status), "{code}");
-        }
-    }
-
-    #[test]
-    fn a_lost_connection_is_unknown_only_for_writes() {
-        let io = || sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::UnexpectedEof));
-        let read = map_error(io(), Effect::Read);
-        assert_eq!(read.kind(), ErrorKind::Unavailable);
-        assert!(read.is_temporary());
-        let write = map_error(io(), Effect::Write);
-        assert_eq!(write.kind(), ErrorKind::OutcomeUnknown);
-        assert!(write.is_temporary());
-        assert_eq!(write.backend(), Some(BACKEND));
-        let pool = map_error(sqlx::Error::PoolTimedOut, Effect::Write);
-        assert_eq!(pool.kind(), ErrorKind::Unavailable);
-        assert!(pool.is_temporary());
-    }
 }

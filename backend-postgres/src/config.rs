@@ -15,29 +15,19 @@ use std::time::Duration;
 use lockcore::{Error, Result};
 use sqlx::postgres::PgConnectOptions;
 
+use crate::error::invalid;
 use crate::limits::{self, MAX_STATEMENT_TIMEOUT};
+use crate::names::{DEFAULT_APPLICATION_NAME, MAX_IDENTIFIER_LEN, MAX_TABLE_LEN, Names, truncate};
 use crate::tls::TlsSetup;
-use crate::url::connection;
 
 /// The schema used unless the URL or [`PostgresConfig::with_schema`] names another.
 pub const DEFAULT_SCHEMA: &str = "anylock";
 /// The table used unless the URL or [`PostgresConfig::with_table`] names another.
 pub const DEFAULT_TABLE: &str = "leases";
-/// The `application_name` sent when the URL sets none.
-pub const DEFAULT_APPLICATION_NAME: &str = "anylock";
 /// The most pooled connections one backend opens (the listener's connection is extra).
 pub const DEFAULT_POOL_SIZE: u32 = 10;
 /// The client-side bound on one operation: getting a connection plus running it.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
-/// The longest identifier PostgreSQL keeps (`NAMEDATALEN - 1`), in bytes.
-pub const MAX_IDENTIFIER_LEN: usize = 63;
-/// The longest table name accepted: the fence sequence is named `<table>_fence`, which must
-/// still fit in [`MAX_IDENTIFIER_LEN`].
-pub const MAX_TABLE_LEN: usize = MAX_IDENTIFIER_LEN - FENCE_SUFFIX.len();
-
-/// The suffix of the fence-token sequence's name.
-pub(crate) const FENCE_SUFFIX: &str = "_fence";
-
 /// Connection settings and table location for [`PostgresBackend`](crate::PostgresBackend).
 ///
 /// ```
@@ -67,51 +57,6 @@ pub struct PostgresConfig {
 }
 
 impl PostgresConfig {
-    /// Parses a `postgres://` or `postgresql://` URL.
-    ///
-    /// Standard parameters (`sslmode`, `sslrootcert`, `sslcert`, `sslkey`,
-    /// `application_name`, `options`, `host`, `port`, `user`, `password`, `dbname`) go to
-    /// sqlx. anylock reads `schema`, `table`, `channel`, `pool_size`, `timeout_ms`,
-    /// `statement_timeout_ms`, `create_schema` (`true`/`false`) and `prepared_statements`
-    /// (`true`/`false`).
-    ///
-    /// # Errors
-    /// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for an unparseable
-    /// URL, another scheme, or a bad parameter value. The message never shows the password.
-    pub fn from_url(url: &str) -> Result<Self> {
-        let parsed = connection(url)?;
-        let mut config = Self {
-            connect: parsed.options,
-            redacted: parsed.redacted,
-            tls: parsed.tls,
-            listen: None,
-            schema: DEFAULT_SCHEMA.to_owned(),
-            table: DEFAULT_TABLE.to_owned(),
-            channel: None,
-            pool_size: DEFAULT_POOL_SIZE,
-            timeout: DEFAULT_TIMEOUT,
-            statement_timeout: None,
-            create_schema: true,
-            prepared_statements: true,
-        };
-        for (key, value) in parsed.own {
-            config = config.apply_param(&key, &value)?;
-        }
-        Ok(config)
-    }
-
-    /// Reads the URL from `ANYLOCK_POSTGRES_URL`.
-    ///
-    /// # Errors
-    /// [`ErrorKind::Config`](lockcore::ErrorKind::Config) when the variable is unset; as
-    /// [`from_url`](Self::from_url) otherwise.
-    pub fn from_env() -> Result<Self> {
-        match std::env::var("ANYLOCK_POSTGRES_URL") {
-            Ok(url) => Self::from_url(&url),
-            Err(_) => Err(config_error("ANYLOCK_POSTGRES_URL is not set")),
-        }
-    }
-
     /// Uses `schema` for the lease table and its fence sequence (default
     /// [`DEFAULT_SCHEMA`]). Any characters are allowed except NUL and control characters;
     /// the name is always quoted, so case and spaces are kept as given.
@@ -176,18 +121,6 @@ impl PostgresConfig {
     pub fn with_prepared_statements(mut self, prepared: bool) -> Self {
         self.prepared_statements = prepared;
         self
-    }
-
-    /// Opens the `LISTEN` connection with `url` instead of the main URL. `LISTEN` needs a
-    /// session of its own: behind PgBouncer in transaction mode, point this at the server
-    /// or at a session-mode pool.
-    ///
-    /// # Errors
-    /// As [`from_url`](Self::from_url).
-    pub fn with_listen_url(mut self, url: &str) -> Result<Self> {
-        let parsed = connection(url)?;
-        self.listen = Some((parsed.options, parsed.redacted));
-        Ok(self)
     }
 
     /// The schema name, unquoted.
@@ -313,33 +246,38 @@ impl PostgresConfig {
             .application_name(&truncate(&format!("{app} (listen)")))
     }
 
-    fn apply_param(self, key: &str, value: &str) -> Result<Self> {
-        let flag = |v: &str| match v {
-            "true" | "1" | "yes" | "on" => Ok(true),
-            "false" | "0" | "no" | "off" => Ok(false),
-            _ => Err(invalid(format!("{key} must be true or false, got {v:?}"))),
-        };
-        let number = |v: &str| {
-            v.parse::<u64>()
-                .map_err(|_| invalid(format!("{key} must be a whole number, got {v:?}")))
-        };
-        Ok(match key {
-            "schema" => self.with_schema(value),
-            "table" => self.with_table(value),
-            "channel" => self.with_channel(value),
-            "pool_size" => {
-                let size = u32::try_from(number(value)?)
-                    .map_err(|_| invalid(format!("pool_size {value} is too large")))?;
-                self.with_pool_size(size)
-            }
-            "timeout_ms" => self.with_timeout(Duration::from_millis(number(value)?)),
-            "statement_timeout_ms" => {
-                self.with_statement_timeout(Duration::from_millis(number(value)?))
-            }
-            "create_schema" => self.with_create_schema(flag(value)?),
-            "prepared_statements" => self.with_prepared_statements(flag(value)?),
-            _ => self,
-        })
+    /// The quoted names of the schema, table and fence sequence.
+    pub(crate) fn names(&self) -> Names {
+        Names::new(&self.schema, &self.table)
+    }
+
+    /// A config with the defaults for the server `connect` reaches (`redacted` shows its
+    /// URL, `tls` what its connections check).
+    pub(crate) fn with_defaults(
+        connect: PgConnectOptions,
+        redacted: String,
+        tls: TlsSetup,
+    ) -> Self {
+        Self {
+            connect,
+            redacted,
+            tls,
+            listen: None,
+            schema: DEFAULT_SCHEMA.to_owned(),
+            table: DEFAULT_TABLE.to_owned(),
+            channel: None,
+            pool_size: DEFAULT_POOL_SIZE,
+            timeout: DEFAULT_TIMEOUT,
+            statement_timeout: None,
+            create_schema: true,
+            prepared_statements: true,
+        }
+    }
+
+    /// Opens the `LISTEN` connection with `options` (`redacted` shows its URL).
+    pub(crate) fn with_listen(mut self, options: PgConnectOptions, redacted: String) -> Self {
+        self.listen = Some((options, redacted));
+        self
     }
 }
 
@@ -378,13 +316,6 @@ impl FromStr for PostgresConfig {
     }
 }
 
-/// Quotes an identifier for SQL: `"` + the name with every `"` doubled + `"`.
-///
-/// Only for names that passed [`check_identifier`] (no NUL).
-pub(crate) fn quote_identifier(name: &str) -> String {
-    format!("\"{}\"", name.replace('"', "\"\""))
-}
-
 /// Accepts 1 to `max` bytes without NUL or control characters.
 fn check_identifier(what: &str, name: &str, max: usize) -> Result<()> {
     if name.is_empty() {
@@ -404,26 +335,10 @@ fn check_identifier(what: &str, name: &str, max: usize) -> Result<()> {
     Ok(())
 }
 
-/// Cuts `name` to at most [`MAX_IDENTIFIER_LEN`] bytes on a character boundary.
-fn truncate(name: &str) -> String {
-    let mut end = name.len().min(MAX_IDENTIFIER_LEN);
-    while !name.is_char_boundary(end) {
-        end -= 1;
-    }
-    name[..end].to_owned()
-}
-
-pub(crate) fn invalid(message: impl Into<std::borrow::Cow<'static, str>>) -> Error {
-    Error::invalid_input(message).with_backend("postgres")
-}
-
-fn config_error(message: &'static str) -> Error {
-    Error::new(lockcore::ErrorKind::Config, message).with_backend("postgres")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::names::quote_identifier;
     use lockcore::ErrorKind;
 
     const URL: &str = "postgres://app:pa%40ss@db.example:6543/locks?sslmode=require";

@@ -1,7 +1,7 @@
 //! Authentication and privilege failures worded for a person: who was refused, what is
 //! missing, and the statement or setting that fixes it. Never the password.
 
-use crate::sql::Names;
+use crate::names::{Names, quote_identifier};
 
 /// Who the backend connects as and which objects it uses, for the fixes it suggests.
 #[derive(Debug, Clone)]
@@ -86,7 +86,7 @@ fn owner_needed(message: &str, user: &str, who: Option<&Who>) -> String {
 
 /// An identifier as SQL needs it.
 fn quote(name: &str) -> String {
-    crate::config::quote_identifier(name)
+    quote_identifier(name)
 }
 
 #[cfg(test)]
@@ -97,7 +97,7 @@ mod tests {
         let config = crate::PostgresConfig::from_url("postgres://app@h/db").expect("valid");
         Who {
             user: "app".into(),
-            names: Names::new(&config),
+            names: config.names(),
         }
     }
 

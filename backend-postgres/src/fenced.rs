@@ -31,7 +31,10 @@ use sqlx::postgres::{PgConnection, Postgres};
 use tokio::time::timeout;
 
 use crate::backend::{PostgresBackend, grant_token};
-use crate::client::{BACKEND, Effect, map_error};
+use crate::error::{Effect, map_error};
+
+/// Also at the crate root; kept here, where it was first published.
+pub use crate::error::error_from_sqlx;
 
 /// A transaction in which the lease's row is verified and locked against takeover.
 ///
@@ -70,13 +73,11 @@ impl FencedTx {
     pub async fn commit(self) -> Result<()> {
         let limit = self.backend.timeout();
         match timeout(limit, self.tx.commit()).await {
-            Ok(result) => result.map_err(|e| map_error(e, Effect::Write).with_lock(&self.name)),
+            Ok(result) => result.map_err(|e| map_error(e, Effect::Write)),
             Err(_) => Err(Error::new(
                 ErrorKind::OutcomeUnknown,
                 format!("COMMIT got no answer within {limit:?}"),
-            )
-            .with_backend(BACKEND)
-            .with_lock(&self.name)),
+            )),
         }
     }
 
@@ -88,7 +89,7 @@ impl FencedTx {
         self.tx
             .rollback()
             .await
-            .map_err(|e| map_error(e, Effect::Read).with_lock(&self.name))
+            .map_err(|e| map_error(e, Effect::Read))
     }
 }
 
@@ -141,7 +142,6 @@ impl PostgresBackend {
         let token = grant_token(lease)?;
         let limit = self.timeout();
         let begun = timeout(limit, self.check_and_lock(lease, token)).await;
-        let context = |e: Error| e.with_lock(lease.name());
         match begun {
             Ok(Ok(Some(tx))) => Ok(FencedTx {
                 tx,
@@ -149,16 +149,14 @@ impl PostgresBackend {
                 token: FenceToken::new(token.unsigned_abs()),
                 backend: self.clone(),
             }),
-            Ok(Ok(None)) => Err(context(Error::lost(format!(
+            Ok(Ok(None)) => Err(Error::lost(format!(
                 "the lease no longer holds grant {token} (released, expired or taken over); \
                  the fenced transaction was rolled back"
-            )))
-            .with_backend(BACKEND)),
-            Ok(Err(err)) => Err(context(map_error(err, Effect::Read))),
-            Err(_) => Err(context(
-                Error::unavailable(format!("the fence check got no answer within {limit:?}"))
-                    .with_backend(BACKEND),
-            )),
+            ))),
+            Ok(Err(err)) => Err(map_error(err, Effect::Read)),
+            Err(_) => Err(Error::unavailable(format!(
+                "the fence check got no answer within {limit:?}"
+            ))),
         }
     }
 
@@ -230,11 +228,4 @@ impl PostgresBackend {
         tx.rollback().await?;
         Ok(None)
     }
-}
-
-/// Maps an error from your own statements the way the backend maps its own: serialization
-/// failures and lost connections are temporary, missing privileges permanent, and a
-/// connection lost after a write was sent is [`ErrorKind::OutcomeUnknown`].
-pub fn error_from_sqlx(err: sqlx::Error) -> Error {
-    map_error(err, Effect::Write)
 }

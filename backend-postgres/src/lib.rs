@@ -36,8 +36,11 @@ mod backend;
 mod client;
 mod config;
 mod denied;
+mod error;
 pub mod fenced;
+mod from_url;
 mod limits;
+mod names;
 mod notify;
 #[cfg(test)]
 mod prop_tests;
@@ -47,11 +50,12 @@ mod url;
 
 pub use backend::{PostgresBackend, guarantees};
 pub use config::{
-    DEFAULT_APPLICATION_NAME, DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, DEFAULT_TABLE, DEFAULT_TIMEOUT,
-    MAX_IDENTIFIER_LEN, MAX_TABLE_LEN, PostgresConfig,
+    DEFAULT_POOL_SIZE, DEFAULT_SCHEMA, DEFAULT_TABLE, DEFAULT_TIMEOUT, PostgresConfig,
 };
-pub use fenced::{FencedTx, error_from_sqlx};
+pub use error::error_from_sqlx;
+pub use fenced::FencedTx;
 pub use limits::MAX_STATEMENT_TIMEOUT;
+pub use names::{DEFAULT_APPLICATION_NAME, MAX_IDENTIFIER_LEN, MAX_TABLE_LEN};
 pub use notify::KEEPALIVE;
 pub use {lockcore, sqlx};
 
@@ -59,10 +63,12 @@ pub use {lockcore, sqlx};
 pub const SCHEMES: &[&str] = &["postgres", "postgresql"];
 
 /// Opens the backend `url` names: parses it ([`PostgresConfig::from_url`]) and connects
-/// ([`PostgresBackend::connect`]).
+/// ([`PostgresConfig::build`]).
 ///
 /// # Errors
-/// As [`PostgresBackend::from_url`].
+/// As [`PostgresConfig::from_url`] and [`PostgresBackend::connect`].
 pub async fn open(url: &str) -> lockcore::Result<std::sync::Arc<dyn lockcore::LockBackend>> {
-    Ok(std::sync::Arc::new(PostgresBackend::from_url(url).await?))
+    Ok(std::sync::Arc::new(
+        PostgresConfig::from_url(url)?.build().await?,
+    ))
 }

@@ -9,8 +9,8 @@ use proptest::prelude::*;
 
 use crate::PostgresConfig;
 use crate::backend::grant_token;
-use crate::client::classify_sqlstate;
-use crate::config::{MAX_IDENTIFIER_LEN, MAX_TABLE_LEN, quote_identifier};
+use crate::error::classify_sqlstate;
+use crate::names::{MAX_IDENTIFIER_LEN, MAX_TABLE_LEN, quote_identifier};
 
 /// Characters a URL treats specially, joining the chunks of generated passwords (no raw
 /// `@`: with one, part of the password is a host name by the URL grammar).

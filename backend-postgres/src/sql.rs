@@ -2,7 +2,7 @@
 //!
 //! Parameters are always bound (`$1`...): lock names, owners and tokens never become part
 //! of a statement's text. Only the schema, table and sequence names are spliced in, and only
-//! after [`quote_identifier`](crate::config::quote_identifier).
+//! after [`quote_identifier`](crate::names::quote_identifier).
 //!
 //! Time is always the database's: `now()` (the statement's start) where an earlier instant
 //! is the safe side (setting an expiry, deciding that a lease has expired and may be taken
@@ -11,7 +11,7 @@
 
 use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
 
-use crate::config::{FENCE_SUFFIX, PostgresConfig, quote_identifier};
+use crate::names::Names;
 
 /// Columns describing a holder: identity, token, note, grant time and time left, both in
 /// microseconds so no date-time crate is needed.
@@ -19,31 +19,6 @@ const HOLDER: &str = "owner, token, note, \
     (extract(epoch FROM acquired_at) * 1000000)::bigint AS acquired_at_us, \
     greatest(0, extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint \
     AS expires_in_us";
-
-/// The quoted names of the objects one backend uses.
-#[derive(Debug, Clone)]
-pub(crate) struct Names {
-    /// `"schema"`
-    pub(crate) schema: String,
-    /// `"schema"."table"`
-    pub(crate) table: String,
-    /// `"schema"."table_fence"`
-    pub(crate) sequence: String,
-}
-
-impl Names {
-    pub(crate) fn new(config: &PostgresConfig) -> Self {
-        let schema = quote_identifier(config.schema());
-        let table = format!("{schema}.{}", quote_identifier(config.table()));
-        let sequence_name = format!("{}{FENCE_SUFFIX}", config.table());
-        let sequence = format!("{schema}.{}", quote_identifier(&sequence_name));
-        Self {
-            schema,
-            table,
-            sequence,
-        }
-    }
-}
 
 /// Every statement of the lock protocol, ready to bind.
 #[derive(Debug, Clone)]
@@ -265,6 +240,7 @@ fn sql(text: String) -> SqlStr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::PostgresConfig;
 
     #[test]
     fn names_are_quoted_and_qualified() {
@@ -272,7 +248,7 @@ mod tests {
             .expect("valid")
             .with_schema("S\"x")
             .with_table("it's");
-        let names = Names::new(&config);
+        let names = config.names();
         assert_eq!(names.schema, "\"S\"\"x\"");
         assert_eq!(names.table, "\"S\"\"x\".\"it's\"");
         assert_eq!(names.sequence, "\"S\"\"x\".\"it's_fence\"");
@@ -290,7 +266,7 @@ mod tests {
     #[test]
     fn lock_data_is_always_bound() {
         let config = PostgresConfig::from_url("postgres://h/db").expect("valid");
-        let s = Statements::new(&Names::new(&config));
+        let s = Statements::new(&config.names());
         for statement in [
             &s.acquire,
             &s.holder,

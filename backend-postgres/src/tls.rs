@@ -4,10 +4,11 @@
 //! the failures sqlx reports, worded by [`anylock_tls::diagnose`].
 
 use anylock_tls::{TlsFiles, TlsMaterial};
-use lockcore::{Error, ErrorKind, Result, Verification};
+use lockcore::url::Query;
+use lockcore::{Result, Verification};
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
-use crate::client::BACKEND;
+use crate::error::{config_error, invalid};
 
 /// The libpq (and sqlx) names of anylock's TLS file parameters, with the name they stand for.
 pub(crate) const ALIASES: &[(&str, &str)] = &[
@@ -39,17 +40,31 @@ pub(crate) struct TlsParams {
 }
 
 impl TlsParams {
-    /// Takes `name=value` when it is a TLS file parameter or `sslmode`; `Ok(false)` for
-    /// any other parameter.
+    /// Takes the TLS file parameters (under any of their names, in URL order) out of
+    /// `query`, then the files named by libpq's environment variables where the URL named
+    /// none. `explicit_mode`: the URL sets `sslmode` (or `ssl-mode`).
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidInput`] for an empty path, or a file given twice (under one name
-    /// or under a name and its alias).
-    pub(crate) fn take(&mut self, name: &str, value: &str) -> Result<bool> {
-        if matches!(name, "sslmode" | "ssl-mode") {
-            self.explicit_mode = true;
-            return Ok(false);
+    /// As [`take`](Self::take) and [`take_env`](Self::take_env).
+    pub(crate) fn read(query: &mut Query, explicit_mode: bool) -> Result<Self> {
+        let mut params = Self {
+            explicit_mode,
+            ..Self::default()
+        };
+        for (name, value) in query.take_matching(is_file_param) {
+            params.take(&name, &value)?;
         }
+        params.take_env()?;
+        Ok(params)
+    }
+
+    /// Takes `name=value` when it is a TLS file parameter; `Ok(false)` for any other
+    /// parameter.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for an empty path,
+    /// or a file given twice (under one name or under a name and its alias).
+    pub(crate) fn take(&mut self, name: &str, value: &str) -> Result<bool> {
         let canonical = match ALIASES.iter().find(|(alias, _)| *alias == name) {
             Some((_, canonical)) => *canonical,
             None if matches!(name, "ca" | "cert" | "key") => canonical_name(name),
@@ -62,16 +77,14 @@ impl TlsParams {
                 "URL parameters `{first}` and `{name}` both name the `{canonical}` file; give one"
             )));
         }
-        self.files
-            .take_param(canonical, value)
-            .map_err(|e| e.with_backend(BACKEND))?;
+        self.files.take_param(canonical, value)?;
         self.given.push((canonical, name.to_owned()));
         Ok(true)
     }
 
     /// Adds the files named by `PGSSLROOTCERT`, `PGSSLCERT` and `PGSSLKEY` where the URL
     /// named none.
-    pub(crate) fn take_env(&mut self) -> Result<()> {
+    fn take_env(&mut self) -> Result<()> {
         for (var, canonical) in ENV {
             let Some(value) = std::env::var_os(var) else {
                 continue;
@@ -80,9 +93,7 @@ impl TlsParams {
                 continue;
             }
             let value = value.to_string_lossy().into_owned();
-            self.files
-                .take_param(canonical, &value)
-                .map_err(|e| e.with_backend(BACKEND))?;
+            self.files.take_param(canonical, &value)?;
             self.given.push((canonical, (*var).to_owned()));
         }
         Ok(())
@@ -91,11 +102,12 @@ impl TlsParams {
     /// Reads the files and applies them and the effective `sslmode` to `options`.
     ///
     /// # Errors
-    /// [`ErrorKind::Config`] for an unreadable or non-PEM file, a certificate without its
-    /// key, or TLS files with an `sslmode` that would not use or not check them.
+    /// [`ErrorKind::Config`](lockcore::ErrorKind::Config) for an unreadable or non-PEM
+    /// file, a certificate without its key, or TLS files with an `sslmode` that would not
+    /// use or not check them.
     pub(crate) fn apply(&self, options: PgConnectOptions) -> Result<(PgConnectOptions, TlsSetup)> {
         let mode = self.effective_mode(options.get_ssl_mode())?;
-        let material = self.files.load().map_err(|e| e.with_backend(BACKEND))?;
+        let material = self.files.load()?;
         let mut options = options.ssl_mode(mode);
         if let Some(ca) = material.ca() {
             options = options.ssl_root_cert_from_pem(ca.pem().to_vec());
@@ -120,20 +132,23 @@ impl TlsParams {
         match mode {
             PgSslMode::Require if self.files.ca().is_some() => Ok(PgSslMode::VerifyCa),
             PgSslMode::Prefer if !explicit => Ok(PgSslMode::VerifyFull),
-            PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => Err(Error::new(
-                ErrorKind::Config,
-                format!(
+            PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => {
+                Err(config_error(format!(
                     "TLS parameter(s) {} given with sslmode={}, which may connect without TLS \
                      and does not check the server's certificate; use sslmode=verify-full \
                      (or verify-ca, require), or leave sslmode out",
                     named.join(", "),
                     mode_name(mode)
-                ),
-            )
-            .with_backend(BACKEND)),
+                )))
+            }
             other => Ok(other),
         }
     }
+}
+
+/// Whether `name` is a TLS file parameter: `ca`, `cert`, `key` or one of their [`ALIASES`].
+pub(crate) fn is_file_param(name: &str) -> bool {
+    matches!(name, "ca" | "cert" | "key") || ALIASES.iter().any(|(alias, _)| *alias == name)
 }
 
 fn canonical_name(name: &str) -> &'static str {
@@ -194,33 +209,10 @@ pub(crate) fn mode_name(mode: PgSslMode) -> &'static str {
     }
 }
 
-/// A TLS failure in a sqlx error, worded by [`anylock_tls::diagnose`] as
-/// [`ErrorKind::PermissionDenied`]; `None` when `err` is not about TLS.
-///
-/// sqlx reports a failed handshake as `Error::Io` wrapping the `rustls::Error` (rustls'
-/// `complete_io` puts it in an `io::Error`). `Error::Io` is `#[error(transparent)]`, whose
-/// `source()` skips the `io::Error` itself, so the chain is entered here by hand. sqlx's own
-/// TLS errors (`Error::Tls`) that hold no rustls error are worded from their text.
-pub(crate) fn tls_failure(err: &sqlx::Error) -> Option<Error> {
-    match err {
-        sqlx::Error::Io(io) => anylock_tls::diagnose(io),
-        sqlx::Error::Tls(inner) => Some(anylock_tls::diagnose(&**inner).unwrap_or_else(|| {
-            Error::new(
-                ErrorKind::PermissionDenied,
-                format!("TLS setup failed: {inner} (check sslmode and the server's ssl setting)"),
-            )
-        })),
-        _ => None,
-    }
-}
-
-fn invalid(message: String) -> Error {
-    Error::invalid_input(message).with_backend(BACKEND)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lockcore::ErrorKind;
 
     #[test]
     fn a_name_and_its_alias_together_are_refused() {

@@ -2,12 +2,15 @@
 //! options handed to sqlx, and the password-free form used in every message.
 
 use std::str::FromStr;
+use std::time::Duration;
 
 use lockcore::Result;
+use lockcore::url::Query;
 use sqlx::postgres::PgConnectOptions;
 use url::Url;
 
-use crate::config::{DEFAULT_APPLICATION_NAME, invalid};
+use crate::error::{BACKEND, invalid};
+use crate::names::DEFAULT_APPLICATION_NAME;
 use crate::tls::{TlsParams, TlsSetup};
 
 /// URL query parameters that anylock reads itself.
@@ -85,11 +88,49 @@ const LIBPQ_UNSUPPORTED: &[&str] = &[
     "replication",
 ];
 
+/// anylock's own parameters of one URL, each read by its typed reader.
+#[derive(Debug, Default)]
+pub(crate) struct Own {
+    pub(crate) schema: Option<String>,
+    pub(crate) table: Option<String>,
+    pub(crate) channel: Option<String>,
+    pub(crate) pool_size: Option<u32>,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) statement_timeout: Option<Duration>,
+    pub(crate) create_schema: Option<bool>,
+    pub(crate) prepared_statements: Option<bool>,
+}
+
+impl Own {
+    /// Takes anylock's own parameters out of `query`.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) naming the parameter
+    /// whose value does not read (never the value).
+    fn take(query: &mut Query) -> Result<Self> {
+        Ok(Self {
+            schema: query.take("schema"),
+            table: query.take("table"),
+            channel: query.take("channel"),
+            pool_size: query.take_parsed("pool_size", "a whole number")?,
+            timeout: query.take_millis("timeout_ms")?,
+            statement_timeout: query
+                .take_parsed::<u64>(
+                    "statement_timeout_ms",
+                    "a whole number of milliseconds (0 sets none)",
+                )?
+                .map(Duration::from_millis),
+            create_schema: query.take_flag("create_schema")?,
+            prepared_statements: query.take_flag("prepared_statements")?,
+        })
+    }
+}
+
 /// A URL's query, sorted: anylock's own parameters, the TLS files, and a URL holding only
 /// what sqlx reads.
 #[derive(Debug)]
 pub(crate) struct Params {
-    pub(crate) own: Vec<(String, String)>,
+    pub(crate) own: Own,
     pub(crate) tls: TlsParams,
     pub(crate) driver: Url,
 }
@@ -98,28 +139,22 @@ pub(crate) struct Params {
 /// it (never its value: a misspelled `password` holds a secret) and listing the known ones.
 ///
 /// # Errors
-/// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for an unknown or
-/// unsupported parameter, or a TLS file given twice.
+/// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for an unknown,
+/// unsupported or repeated parameter, a bad value, or a TLS file given twice.
 pub(crate) fn split_params(url: &Url) -> Result<Params> {
-    let mut own = Vec::new();
-    let mut tls = TlsParams::default();
-    let mut rest = Vec::new();
-    for (key, value) in url.query_pairs() {
-        let (key, value) = (key.into_owned(), value.into_owned());
-        if OWN_PARAMS.contains(&key.as_str()) {
-            own.push((key, value));
-        } else if tls.take(&key, &value)? {
-        } else if DRIVER_PARAMS.contains(&key.as_str()) || is_startup_option(&key) {
-            rest.push((key, value));
-        } else {
-            return Err(unknown_param(&key));
-        }
-    }
-    tls.take_env()?;
+    let mut query = Query::from_pairs(BACKEND, url.query_pairs())?;
+    let own = Own::take(&mut query)?;
+    let driver_pairs = query.take_matching(|k| DRIVER_PARAMS.contains(&k) || is_startup_option(k));
+    let explicit_mode = driver_pairs
+        .iter()
+        .any(|(k, _)| matches!(k.as_str(), "sslmode" | "ssl-mode"));
+    let tls = TlsParams::read(&mut query, explicit_mode)?;
+    refuse_unsupported(&mut query)?;
+    query.finish(&known_params())?;
     let mut driver = url.clone();
     driver.set_query(None);
-    if !rest.is_empty() {
-        driver.query_pairs_mut().extend_pairs(rest);
+    if !driver_pairs.is_empty() {
+        driver.query_pairs_mut().extend_pairs(driver_pairs);
     }
     Ok(Params { own, tls, driver })
 }
@@ -132,40 +167,36 @@ fn is_startup_option(key: &str) -> bool {
 }
 
 /// The names this backend reads, for "unknown parameter" messages.
-pub(crate) fn known_params() -> String {
+fn known_params() -> Vec<&'static str> {
     let tls = crate::tls::ALIASES.iter().map(|(alias, _)| *alias);
-    let all: Vec<&str> = OWN_PARAMS
+    OWN_PARAMS
         .iter()
         .copied()
         .chain(["ca", "cert", "key"])
         .chain(tls)
         .chain(DRIVER_PARAMS.iter().copied())
         .chain(["options[NAME]"])
-        .collect();
-    all.join(", ")
+        .collect()
 }
 
-fn unknown_param(key: &str) -> lockcore::Error {
-    if key.contains('@') {
-        // Not echoed: most likely the rest of a password with a raw '?'.
-        return invalid(
-            "unknown PostgreSQL URL parameter (not shown: it holds '@'); percent-encode '?', \
-             '#' and '@' in a password as %3F, %23 and %40",
-        );
-    }
+/// Refuses `sslpassword` and the libpq parameters the driver does not implement with the
+/// reason, rather than as unknown.
+fn refuse_unsupported(query: &mut Query) -> Result<()> {
+    let mut unsupported =
+        query.take_matching(|k| k == "sslpassword" || LIBPQ_UNSUPPORTED.contains(&k));
+    let Some((key, _)) = unsupported.drain(..).next() else {
+        return Ok(());
+    };
     let why = if key == "sslpassword" {
         "the driver (sqlx) cannot decrypt an encrypted client key; decrypt it once \
          (`openssl pkey -in key.pem -out key-plain.pem`), protect the file (chmod 600) and \
          pass it with `key`"
-            .to_owned()
-    } else if LIBPQ_UNSUPPORTED.contains(&key) {
-        "it is a libpq parameter the driver (sqlx) does not implement".to_owned()
     } else {
-        format!("known parameters: {}", known_params())
+        "it is a libpq parameter the driver (sqlx) does not implement"
     };
-    invalid(format!(
-        "unknown PostgreSQL URL parameter `{key}` refused: {why}"
-    ))
+    Err(invalid(format!(
+        "the {BACKEND} URL parameter `{key}` is not supported: {why}"
+    )))
 }
 
 /// What one URL means: sqlx's options (TLS files applied), the redacted URL, anylock's own
@@ -174,7 +205,7 @@ fn unknown_param(key: &str) -> lockcore::Error {
 pub(crate) struct Connection {
     pub(crate) options: PgConnectOptions,
     pub(crate) redacted: String,
-    pub(crate) own: Vec<(String, String)>,
+    pub(crate) own: Own,
     pub(crate) tls: TlsSetup,
 }
 
@@ -207,32 +238,10 @@ fn connect_options(url: &Url, redacted: &str) -> Result<PgConnectOptions> {
     })
 }
 
-/// The URL with the password (in the user info or a secret-looking parameter) replaced.
+/// The URL with the password (in the user info or a secret-looking parameter) replaced:
+/// [`lockcore::url::redact`].
 pub(crate) fn redact(url: &Url) -> String {
-    let mut shown = url.clone();
-    if shown.password().is_some() {
-        // Fails only for URLs that cannot carry a password at all.
-        let _ = shown.set_password(Some("***"));
-    }
-    if url
-        .query_pairs()
-        .any(|(k, _)| lockcore::is_secret_param(&k))
-    {
-        let pairs: Vec<(String, String)> = url
-            .query_pairs()
-            .map(|(k, v)| {
-                let v = if lockcore::is_secret_param(&k) {
-                    "***".into()
-                } else {
-                    v
-                };
-                (k.into_owned(), v.into_owned())
-            })
-            .collect();
-        shown.set_query(None);
-        shown.query_pairs_mut().extend_pairs(pairs);
-    }
-    shown.to_string()
+    lockcore::url::redact(url.as_str())
 }
 
 #[cfg(test)]
@@ -289,10 +298,57 @@ mod tests {
     }
 
     #[test]
+    fn parameters_are_read_by_the_shared_reader() {
+        for (query, message) in [
+            (
+                "timeout_ms=soon",
+                "the postgres URL parameter `timeout_ms` must be a positive whole number of \
+                 milliseconds",
+            ),
+            (
+                "create_schema=maybe",
+                "the postgres URL parameter `create_schema` must be true or false",
+            ),
+            (
+                "pool_size=-1",
+                "the postgres URL parameter `pool_size` must be a whole number",
+            ),
+            (
+                "schema=a&schema=b",
+                "the postgres URL parameter `schema` is given twice; give it once",
+            ),
+            (
+                "sslcrl=/crl.pem",
+                "the postgres URL parameter `sslcrl` is not supported: it is a libpq parameter \
+                 the driver (sqlx) does not implement",
+            ),
+        ] {
+            let url = Url::parse(&format!("postgres://h/db?{query}")).expect("url");
+            let err = super::split_params(&url).expect_err(query);
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{query}");
+            assert_eq!(err.message(), message, "{query}");
+        }
+        let url = Url::parse("postgres://h/db?sslmod=S3CRET").expect("url");
+        let err = super::split_params(&url).expect_err("unknown");
+        assert!(
+            err.message()
+                .starts_with("unknown postgres URL parameter `sslmod`; known: schema, table"),
+            "{err}"
+        );
+        assert!(!err.to_string().contains("S3CRET"), "{err}");
+        let url = Url::parse("postgres://h/db?statement_timeout_ms=0&prepared_statements=off")
+            .expect("url");
+        let own = super::split_params(&url).expect("valid").own;
+        assert_eq!(own.statement_timeout, Some(std::time::Duration::ZERO));
+        assert_eq!(own.prepared_statements, Some(false));
+    }
+
+    #[test]
     fn own_parameters_are_not_passed_to_sqlx() {
         let url = Url::parse("postgres://h/db?schema=s&sslmode=disable&table=t").expect("url");
         let params = super::split_params(&url).expect("known");
-        assert_eq!(params.own.len(), 2);
+        assert_eq!(params.own.schema.as_deref(), Some("s"));
+        assert_eq!(params.own.table.as_deref(), Some("t"));
         assert_eq!(params.driver.query(), Some("sslmode=disable"));
     }
 }

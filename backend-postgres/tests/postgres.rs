@@ -46,7 +46,9 @@ async fn expiry_is_database_now_plus_ttl() {
     .await
     .expect("row");
     let (at, span): (f64, f64) = (row.get("at"), row.get("span"));
-    assert!((span - ttl.as_secs_f64()).abs() < 1e-6, "span {span}");
+    // The TTL the backend receives is rounded up to a whole millisecond (`lockcore::Ttl`).
+    let stored = lockcore::Ttl::new(ttl).expect("valid TTL").get();
+    assert!((span - stored.as_secs_f64()).abs() < 1e-6, "span {span}");
     assert!(before <= at && at <= after, "{before} <= {at} <= {after}");
 }
 
@@ -257,8 +259,13 @@ async fn missing_privileges_are_permission_denied() {
         Identity::unique(),
         lockcore::Ttl::new(LONG).expect("valid TTL"),
     );
-    let statement = match connect(&schema).await {
-        Ok(backend) => backend.acquire(&request).await.map(drop),
+    let (statement, through_locker) = match connect(&schema).await {
+        Ok(backend) => {
+            let direct = backend.acquire(&request).await.map(drop);
+            let locker = lockcore::Locker::new(std::sync::Arc::new(backend));
+            let name = request.name.as_str();
+            (direct, locker.try_acquire(name).await.map(drop))
+        }
         Err(err) => panic!("USAGE granted and the table exists, yet: {err}"),
     };
     run(format!("DROP OWNED BY {role}")).await;
@@ -272,6 +279,11 @@ async fn missing_privileges_are_permission_denied() {
         assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{what}: {err}");
         assert_eq!(err.status(), RetryStatus::Permanent, "{what}");
     }
+    // The backend leaves out the context; the Locker names the backend and the lock.
+    let err = through_locker.expect_err("through a Locker");
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    assert_eq!(err.backend(), Some("postgres"), "{err}");
+    assert_eq!(err.lock(), Some(&request.name), "{err}");
 }
 
 /// Connection errors are temporary, a missing database is a config error, and neither

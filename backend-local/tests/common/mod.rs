@@ -29,7 +29,7 @@ impl TempDb {
     }
 
     pub async fn open(&self) -> LocalBackend {
-        LocalBackend::open(self.config())
+        LocalBackend::connect(self.config())
             .await
             .expect("open the lock database")
     }
