@@ -192,7 +192,8 @@ pub(crate) async fn check(url: Option<String>, json: bool, config: &Config) -> R
     let connect = started.elapsed();
     say(format!("connect:      ok in {connect:?}"));
     report.insert("connect_ms".into(), millis(connect).into());
-    let security = backend.connection_security().await?;
+    let tag = |e: Error| e.with_backend(backend.backend_name().to_owned());
+    let security = backend.connection_security().await.map_err(tag)?;
     say_security(&*backend, &security, &say);
     report.insert(
         "security".into(),
@@ -202,7 +203,7 @@ pub(crate) async fn check(url: Option<String>, json: bool, config: &Config) -> R
     let mut samples = Vec::new();
     for _ in 0..5 {
         let t = Instant::now();
-        backend.inspect(&name).await?;
+        backend.inspect(&name).await.map_err(tag)?;
         samples.push(t.elapsed());
     }
     samples.sort();
@@ -313,7 +314,9 @@ async fn measure_skew(
 ) -> Result<Option<(f64, Duration)>, Error> {
     let before = std::time::SystemTime::now();
     let t = Instant::now();
-    let Some(server) = backend.server_time().await? else {
+    let tagged = backend.server_time().await;
+    let Some(server) = tagged.map_err(|e| e.with_backend(backend.backend_name().to_owned()))?
+    else {
         return Ok(None);
     };
     let rtt = t.elapsed();

@@ -152,7 +152,9 @@ impl Config {
     /// config's durations themselves.
     ///
     /// # Errors
-    /// [`ErrorKind::Config`] when the options are invalid (a TTL out of range), naming it.
+    /// [`ErrorKind::Config`] when the options are invalid (a wait longer than
+    /// [`MAX_TTL`](lockcore::MAX_TTL)), naming it. A TTL out of range is refused earlier,
+    /// when the file is read.
     pub fn lock_options(&self) -> Result<LockOptions, Error> {
         let options = LockOptions::new(self.ttl.unwrap_or_default().get())
             .with_wait(self.wait.unwrap_or(WaitMode::Forever));

@@ -118,6 +118,12 @@ impl GcsConfig {
             .map(|mode| parse_auth(&mode))
             .transpose()?;
         if let Some(path) = query.take("credentials") {
+            if auth.is_some() {
+                return Err(Error::invalid_input(
+                    "the gcs URL parameters `auth` and `credentials` each choose the \
+                     credentials; give one of them",
+                ));
+            }
             if path.is_empty() {
                 return Err(Error::invalid_input(
                     "the gcs URL parameter `credentials` must be a file path",
@@ -377,10 +383,22 @@ mod tests {
             "gs://u:pw@b-ok/p",
             "gs://b-ok/p?endpoint=http://u:pw@127.0.0.1:1",
             "gs://b-ok/.well-known/acme-challenge/",
+            "gs://b-ok/p?credentials=/k.json&auth=none",
+            "gs://b-ok/p?auth=google&credentials=/k.json",
+            "gs://b-ok/p?credentials=/100%.json",
         ] {
             let err = GcsConfig::from_url(url).expect_err(url);
             assert_eq!(err.kind(), lockcore::ErrorKind::InvalidInput, "{url}");
         }
+    }
+
+    #[test]
+    fn a_plus_in_a_value_is_a_plus() {
+        let c = config("gs://b-ok/p?credentials=/keys/a+b.json");
+        assert_eq!(
+            c.auth(),
+            &GcsAuth::ServiceAccountKey("/keys/a+b.json".into())
+        );
     }
 
     #[test]

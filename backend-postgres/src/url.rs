@@ -142,7 +142,7 @@ pub(crate) struct Params {
 /// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for an unknown,
 /// unsupported or repeated parameter, a bad value, or a TLS file given twice.
 pub(crate) fn split_params(url: &Url) -> Result<Params> {
-    let mut query = Query::from_pairs(BACKEND, url.query_pairs())?;
+    let mut query = Query::parse(BACKEND, url.query().unwrap_or(""))?;
     let own = Own::take(&mut query)?;
     let driver_pairs = query.take_matching(|k| DRIVER_PARAMS.contains(&k) || is_startup_option(k));
     let explicit_mode = driver_pairs

@@ -182,6 +182,9 @@ pub(crate) fn validate_timeout(what: &str, timeout: Duration) -> Result<()> {
 }
 
 /// Our parameters appended to a redacted URL, so `Display` output parses back.
+/// The ASCII characters [`with_params`] escapes (besides `%`).
+const ESCAPED_IN_QUERY: &str = " !\"#$&'()*+,/:;<=>?@[\\]^`{|}";
+
 pub(crate) fn with_params(
     url: String,
     prefix: &str,
@@ -189,7 +192,9 @@ pub(crate) fn with_params(
     connect: Duration,
 ) -> String {
     let sep = if url.contains('?') { '&' } else { '?' };
-    let prefix: String = url::form_urlencoded::byte_serialize(prefix.as_bytes()).collect();
+    // Read back by `lockcore::url::Query` (where `+` is literal), and by the Redlock
+    // parser, which splits node URLs at `,`: every ASCII character but `-._~` is escaped.
+    let prefix = lockcore::url::percent_encode(prefix, ESCAPED_IN_QUERY);
     format!(
         "{url}{sep}prefix={prefix}&timeout_ms={}&connect_timeout_ms={}",
         timeout.as_millis(),

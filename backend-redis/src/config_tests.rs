@@ -44,6 +44,14 @@ fn single_url_with_credentials_db_and_params() {
 }
 
 #[test]
+fn a_plus_in_the_query_is_a_plus_as_in_every_backend() {
+    let config = RedisConfig::from_url("redis://127.0.0.1:7000/?prefix=a+b%2Bc").expect("valid");
+    assert_eq!(config.prefix(), "a+b+c");
+    let err = RedisConfig::from_url("redis://127.0.0.1:7000/?prefix=50%zz").expect_err("bad %");
+    assert_eq!(err.kind(), lockcore::ErrorKind::InvalidInput);
+}
+
+#[test]
 fn defaults_apply() {
     let config = RedisConfig::from_url("redis://localhost").expect("valid");
     assert_eq!(config.prefix(), DEFAULT_PREFIX);

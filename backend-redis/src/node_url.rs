@@ -275,7 +275,7 @@ pub(crate) fn parse_node(raw: &str, schemes: Schemes) -> Result<(NodeUrl, Params
 /// Removes this crate's parameters from the query (read through [`Query`], which refuses
 /// unknown ones, naming `backend`); keeps `protocol` for the client.
 pub(crate) fn split_params(url: &mut Url, backend: &'static str) -> Result<Params> {
-    let mut query = Query::from_pairs(backend, url.query_pairs().into_owned())?;
+    let mut query = Query::parse(backend, url.query().unwrap_or(""))?;
     let mut params = Params::default();
     for key in ["ca", "cert", "key"] {
         if let Some(value) = query.take(key) {

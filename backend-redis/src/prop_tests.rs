@@ -175,8 +175,9 @@ proptest! {
         connect_ms in 1u64..10_000_000,
         (_, pw) in passwords(),
     ) {
-        let prefix_q: String = url::form_urlencoded::byte_serialize(prefix.as_bytes()).collect();
-        let pw: String = url::form_urlencoded::byte_serialize(pw.as_bytes()).collect();
+        let escaped = " !\"#$&'()*+,/:;<=>?@[\\]^`{|}";
+        let prefix_q = lockcore::url::percent_encode(&prefix, escaped);
+        let pw = lockcore::url::percent_encode(&pw, escaped);
         let db = db.map_or_else(String::new, |d| format!("/{d}"));
         let query = format!("?prefix={prefix_q}&timeout_ms={timeout_ms}&connect_timeout_ms={connect_ms}");
         let first = hosts.iter().next().expect("one host");

@@ -178,7 +178,9 @@ impl Locker {
     /// # Errors
     /// [`ErrorKind::InvalidInput`] for a bad name; the backend's error otherwise.
     pub async fn inspect(&self, name: impl AsRef<str>) -> Result<Option<HolderInfo>> {
-        let name = LockName::new(name)?;
+        let backend = self.backend.backend_name();
+        let name =
+            LockName::new(name).map_err(|e| Error::from(e).with_backend(backend.to_owned()))?;
         self.backend
             .inspect(&name)
             .await
@@ -191,7 +193,9 @@ impl Locker {
     /// # Errors
     /// [`ErrorKind::InvalidInput`] for a bad name; the backend's error otherwise.
     pub async fn break_lock(&self, name: impl AsRef<str>) -> Result<Option<HolderInfo>> {
-        let name = LockName::new(name)?;
+        let backend = self.backend.backend_name();
+        let name =
+            LockName::new(name).map_err(|e| Error::from(e).with_backend(backend.to_owned()))?;
         self.backend
             .break_lock(&name)
             .await

@@ -359,7 +359,8 @@ impl LockBackend for RedlockBackend {
         for (name, seen) in by_name {
             let (_, count) = quorum::leading_grant(&seen);
             if undecided(count, votes.failed.len(), votes.quorum()) {
-                return Err(votes.failure("list"));
+                // A listing concerns many locks: the message names the one undecided.
+                return Err(votes.failure(&format!("list, lock {name:?}")));
             }
             held.extend(quorum_holder(&seen, votes.quorum()).map(|h| HeldLock::new(name, h)));
         }

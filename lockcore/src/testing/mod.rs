@@ -121,9 +121,7 @@ impl FaultyBackend {
         let _in_flight = InFlight::enter(&self.state, op);
         match self.next_fault(op) {
             Fault::Pass => call.await,
-            Fault::Fail(kind) => {
-                Err(Error::new(kind, format!("injected {kind} on {op:?}")).with_backend("faulty"))
-            }
+            Fault::Fail(kind) => Err(Error::new(kind, format!("injected {kind} on {op:?}"))),
             Fault::Hang => std::future::pending().await,
             Fault::Delay(delay) => {
                 tokio::time::sleep(delay).await;

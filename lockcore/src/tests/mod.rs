@@ -8,6 +8,7 @@
 mod acquire;
 mod arithmetic;
 mod clock;
+mod context;
 mod leave;
 mod orphan;
 mod poll;

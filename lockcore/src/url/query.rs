@@ -6,6 +6,10 @@ use std::time::Duration;
 use super::percent_decode;
 use crate::error::Error;
 
+/// What [`Query::take_duration`] accepts.
+const DURATION_RULE: &str =
+    "must be a positive whole number of milliseconds, written like 500ms, 5s or 1m";
+
 /// A URL's query parameters. Take each one the backend reads with a typed reader, then
 /// call [`finish`](Query::finish), which refuses whatever is left.
 ///
@@ -115,16 +119,18 @@ impl Query {
     }
 
     /// Takes a positive duration as people write them (`500ms`, `5s`, `1m`, or seconds):
-    /// [`parse_duration`](crate::parse_duration).
+    /// [`parse_duration`](crate::parse_duration), in whole milliseconds (what every
+    /// backend's timeouts resolve, and what a config's `Display` writes back exactly).
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for anything else.
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for anything else,
+    /// `100us` included.
     pub fn take_duration(&mut self, key: &str) -> Result<Option<Duration>, Error> {
-        self.take_with(
-            key,
-            "must be a positive duration like 500ms, 5s or 1m",
-            |v| crate::parse_duration(v).ok().filter(|d| !d.is_zero()),
-        )
+        self.take_with(key, DURATION_RULE, |v| {
+            crate::parse_duration(v)
+                .ok()
+                .filter(|d| !d.is_zero() && d.subsec_nanos() % 1_000_000 == 0)
+        })
     }
 
     /// Takes a value of any type that parses from text (a whole number, say).
@@ -218,12 +224,26 @@ mod tests {
             (
                 "t=soon",
                 "duration",
-                "the etcd URL parameter `t` must be a positive duration like 500ms, 5s or 1m",
+                "the etcd URL parameter `t` must be a positive whole number of milliseconds, \
+                 written like 500ms, 5s or 1m",
             ),
             (
                 "t=0s",
                 "duration",
-                "the etcd URL parameter `t` must be a positive duration like 500ms, 5s or 1m",
+                "the etcd URL parameter `t` must be a positive whole number of milliseconds, \
+                 written like 500ms, 5s or 1m",
+            ),
+            (
+                "t=100us",
+                "duration",
+                "the etcd URL parameter `t` must be a positive whole number of milliseconds, \
+                 written like 500ms, 5s or 1m",
+            ),
+            (
+                "t=0.0001",
+                "duration",
+                "the etcd URL parameter `t` must be a positive whole number of milliseconds, \
+                 written like 500ms, 5s or 1m",
             ),
             (
                 "n=-1",
