@@ -19,9 +19,12 @@ use redis::Script;
 /// something else) would make `counter + 1` round back to itself, and `1e20` formats as a
 /// negative `%d`; such a counter is refused with an error before anything is written.
 ///
-/// Every grant replaces the note key in the same script: deleted, then written with the new
-/// value and note (same `PX`) when there is one, so a note never outlives its grant. A
-/// refusal returns the holder's note, when it is bound to the holder's value.
+/// A grant with a note writes the note key in the same script (both fields, so nothing of
+/// an older note is left), bound to the new value and with the same `PX`. A grant without a
+/// note leaves the key alone: a note is shown only while its `grant` field equals the lock
+/// value, so an older grant's note is never shown for this one, and it goes when this grant
+/// is released, broken or expires. A refusal returns the holder's note, when it is bound to
+/// the holder's value.
 pub(crate) const ACQUIRE_LUA: &str = r"
 -- KEYS[1] lock key; KEYS[2] note key; KEYS[3] fence counter (single instance only)
 -- ARGV[1] TTL in ms; ARGV[2] owner; ARGV[3] value suffix ':<unix ms>:<nonce>:<owner>';
@@ -49,7 +52,6 @@ if KEYS[3] then
 end
 local value = string.format('%d', token) .. ARGV[3]
 -- The note first: a user whose ACL lacks HSET fails here, before anything is granted.
-redis.call('DEL', KEYS[2])
 if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[2], 'grant', value, 'note', ARGV[4])
   redis.call('PEXPIRE', KEYS[2], ARGV[1])
@@ -66,15 +68,16 @@ return {1, value}
 ";
 
 /// Extends the lock only if it still holds exactly our value; never re-creates it. The
-/// note bound to our value is extended with it.
+/// note key is extended with it, without reading it first: while the lock holds our value,
+/// only our own acquire has written the note key (any other grant changes the value first),
+/// so it holds our note, an older grant's unbound note (never shown, and gone with ours), or
+/// nothing (`PEXPIRE` of a missing key does nothing).
 pub(crate) const REFRESH_LUA: &str = r"
 -- KEYS[1] lock key; KEYS[2] note key; ARGV[1] our value; ARGV[2] TTL in ms
 local current = redis.call('GET', KEYS[1])
 if current == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  if redis.pcall('HGET', KEYS[2], 'grant') == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  end
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
   return 1
 end
 if current then
