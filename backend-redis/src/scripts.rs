@@ -20,10 +20,12 @@ use redis::Script;
 /// negative `%d`; such a counter is refused with an error before anything is written.
 ///
 /// A grant with a note writes the note key in the same script (both fields, so nothing of
-/// an older note is left), bound to the new value and with the same `PX`. A grant without a
-/// note leaves the key alone: a note is shown only while its `grant` field equals the lock
-/// value, so an older grant's note is never shown for this one, and it goes when this grant
-/// is released, broken or expires. A refusal returns the holder's note, when it is bound to
+/// an older note is left), bound to the new value and with the same `PX`. A fresh grant
+/// without a note leaves the key alone: the lock key was gone, and the note key of this
+/// client's grants never outlives its lock key (same `PX`, extended together). A retake
+/// without a note deletes it. A note is shown only while its `grant` field equals the lock
+/// value, so a leftover (written before a pre-notes client's retake) is never shown, and
+/// release and break delete it. A refusal returns the holder's note, when it is bound to
 /// the holder's value.
 pub(crate) const ACQUIRE_LUA: &str = r"
 -- KEYS[1] lock key; KEYS[2] note key; KEYS[3] fence counter (single instance only)
@@ -52,6 +54,11 @@ if KEYS[3] then
 end
 local value = string.format('%d', token) .. ARGV[3]
 -- The note first: a user whose ACL lacks HSET fails here, before anything is granted.
+-- A retake without a note drops the note of the grant it replaces, which could otherwise
+-- outlive it (a shorter TTL) and be kept alive by the next holder's refreshes.
+if current and ARGV[4] == '' then
+  redis.call('DEL', KEYS[2])
+end
 if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[2], 'grant', value, 'note', ARGV[4])
   redis.call('PEXPIRE', KEYS[2], ARGV[1])

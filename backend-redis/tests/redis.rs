@@ -986,3 +986,39 @@ async fn list_prefixes_with_glob_characters_match_only_themselves() {
         backend.release(lease).await.expect("release");
     }
 }
+
+/// A retake without a note drops the note of the grant it replaces: with a shorter TTL it
+/// would outlive that grant, and the next holder's refreshes (which extend the note key
+/// without reading it) would keep it alive. A fresh grant without a note leaves no key.
+#[tokio::test]
+async fn a_retake_without_a_note_leaves_no_note_behind() {
+    let Some(url) = common::redis_url() else {
+        return;
+    };
+    let backend = backend_on(&url, Duration::from_secs(2)).await;
+    let mut admin = common::admin(&url).await;
+    let owner = Identity::unique();
+    let name = common::fresh_name("retake-note");
+    let keys = backend.keys(&name);
+    let ttl = |secs| lockcore::Ttl::new(Duration::from_secs(secs)).expect("valid TTL");
+    let noted = AcquireRequest::new(name.clone(), owner.clone(), ttl(60))
+        .with_note(Some(lockcore::Note::new("long run").expect("note")));
+    take(&backend, &noted).await;
+    assert!(common::exists(&mut admin, keys.note()).await, "noted");
+    let retake = AcquireRequest::new(name.clone(), owner.clone(), ttl(2));
+    let lease = take(&backend, &retake).await;
+    assert!(
+        !common::exists(&mut admin, keys.note()).await,
+        "the replaced grant's note outlives the retake"
+    );
+    backend.refresh(&lease).await.expect("refresh");
+    assert!(!common::exists(&mut admin, keys.note()).await);
+    backend.release(&lease).await.expect("release");
+    let fresh = AcquireRequest::new(name.clone(), Identity::unique(), ttl(30));
+    let lease = take(&backend, &fresh).await;
+    assert!(
+        !common::exists(&mut admin, keys.note()).await,
+        "a note key without a note"
+    );
+    backend.release(&lease).await.expect("release");
+}

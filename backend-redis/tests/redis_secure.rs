@@ -22,12 +22,12 @@ use tokio::time::Instant;
 /// it would let every lock client list every key name in the database.
 const RECIPE: &str = "resetkeys resetchannels -@all ~{anylock:* &{anylock:* \
     +ping +evalsha +script|load +get +set +pttl +pexpire +del +publish +time \
-    +hset +hmget +subscribe +unsubscribe +acl|whoami";
+    +hset +hget +hmget +subscribe +unsubscribe +acl|whoami";
 
 /// The operator's rules for `anylock list`: the recipe plus `SCAN` (docs/tls-and-auth.md).
 const OPERATOR_RECIPE: &str = "resetkeys resetchannels -@all ~{anylock:* &{anylock:* \
     +ping +evalsha +script|load +get +set +pttl +pexpire +del +publish +time \
-    +hset +hmget +scan +subscribe +unsubscribe +acl|whoami";
+    +hset +hget +hmget +scan +subscribe +unsubscribe +acl|whoami";
 
 /// Connects with `url` and expects the error kind; checks the password never shows and
 /// returns the error's text.
