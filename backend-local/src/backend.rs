@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use lockcore::{
     Acquire, AcquireRequest, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
     FenceToken, Fencing, Guarantees, HeldLock, HolderInfo, Identity, Lease, LockBackend, LockName,
-    Note, Result, Ttl, Waiting,
+    Note, ReleaseEvents, Result, Ttl, Waiting,
 };
 
 use crate::client::{Claim, Client, Row};
@@ -29,7 +29,8 @@ use crate::liveness::{Held, HolderDir, Probe};
 ///   the lease is not taken over while such a command still runs. A lease left to outlive
 ///   its holder (`LockBackend::detach`) names no file and lasts until its TTL.
 /// - Rows are kept on release, so fence tokens only grow, across restarts and reboots.
-/// - Waiters poll (there is no cross-process notification).
+/// - Waiters are woken by the kernel on Linux: an inotify watch sees the holder's liveness
+///   file go when its lease is released (`wake.rs`); elsewhere they poll.
 #[derive(Debug, Clone)]
 pub struct LocalBackend {
     client: Client,
@@ -38,6 +39,9 @@ pub struct LocalBackend {
     clocks: Arc<dyn Clocks>,
     /// Our locked liveness files, one per lease we hold, by (name, token).
     held: Arc<Mutex<HashMap<(String, i64), Held>>>,
+    /// Wakes waiters when a holder's liveness file is deleted (its lease was released).
+    #[cfg(target_os = "linux")]
+    wake: crate::wake::Watcher,
 }
 
 impl LocalBackend {
@@ -62,6 +66,8 @@ impl LocalBackend {
         Ok(Self {
             client,
             config,
+            #[cfg(target_os = "linux")]
+            wake: crate::wake::Watcher::new(holders.path()),
             holders,
             clocks: Arc::new(SystemClocks),
             held: Arc::default(),
@@ -198,6 +204,31 @@ impl LocalConfig {
 }
 
 /// The holder described by `row`, or `None` when the row is free at `now`.
+/// Whether a new owner's grant would go through `row` now (the `WHERE` of the grant's
+/// upsert, less the same-owner retake), for waking waiters.
+#[cfg(target_os = "linux")]
+fn holder_state(row: Option<&Row>, now: i64) -> crate::wake::Holder {
+    use crate::wake::Holder;
+    match row {
+        Some(row)
+            if row.owner.is_some()
+                && row.boot_id.as_deref() == Some(host::boot_id())
+                && row.expires_ms.is_none_or(|expires| expires > now) =>
+        {
+            Holder::Held(row.liveness.clone())
+        }
+        _ => Holder::Free,
+    }
+}
+
+#[cfg(target_os = "linux")]
+impl crate::wake::ReadHolder for LocalBackend {
+    async fn holder(&self, name: &LockName) -> Option<crate::wake::Holder> {
+        let row = self.client.read(name.as_str()).await.ok()?;
+        Some(holder_state(row.as_ref(), self.now_ms()))
+    }
+}
+
 fn holder_info(row: &Row, now: i64) -> Option<HolderInfo> {
     let owner = row.owner.as_ref()?;
     let expires = row.expires_ms?;
@@ -313,6 +344,17 @@ impl LockBackend for LocalBackend {
         cleared.map(drop)
     }
 
+    async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
+        #[cfg(target_os = "linux")]
+        match self.wake.subscribe(name.clone(), self.clone()) {
+            Ok(events) => return Ok(Some(events)),
+            // Nothing is lost: the waiter polls, as off Linux.
+            Err(err) => tracing::debug!(error = %err, "no inotify watch; waiters poll"),
+        }
+        let _ = name;
+        Ok(None)
+    }
+
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let row = self.client.read(name.as_str()).await?;
         Ok(row.and_then(|row| holder_info(&row, self.now_ms())))
@@ -378,7 +420,11 @@ pub fn guarantees() -> Guarantees {
         Fencing::Monotonic,
         ExpiryClock::Server,
     )
-    .with_waiting(Waiting::Polled)
+    .with_waiting(if cfg!(target_os = "linux") {
+        Waiting::Notified
+    } else {
+        Waiting::Polled
+    })
     .with_fairness(Fairness::None)
     .with_same_owner_retake(true)
     .with_durability(Durability::SurvivesRestart)

@@ -31,6 +31,8 @@ mod liveness;
 mod prop_tests;
 #[cfg(test)]
 mod suspend_tests;
+#[cfg(target_os = "linux")]
+mod wake;
 
 pub use backend::{LocalBackend, guarantees};
 pub use config::LocalConfig;

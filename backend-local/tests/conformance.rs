@@ -11,7 +11,7 @@ use common::TempDb;
 use conformance::{Cuttable, Harness, Outage};
 use lockcore::{
     Acquire, AcquireRequest, Guarantees, HeldLock, HolderInfo, Identity, Lease, LockBackend,
-    LockName, Result,
+    LockName, ReleaseEvents, Result,
 };
 use sqlx::Connection;
 use sqlx::sqlite::SqliteConnection;
@@ -55,6 +55,9 @@ impl LockBackend for Reopenable {
     }
     async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
         self.get().list(prefix).await
+    }
+    async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
+        self.get().subscribe(name).await
     }
 }
 

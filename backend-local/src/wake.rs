@@ -1,0 +1,212 @@
+//! Waking waiters when a lease ends, by the kernel: an inotify watch on the holders
+//! directory (Linux; elsewhere waiters poll).
+//!
+//! A release clears the lease row, then removes the holder's liveness file
+//! (`<db>.holders/<key>`), so the deletion of the file a row names means that lease just
+//! ended. One thread per backend, started by the first waiter and gone a second after the
+//! last, waits in `poll(2)` on the watch and passes the names of deleted files to the
+//! waiters; it needs nothing from the async runtime.
+//!
+//! Each waiter's stream remembers the liveness key of its lock's holder and wakes the
+//! waiter only when that key's file goes, or when a fresh read finds the lock free.
+//! Deletions of other files (other locks' holders, and the file a contender creates and
+//! removes on every refused attempt) never wake it, so waiters cannot wake each other in a
+//! loop. A holder that dies leaves its file behind (only its kernel lock goes): the next
+//! attempt's liveness probe finds that, within the waiter's backoff, as before.
+
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures_util::stream;
+use lockcore::{LockName, ReleaseEvents};
+use nix::poll::{PollFd, PollFlags, poll};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use tokio::sync::broadcast;
+
+/// How many deletions a slow waiter may fall behind before it is told it lagged.
+const BACKLOG: usize = 1024;
+/// How often the thread looks whether anyone still listens (milliseconds).
+const IDLE_CHECK_MS: u16 = 1000;
+
+/// What a read of the lock's row found, for the wake-up filter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Holder {
+    /// A new owner's grant would go through now (free, expired, an earlier boot's).
+    Free,
+    /// Held; the key of the holder's liveness file, when its row names one.
+    Held(Option<String>),
+}
+
+/// Reads the lock's row (the backend does).
+pub(crate) trait ReadHolder: Clone + Send + Sync + 'static {
+    /// The holder of `name` now; `None` when the read failed.
+    fn holder(&self, name: &LockName) -> impl Future<Output = Option<Holder>> + Send;
+}
+
+/// The watch on one holders directory, shared by a backend's clones.
+#[derive(Debug, Clone)]
+pub(crate) struct Watcher {
+    dir: PathBuf,
+    /// The running thread's sender; `None` when no thread runs.
+    deleted: Arc<Mutex<Option<broadcast::Sender<Arc<OsString>>>>>,
+}
+
+impl Watcher {
+    /// A watcher of `dir`; nothing runs until the first [`subscribe`](Self::subscribe).
+    pub(crate) fn new(dir: &Path) -> Self {
+        Self {
+            dir: dir.to_owned(),
+            deleted: Arc::default(),
+        }
+    }
+
+    /// A stream that yields when `name`'s current lease ends (see the module docs).
+    ///
+    /// # Errors
+    /// The OS error when the watch or its thread cannot be set up (inotify limits): the
+    /// waiter then polls.
+    pub(crate) fn subscribe<R: ReadHolder>(
+        &self,
+        name: LockName,
+        reader: R,
+    ) -> io::Result<ReleaseEvents> {
+        let deleted = self.listen()?;
+        let state = (deleted, name, reader);
+        Ok(Box::pin(stream::unfold(state, |mut state| async move {
+            let (deleted, name, reader) = &mut state;
+            // Whom to wait for, read after we listen: no deletion is missed in between.
+            let mut key = match reader.holder(name).await? {
+                Holder::Free => return Some(((), state)),
+                Holder::Held(key) => key,
+            };
+            loop {
+                let gone = match deleted.recv().await {
+                    Ok(file) => Some(file),
+                    // Fell behind: the holder's file may be among the missed ones.
+                    Err(broadcast::error::RecvError::Lagged(_)) => None,
+                    Err(broadcast::error::RecvError::Closed) => return None,
+                };
+                match (&key, gone) {
+                    (Some(k), Some(file)) if file.as_os_str() == k.as_str() => {
+                        return Some(((), state));
+                    }
+                    (Some(_), Some(_)) => {}
+                    // No key to watch for (a detached lease), or events were missed: read
+                    // again; only a free lock wakes the waiter.
+                    _ => match reader.holder(name).await? {
+                        Holder::Free => return Some(((), state)),
+                        Holder::Held(now) => key = now,
+                    },
+                }
+            }
+        })))
+    }
+
+    /// A receiver of deleted file names, starting the thread if none runs.
+    fn listen(&self) -> io::Result<broadcast::Receiver<Arc<OsString>>> {
+        let mut slot = self.deleted.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(sender) = slot.as_ref() {
+            return Ok(sender.subscribe());
+        }
+        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
+        inotify.add_watch(&self.dir, AddWatchFlags::IN_DELETE)?;
+        let (sender, receiver) = broadcast::channel(BACKLOG);
+        let shared = Arc::clone(&self.deleted);
+        std::thread::Builder::new()
+            .name("anylock-local-wake".into())
+            .spawn(move || watch(&inotify, &shared))?;
+        *slot = Some(sender);
+        Ok(receiver)
+    }
+}
+
+/// The thread: passes on every deletion until nobody listens, then ends (and clears the
+/// slot under its lock, so a new waiter starts a new thread rather than joining this one).
+fn watch(inotify: &Inotify, shared: &Mutex<Option<broadcast::Sender<Arc<OsString>>>>) {
+    loop {
+        let mut fds = [PollFd::new(inotify.as_fd(), PollFlags::POLLIN)];
+        let ready = poll(&mut fds, IDLE_CHECK_MS);
+        let mut slot = shared.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(sender) = slot.as_ref() else { return };
+        if sender.receiver_count() == 0 {
+            *slot = None;
+            return;
+        }
+        if ready.is_ok_and(|n| n > 0) {
+            match inotify.read_events() {
+                Ok(events) => {
+                    for name in events.into_iter().filter_map(|e| e.name) {
+                        let _ = sender.send(Arc::new(name));
+                    }
+                }
+                Err(nix::errno::Errno::EAGAIN) => {}
+                // The watch broke: the waiters' streams end and they poll.
+                Err(_) => {
+                    *slot = None;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[derive(Clone)]
+    struct HeldBy(&'static str);
+
+    impl ReadHolder for HeldBy {
+        async fn holder(&self, _: &LockName) -> Option<Holder> {
+            Some(Holder::Held(Some(self.0.to_owned())))
+        }
+    }
+
+    fn running(watcher: &Watcher) -> bool {
+        watcher.deleted.lock().expect("lock").is_some()
+    }
+
+    #[tokio::test]
+    async fn wakes_on_the_holders_file_only_and_the_thread_ends_with_its_last_waiter() {
+        use futures_util::StreamExt;
+        let dir = std::env::temp_dir().join(format!("anylock-wake-{:x}", rand::random::<u64>()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        for file in ["other", "holder"] {
+            std::fs::write(dir.join(file), "").expect("file");
+        }
+        let watcher = Watcher::new(&dir);
+        let name = LockName::new("job").expect("name");
+        let mut events = watcher.subscribe(name, HeldBy("holder")).expect("watch");
+        assert!(running(&watcher));
+        let next = tokio::spawn(async move {
+            let woke = events.next().await;
+            (woke, events)
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        std::fs::remove_file(dir.join("other")).expect("rm");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !next.is_finished(),
+            "another file's deletion woke the waiter"
+        );
+        std::fs::remove_file(dir.join("holder")).expect("rm");
+        let (woke, events) = tokio::time::timeout(Duration::from_secs(5), next)
+            .await
+            .expect("woken")
+            .expect("join");
+        assert_eq!(woke, Some(()));
+        drop(events);
+        let start = std::time::Instant::now();
+        while running(&watcher) && start.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(!running(&watcher), "the thread outlived its last waiter");
+        std::fs::remove_dir_all(&dir).expect("cleanup");
+    }
+}
