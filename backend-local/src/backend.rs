@@ -203,7 +203,6 @@ impl LocalConfig {
     }
 }
 
-/// The holder described by `row`, or `None` when the row is free at `now`.
 /// Whether a new owner's grant would go through `row` now (the `WHERE` of the grant's
 /// upsert, less the same-owner retake), for waking waiters.
 #[cfg(target_os = "linux")]
@@ -229,6 +228,7 @@ impl crate::wake::ReadHolder for LocalBackend {
     }
 }
 
+/// The holder described by `row`, or `None` when the row is free at `now`.
 fn holder_info(row: &Row, now: i64) -> Option<HolderInfo> {
     let owner = row.owner.as_ref()?;
     let expires = row.expires_ms?;
@@ -346,13 +346,12 @@ impl LockBackend for LocalBackend {
 
     async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
         #[cfg(target_os = "linux")]
-        match self.wake.subscribe(name.clone(), self.clone()) {
-            Ok(events) => return Ok(Some(events)),
-            // Nothing is lost: the waiter polls, as off Linux.
-            Err(err) => tracing::debug!(error = %err, "no inotify watch; waiters poll"),
+        return Ok(Some(self.wake.subscribe(name.clone(), self.clone())));
+        #[cfg(not(target_os = "linux"))]
+        {
+            let _ = name;
+            Ok(None)
         }
-        let _ = name;
-        Ok(None)
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
@@ -398,6 +397,10 @@ impl LockBackend for LocalBackend {
                 "the holder changed while breaking the lock; run the break again",
             ));
         }
+        // The broken holder's file goes too: that wakes waiters (their watch sees it), and
+        // the row no longer names it, so no prober reads it. Its holder's own removal later
+        // finds nothing, which it ignores.
+        self.holders.remove(row.liveness.as_deref());
         Ok(Some(holder))
     }
 
@@ -436,7 +439,8 @@ pub fn guarantees() -> Guarantees {
              A holder whose kernel lock \
              (flock) is gone, with every process that inherited it, is taken over at once, \
              in any PID namespace; nothing else ends a lease early. Leases end with a \
-             reboot; fence counters survive it.",
+             reboot; fence counters survive it. Waiters are woken on release and break by \
+             inotify on Linux, and poll elsewhere.",
     )
 }
 

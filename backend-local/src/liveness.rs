@@ -94,6 +94,13 @@ impl HolderDir {
         Ok(held)
     }
 
+    /// Removes the liveness file `key` names, if it is one of ours (a broken holder's).
+    pub(crate) fn remove(&self, key: Option<&str>) {
+        if let Some(key) = key.filter(|k| is_key(k)) {
+            let _ = std::fs::remove_file(self.dir.join(key));
+        }
+    }
+
     /// Tries, without waiting, the kernel lock of the holder whose row names `key`.
     pub(crate) fn probe(&self, key: Option<&str>) -> Probe {
         let Some(key) = key.filter(|k| is_key(k)) else {

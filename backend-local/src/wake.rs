@@ -3,9 +3,11 @@
 //!
 //! A release clears the lease row, then removes the holder's liveness file
 //! (`<db>.holders/<key>`), so the deletion of the file a row names means that lease just
-//! ended. One thread per backend, started by the first waiter and gone a second after the
-//! last, waits in `poll(2)` on the watch and passes the names of deleted files to the
-//! waiters; it needs nothing from the async runtime.
+//! ended (a break removes the broken holder's file too). One thread per backend handle
+//! (`connect`; its clones share it), started by the first waiter that finds the lock held
+//! and gone a second after the last, waits in `poll(2)` on the watch and passes the names of
+//! deleted files to the waiters; it needs nothing from the async runtime. A lock found free
+//! never opens a watch.
 //!
 //! Each waiter's stream remembers the liveness key of its lock's holder and wakes the
 //! waiter only when that key's file goes, or when a fresh read finds the lock free.
@@ -22,6 +24,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use futures_util::stream;
 use lockcore::{LockName, ReleaseEvents};
+use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, poll};
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
 use tokio::sync::broadcast;
@@ -51,8 +54,13 @@ pub(crate) trait ReadHolder: Clone + Send + Sync + 'static {
 pub(crate) struct Watcher {
     dir: PathBuf,
     /// The running thread's sender; `None` when no thread runs.
-    deleted: Arc<Mutex<Option<broadcast::Sender<Arc<OsString>>>>>,
+    deleted: Arc<Mutex<Option<Sender>>>,
 }
+
+/// A deleted file's name, or `None` when the kernel's event queue overflowed (anything may
+/// have been deleted).
+type Deleted = Option<Arc<OsString>>;
+type Sender = broadcast::Sender<Deleted>;
 
 impl Watcher {
     /// A watcher of `dir`; nothing runs until the first [`subscribe`](Self::subscribe).
@@ -63,28 +71,33 @@ impl Watcher {
         }
     }
 
-    /// A stream that yields when `name`'s current lease ends (see the module docs).
-    ///
-    /// # Errors
-    /// The OS error when the watch or its thread cannot be set up (inotify limits): the
-    /// waiter then polls.
-    pub(crate) fn subscribe<R: ReadHolder>(
-        &self,
-        name: LockName,
-        reader: R,
-    ) -> io::Result<ReleaseEvents> {
-        let deleted = self.listen()?;
-        let state = (deleted, name, reader);
-        Ok(Box::pin(stream::unfold(state, |mut state| async move {
-            let (deleted, name, reader) = &mut state;
+    /// A stream that yields when `name`'s current lease ends (see the module docs). The
+    /// watch is set up when the stream is first polled (the waiter found the lock held);
+    /// if it cannot be (inotify limits), the stream ends and the waiter polls.
+    pub(crate) fn subscribe<R: ReadHolder>(&self, name: LockName, reader: R) -> ReleaseEvents {
+        let state = (self.clone(), None, name, reader);
+        Box::pin(stream::unfold(state, |mut state| async move {
+            let (watcher, listening, name, reader) = &mut state;
+            if listening.is_none() {
+                match watcher.listen() {
+                    Ok(deleted) => *listening = Some(deleted),
+                    Err(err) => {
+                        tracing::debug!(error = %err, "no inotify watch; waiters poll");
+                        return None;
+                    }
+                }
+            }
+            let deleted = listening.as_mut()?;
             // Whom to wait for, read after we listen: no deletion is missed in between.
-            let mut key = match reader.holder(name).await? {
-                Holder::Free => return Some(((), state)),
-                Holder::Held(key) => key,
+            // A failed read is no news: wait for the next deletion and read again.
+            let mut key = match reader.holder(name).await {
+                Some(Holder::Free) => return Some(((), state)),
+                Some(Holder::Held(key)) => key,
+                None => None,
             };
             loop {
                 let gone = match deleted.recv().await {
-                    Ok(file) => Some(file),
+                    Ok(file) => file,
                     // Fell behind: the holder's file may be among the missed ones.
                     Err(broadcast::error::RecvError::Lagged(_)) => None,
                     Err(broadcast::error::RecvError::Closed) => return None,
@@ -96,17 +109,18 @@ impl Watcher {
                     (Some(_), Some(_)) => {}
                     // No key to watch for (a detached lease), or events were missed: read
                     // again; only a free lock wakes the waiter.
-                    _ => match reader.holder(name).await? {
-                        Holder::Free => return Some(((), state)),
-                        Holder::Held(now) => key = now,
+                    _ => match reader.holder(name).await {
+                        Some(Holder::Free) => return Some(((), state)),
+                        Some(Holder::Held(now)) => key = now,
+                        None => key = None,
                     },
                 }
             }
-        })))
+        }))
     }
 
     /// A receiver of deleted file names, starting the thread if none runs.
-    fn listen(&self) -> io::Result<broadcast::Receiver<Arc<OsString>>> {
+    fn listen(&self) -> io::Result<broadcast::Receiver<Deleted>> {
         let mut slot = self.deleted.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(sender) = slot.as_ref() {
             return Ok(sender.subscribe());
@@ -123,32 +137,40 @@ impl Watcher {
     }
 }
 
-/// The thread: passes on every deletion until nobody listens, then ends (and clears the
-/// slot under its lock, so a new waiter starts a new thread rather than joining this one).
-fn watch(inotify: &Inotify, shared: &Mutex<Option<broadcast::Sender<Arc<OsString>>>>) {
+/// The thread: passes on every deletion until nobody listens, then ends. It ends too when
+/// the watch is gone (the directory removed or unmounted) or an error other than an
+/// interruption comes: the waiters' streams then end (they poll), and the next waiter
+/// builds a new watch. It clears the slot under its lock, so a new waiter never joins a
+/// thread that is ending.
+fn watch(inotify: &Inotify, shared: &Mutex<Option<Sender>>) {
+    let gone =
+        AddWatchFlags::IN_IGNORED | AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_UNMOUNT;
     loop {
         let mut fds = [PollFd::new(inotify.as_fd(), PollFlags::POLLIN)];
         let ready = poll(&mut fds, IDLE_CHECK_MS);
         let mut slot = shared.lock().unwrap_or_else(PoisonError::into_inner);
         let Some(sender) = slot.as_ref() else { return };
-        if sender.receiver_count() == 0 {
+        let events = match ready {
+            _ if sender.receiver_count() == 0 => None,
+            Ok(0) | Err(Errno::EINTR) => Some(Vec::new()),
+            Ok(_) => match inotify.read_events() {
+                Ok(events) => Some(events),
+                Err(Errno::EAGAIN | Errno::EINTR) => Some(Vec::new()),
+                Err(_) => None,
+            },
+            Err(_) => None,
+        };
+        let Some(events) = events.filter(|e| !e.iter().any(|e| e.mask.intersects(gone))) else {
             *slot = None;
             return;
-        }
-        if ready.is_ok_and(|n| n > 0) {
-            match inotify.read_events() {
-                Ok(events) => {
-                    for name in events.into_iter().filter_map(|e| e.name) {
-                        let _ = sender.send(Arc::new(name));
-                    }
-                }
-                Err(nix::errno::Errno::EAGAIN) => {}
-                // The watch broke: the waiters' streams end and they poll.
-                Err(_) => {
-                    *slot = None;
-                    return;
-                }
-            }
+        };
+        for event in events {
+            let deleted = match event.name {
+                Some(name) => Some(Arc::new(name)),
+                None if event.mask.contains(AddWatchFlags::IN_Q_OVERFLOW) => None,
+                None => continue,
+            };
+            let _ = sender.send(deleted);
         }
     }
 }
@@ -182,13 +204,17 @@ mod tests {
         }
         let watcher = Watcher::new(&dir);
         let name = LockName::new("job").expect("name");
-        let mut events = watcher.subscribe(name, HeldBy("holder")).expect("watch");
-        assert!(running(&watcher));
+        let mut events = watcher.subscribe(name, HeldBy("holder"));
+        assert!(
+            !running(&watcher),
+            "no watch before the waiter finds the lock held"
+        );
         let next = tokio::spawn(async move {
             let woke = events.next().await;
             (woke, events)
         });
         tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(running(&watcher));
         std::fs::remove_file(dir.join("other")).expect("rm");
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(

@@ -63,3 +63,29 @@ async fn a_release_wakes_the_waiter_and_refused_contenders_do_not() {
     assert!(took < Duration::from_secs(5), "woken after {took:?}");
     next.release().await.expect("release");
 }
+
+/// A break wakes waiters at once too (it removes the broken holder's file), not when the
+/// broken holder's next refresh fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_wakes_the_waiter() {
+    let db = TempDb::new();
+    let long = LockOptions::new(Duration::from_secs(60));
+    let holder = Locker::new(Arc::new(db.open().await)).with_options(long);
+    let guard = holder.acquire("job").await.expect("free");
+    let waiter = Locker::new(Arc::new(db.open().await))
+        .with_options(sleepy(WaitMode::Timeout(Duration::from_secs(120))));
+    let task = tokio::spawn(async move { waiter.acquire("job").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let broken = Instant::now();
+    let operator = Locker::new(Arc::new(db.open().await));
+    assert!(operator.break_lock("job").await.expect("break").is_some());
+    // The holder refreshes every 7.5 s: a wake-up before that came from the break.
+    let next = tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .expect("the break did not wake the waiter")
+        .expect("join")
+        .expect("acquired");
+    assert!(broken.elapsed() < Duration::from_secs(5));
+    next.release().await.expect("release");
+    drop(guard);
+}
