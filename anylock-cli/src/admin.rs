@@ -192,18 +192,19 @@ pub(crate) async fn check(url: Option<String>, json: bool, config: &Config) -> R
     let connect = started.elapsed();
     say(format!("connect:      ok in {connect:?}"));
     report.insert("connect_ms".into(), millis(connect).into());
-    let tag = |e: Error| e.with_backend(backend.backend_name().to_owned());
+    let tag = |e: Error| e.in_backend(backend.backend_name());
     let security = backend.connection_security().await.map_err(tag)?;
     say_security(&*backend, &security, &say);
     report.insert(
         "security".into(),
         security.iter().map(security_json).collect(),
     );
-    let name = LockName::new(format!("anylock-check-{:016x}", rand::random::<u64>()))?;
+    let name = format!("anylock-check-{:016x}", rand::random::<u64>());
+    let locker = Locker::new(backend.clone());
     let mut samples = Vec::new();
     for _ in 0..5 {
         let t = Instant::now();
-        backend.inspect(&name).await.map_err(tag)?;
+        locker.inspect(&name).await?;
         samples.push(t.elapsed());
     }
     samples.sort();
@@ -214,10 +215,7 @@ pub(crate) async fn check(url: Option<String>, json: bool, config: &Config) -> R
     report.insert("round_trip_ms".into(), millis(samples[2]).into());
     let options = LockOptions::new(Duration::from_secs(30)).with_wait(WaitMode::TryOnce);
     let t = Instant::now();
-    let guard = Locker::new(backend.clone())
-        .with_options(options)
-        .acquire(name.as_str())
-        .await?;
+    let guard = locker.with_options(options).acquire(name.as_str()).await?;
     guard.release().await?;
     let probe = t.elapsed();
     say(format!(
@@ -315,8 +313,7 @@ async fn measure_skew(
     let before = std::time::SystemTime::now();
     let t = Instant::now();
     let tagged = backend.server_time().await;
-    let Some(server) = tagged.map_err(|e| e.with_backend(backend.backend_name().to_owned()))?
-    else {
+    let Some(server) = tagged.map_err(|e| e.in_backend(backend.backend_name()))? else {
         return Ok(None);
     };
     let rtt = t.elapsed();

@@ -253,10 +253,7 @@ async fn connect_url(url: &BackendUrl) -> Result<Arc<dyn LockBackend>, Error> {
     let url = format!("{scheme}{}", &url.expose()[scheme.len()..]);
     // Backends leave the context out (issue #15); name the backend here, as the Locker
     // does for lock calls.
-    open(&url).await.map_err(|err| match err.backend() {
-        Some(_) => err,
-        None => err.with_backend(backend.name),
-    })
+    open(&url).await.map_err(|err| err.in_backend(backend.name))
 }
 
 fn unknown(url: &BackendUrl) -> Error {

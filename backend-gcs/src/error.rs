@@ -25,13 +25,13 @@ pub(crate) enum Failure {
 /// | 401, 403 | `PermissionDenied` | permanent |
 /// | 408, 429, 5xx | `Unavailable` | temporary |
 /// | other status | `Protocol` | permanent |
+/// | connect error | `Unavailable` | temporary |
+/// | timeout or broken reply on a write | `OutcomeUnknown` | temporary |
+/// | timeout or broken reply on a read | `Unavailable` | temporary |
 ///
 /// 404 and 412 never get here: `send` answers them as `Reply::NotFound` and
 /// `Reply::PreconditionFailed`, and the lock logic decides (a missing bucket is noticed
 /// by the insert, which has no other reason to see 404).
-/// | connect error | `Unavailable` | temporary |
-/// | timeout or broken reply on a write | `OutcomeUnknown` | temporary |
-/// | timeout or broken reply on a read | `Unavailable` | temporary |
 pub(crate) fn map_error(failure: Failure, call: Call) -> Error {
     match failure {
         Failure::Status(400) => Error::invalid_input("GCS rejected the request as invalid (400)"),

@@ -91,9 +91,12 @@ impl LocalBackend {
         owner: &Identity,
         ttl: Duration,
     ) -> Result<()> {
-        let ttl = Ttl::new(ttl)?;
-        let claim = self.claim(name, owner, ttl, None, None);
-        self.client.force(&claim).await
+        let forced = async {
+            let claim = self.claim(name, owner, Ttl::new(ttl)?, None, None);
+            self.client.force(&claim).await
+        };
+        // Called outside a Locker: name backend and lock here.
+        forced.await.map_err(|e| e.in_context("local", name))
     }
 
     /// Closes the connection pool.

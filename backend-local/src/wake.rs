@@ -9,8 +9,9 @@
 //! deleted files to the waiters; it needs nothing from the async runtime. A lock found free
 //! never opens a watch.
 //!
-//! Each waiter's stream remembers the liveness key of its lock's holder and wakes the
-//! waiter only when that key's file goes, or when a fresh read finds the lock free.
+//! Each waiter's stream remembers the liveness key of its lock's holder; when that key's
+//! file goes (or events were missed) it reads the row again and wakes the waiter only if
+//! the lock is free now.
 //! Deletions of other files (other locks' holders, and the file a contender creates and
 //! removes on every refused attempt) never wake it, so waiters cannot wake each other in a
 //! loop. A holder that dies leaves its file behind (only its kernel lock goes): the next
@@ -103,12 +104,11 @@ impl Watcher {
                     Err(broadcast::error::RecvError::Closed) => return None,
                 };
                 match (&key, gone) {
-                    (Some(k), Some(file)) if file.as_os_str() == k.as_str() => {
-                        return Some(((), state));
-                    }
-                    (Some(_), Some(_)) => {}
-                    // No key to watch for (a detached lease), or events were missed: read
-                    // again; only a free lock wakes the waiter.
+                    // Another file: not our holder's.
+                    (Some(k), Some(file)) if file.as_os_str() != k.as_str() => {}
+                    // Our holder's file went (released, broken, taken over, detached), no
+                    // key to watch for, or events were missed: read again; only a free lock
+                    // wakes the waiter (a takeover or a detach leaves it held).
                     _ => match reader.holder(name).await {
                         Some(Holder::Free) => return Some(((), state)),
                         Some(Holder::Held(now)) => key = now,
@@ -181,12 +181,17 @@ mod tests {
 
     use super::*;
 
+    /// Held by the file `key` in `dir` while that file exists (a release clears the row
+    /// before it removes the file).
     #[derive(Clone)]
-    struct HeldBy(&'static str);
+    struct HeldBy(PathBuf, &'static str);
 
     impl ReadHolder for HeldBy {
         async fn holder(&self, _: &LockName) -> Option<Holder> {
-            Some(Holder::Held(Some(self.0.to_owned())))
+            Some(match self.0.join(self.1).exists() {
+                true => Holder::Held(Some(self.1.to_owned())),
+                false => Holder::Free,
+            })
         }
     }
 
@@ -204,7 +209,7 @@ mod tests {
         }
         let watcher = Watcher::new(&dir);
         let name = LockName::new("job").expect("name");
-        let mut events = watcher.subscribe(name, HeldBy("holder"));
+        let mut events = watcher.subscribe(name, HeldBy(dir.clone(), "holder"));
         assert!(
             !running(&watcher),
             "no watch before the waiter finds the lock held"
@@ -213,8 +218,11 @@ mod tests {
             let woke = events.next().await;
             (woke, events)
         });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(running(&watcher));
+        let start = std::time::Instant::now();
+        while !running(&watcher) && start.elapsed() < Duration::from_secs(5) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(running(&watcher), "the first poll starts the watch");
         std::fs::remove_file(dir.join("other")).expect("rm");
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert!(

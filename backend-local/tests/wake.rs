@@ -69,7 +69,9 @@ async fn a_release_wakes_the_waiter_and_refused_contenders_do_not() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_break_wakes_the_waiter() {
     let db = TempDb::new();
-    let long = LockOptions::new(Duration::from_secs(60));
+    // TTL 300 s: the holder refreshes every 37.5 s, so its failing refresh cannot be what
+    // wakes the waiter within the 5 s below.
+    let long = LockOptions::new(Duration::from_secs(300));
     let holder = Locker::new(Arc::new(db.open().await)).with_options(long);
     let guard = holder.acquire("job").await.expect("free");
     let waiter = Locker::new(Arc::new(db.open().await))
@@ -79,7 +81,6 @@ async fn a_break_wakes_the_waiter() {
     let broken = Instant::now();
     let operator = Locker::new(Arc::new(db.open().await));
     assert!(operator.break_lock("job").await.expect("break").is_some());
-    // The holder refreshes every 7.5 s: a wake-up before that came from the break.
     let next = tokio::time::timeout(Duration::from_secs(5), task)
         .await
         .expect("the break did not wake the waiter")

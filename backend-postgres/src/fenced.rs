@@ -31,7 +31,7 @@ use sqlx::postgres::{PgConnection, Postgres};
 use tokio::time::timeout;
 
 use crate::backend::{PostgresBackend, grant_token};
-use crate::error::{Effect, map_error};
+use crate::error::{BACKEND, Effect, map_error};
 
 /// Also at the crate root; kept here, where it was first published.
 pub use crate::error::error_from_sqlx;
@@ -72,13 +72,15 @@ impl FencedTx {
     /// example a serialization failure, which is temporary).
     pub async fn commit(self) -> Result<()> {
         let limit = self.backend.timeout();
-        match timeout(limit, self.tx.commit()).await {
+        let committed = match timeout(limit, self.tx.commit()).await {
             Ok(result) => result.map_err(|e| map_error(e, Effect::Write)),
             Err(_) => Err(Error::new(
                 ErrorKind::OutcomeUnknown,
                 format!("COMMIT got no answer within {limit:?}"),
             )),
-        }
+        };
+        // Called by the application, not through a Locker: name backend and lock here.
+        committed.map_err(|e| e.in_context(BACKEND, &self.name))
     }
 
     /// Rolls back (dropping the transaction does the same, in the background).
@@ -86,10 +88,8 @@ impl FencedTx {
     /// # Errors
     /// The mapped database or connection error.
     pub async fn rollback(self) -> Result<()> {
-        self.tx
-            .rollback()
-            .await
-            .map_err(|e| map_error(e, Effect::Read))
+        let rolled_back = self.tx.rollback().await;
+        rolled_back.map_err(|e| map_error(e, Effect::Read).in_context(BACKEND, &self.name))
     }
 }
 
@@ -139,6 +139,11 @@ impl PostgresBackend {
     /// - [`ErrorKind::InvalidInput`] for a lease this backend did not issue;
     /// - [`ErrorKind::Unavailable`] (temporary) when the server cannot be reached in time.
     pub async fn begin_fenced(&self, lease: &Lease) -> Result<FencedTx> {
+        // Called by the application, not through a Locker: name backend and lock here.
+        (self.begin_checked(lease).await).map_err(|e| e.in_context(BACKEND, lease.name()))
+    }
+
+    async fn begin_checked(&self, lease: &Lease) -> Result<FencedTx> {
         let token = grant_token(lease)?;
         let limit = self.timeout();
         let begun = timeout(limit, self.check_and_lock(lease, token)).await;

@@ -307,6 +307,9 @@ async fn released_and_foreign_leases_are_refused() {
         .await
         .expect_err("released");
     assert_eq!(err.kind(), ErrorKind::Lost);
+    // Called outside a Locker, the error still says where it comes from.
+    assert_eq!(err.backend(), Some("postgres"), "{err}");
+    assert_eq!(err.lock(), Some(lease.name()), "{err}");
     let foreign = Lease::new(
         lease.name().clone(),
         lease.owner().clone(),

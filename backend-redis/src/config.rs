@@ -182,9 +182,6 @@ pub(crate) fn validate_timeout(what: &str, timeout: Duration) -> Result<()> {
 }
 
 /// Our parameters appended to a redacted URL, so `Display` output parses back.
-/// The ASCII characters [`with_params`] escapes (besides `%`).
-const ESCAPED_IN_QUERY: &str = " !\"#$&'()*+,/:;<=>?@[\\]^`{|}";
-
 pub(crate) fn with_params(
     url: String,
     prefix: &str,
@@ -192,9 +189,7 @@ pub(crate) fn with_params(
     connect: Duration,
 ) -> String {
     let sep = if url.contains('?') { '&' } else { '?' };
-    // Read back by `lockcore::url::Query` (where `+` is literal), and by the Redlock
-    // parser, which splits node URLs at `,`: every ASCII character but `-._~` is escaped.
-    let prefix = lockcore::url::percent_encode(prefix, ESCAPED_IN_QUERY);
+    let prefix = lockcore::url::percent_encode(prefix, crate::node_url::QUERY_SPECIAL);
     format!(
         "{url}{sep}prefix={prefix}&timeout_ms={}&connect_timeout_ms={}",
         timeout.as_millis(),

@@ -24,9 +24,10 @@ const KNOWN: &[&str] = &[
     "key",
 ];
 
-/// The ASCII characters a TLS file path is percent-encoded for in a query value: those a
-/// query, a form decoder (`+`) or a Redlock node list (`,`) would read as syntax.
-const QUERY_SPECIAL: &str = "\t\n\r !\"#$&'()*+,:;<=>?@[\\]^`{|}";
+/// The ASCII characters percent-encoded in the query values `Display` writes (a prefix, a
+/// TLS file path): those a query, a form decoder (`+`) or a Redlock node list (`,`) would
+/// read as syntax.
+pub(crate) const QUERY_SPECIAL: &str = "\t\n\r !\"#$&'()*+,:;<=>?@[\\]^`{|}";
 
 /// The scheme pair a URL was written with, for messages: `("redis", "rediss")` or
 /// `("redlock", "redlocks")`.

@@ -175,9 +175,9 @@ proptest! {
         connect_ms in 1u64..10_000_000,
         (_, pw) in passwords(),
     ) {
-        let escaped = " !\"#$&'()*+,/:;<=>?@[\\]^`{|}";
-        let prefix_q = lockcore::url::percent_encode(&prefix, escaped);
-        let pw = lockcore::url::percent_encode(&pw, escaped);
+        let escaped = format!("{}/", crate::node_url::QUERY_SPECIAL);
+        let prefix_q = lockcore::url::percent_encode(&prefix, crate::node_url::QUERY_SPECIAL);
+        let pw = lockcore::url::percent_encode(&pw, &escaped);
         let db = db.map_or_else(String::new, |d| format!("/{d}"));
         let query = format!("?prefix={prefix_q}&timeout_ms={timeout_ms}&connect_timeout_ms={connect_ms}");
         let first = hosts.iter().next().expect("one host");

@@ -125,15 +125,26 @@ impl Error {
         self.holder.as_deref()
     }
 
-    /// Fills in backend and lock when the error does not name them yet.
-    pub(crate) fn in_context(mut self, backend: &str, lock: &LockName) -> Self {
+    /// Names `backend` unless the error already names one: how code that calls a
+    /// [`LockBackend`](crate::LockBackend) outside a [`Locker`](crate::Locker) gives its
+    /// errors the context the `Locker` would.
+    #[must_use]
+    pub fn in_backend(mut self, backend: &str) -> Self {
         if self.backend.is_none() {
             self.backend = Some(Cow::Owned(backend.to_owned()));
         }
+        self
+    }
+
+    /// Names `backend` and `lock` unless the error already names them: what the
+    /// [`Locker`](crate::Locker) does, for a backend's own public calls outside it (a
+    /// fenced transaction, say).
+    #[must_use]
+    pub fn in_context(mut self, backend: &str, lock: &LockName) -> Self {
         if self.lock.is_none() {
             self.lock = Some(lock.clone());
         }
-        self
+        self.in_backend(backend)
     }
 }
 

@@ -157,20 +157,17 @@ impl Locker {
         name: impl AsRef<str>,
         options: &LockOptions,
     ) -> Result<LockGuard> {
-        let context = |e: Error| e.with_backend(self.backend.backend_name().to_owned());
-        let name = LockName::new(name).map_err(|e| context(e.into()))?;
+        let name = self.lock_name(name)?;
         options
             .validate()
             .and_then(|()| self.backend.check_options(options))
-            .map_err(|e| e.in_context(self.backend.backend_name(), &name))?;
+            .map_err(self.context(&name))?;
         let owner = self.identity.clone().unwrap_or_else(Identity::unique);
-        let ttl = options
-            .lease_ttl()
-            .map_err(|e| e.in_context(self.backend.backend_name(), &name))?;
+        let ttl = options.lease_ttl().map_err(self.context(&name))?;
         let request = AcquireRequest::new(name, owner, ttl).with_note(options.note().cloned());
         self.acquire_loop(&request, options)
             .await
-            .map_err(|e| e.in_context(self.backend.backend_name(), &request.name))
+            .map_err(self.context(&request.name))
     }
 
     /// Who holds `name` right now.
@@ -178,13 +175,11 @@ impl Locker {
     /// # Errors
     /// [`ErrorKind::InvalidInput`] for a bad name; the backend's error otherwise.
     pub async fn inspect(&self, name: impl AsRef<str>) -> Result<Option<HolderInfo>> {
-        let backend = self.backend.backend_name();
-        let name =
-            LockName::new(name).map_err(|e| Error::from(e).with_backend(backend.to_owned()))?;
+        let name = self.lock_name(name)?;
         self.backend
             .inspect(&name)
             .await
-            .map_err(|e| e.in_context(self.backend.backend_name(), &name))
+            .map_err(self.context(&name))
     }
 
     /// Removes `name`'s lease whoever holds it, as an operator would
@@ -193,13 +188,11 @@ impl Locker {
     /// # Errors
     /// [`ErrorKind::InvalidInput`] for a bad name; the backend's error otherwise.
     pub async fn break_lock(&self, name: impl AsRef<str>) -> Result<Option<HolderInfo>> {
-        let backend = self.backend.backend_name();
-        let name =
-            LockName::new(name).map_err(|e| Error::from(e).with_backend(backend.to_owned()))?;
+        let name = self.lock_name(name)?;
         self.backend
             .break_lock(&name)
             .await
-            .map_err(|e| e.in_context(self.backend.backend_name(), &name))
+            .map_err(self.context(&name))
     }
 
     /// Every lock held right now whose name starts with `prefix` (`""` for all), sorted
@@ -211,17 +204,22 @@ impl Locker {
     /// backend's error otherwise.
     pub async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
         let backend = self.backend.backend_name();
-        crate::validate_prefix(prefix)
-            .map_err(|e| Error::from(e).with_backend(backend.to_owned()))?;
-        let mut held = self.backend.list(prefix).await.map_err(|e| {
-            if e.backend().is_none() {
-                e.with_backend(backend.to_owned())
-            } else {
-                e
-            }
-        })?;
+        crate::validate_prefix(prefix).map_err(|e| Error::from(e).in_backend(backend))?;
+        let mut held = (self.backend.list(prefix).await).map_err(|e| e.in_backend(backend))?;
         held.sort_by(|a, b| a.name().cmp(b.name()));
         Ok(held)
+    }
+
+    /// `name` as a [`LockName`]; a bad one is an error naming this locker's backend.
+    fn lock_name(&self, name: impl AsRef<str>) -> Result<LockName> {
+        let backend = self.backend.backend_name();
+        LockName::new(name).map_err(|e| Error::from(e).in_backend(backend))
+    }
+
+    /// Names this locker's backend and `name` on an error that does not name them yet: the
+    /// one place, with the guard's driver, that errors get their context.
+    fn context<'a>(&'a self, name: &'a LockName) -> impl Fn(Error) -> Error + 'a {
+        move |e| e.in_context(self.backend.backend_name(), name)
     }
 
     async fn acquire_loop(

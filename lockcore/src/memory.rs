@@ -114,11 +114,14 @@ impl MemoryBackend {
             .collect()
     }
 
-    /// Removes `name` and wakes its waiters, whoever holds it (for
-    /// [`crate::testing::Broken`]).
+    /// Removes `name` and wakes its waiters when its holder satisfies `doomed`, checked
+    /// under the same lock as the removal (for [`crate::testing::Broken`]).
     #[cfg(any(test, feature = "testing"))]
-    pub(crate) fn remove(&self, name: &LockName) {
-        if self.table().locks.remove(name).is_some() {
+    pub(crate) fn remove_if(&self, name: &LockName, doomed: impl FnOnce(&Identity) -> bool) {
+        let mut table = self.table();
+        if table.locks.get(name).is_some_and(|e| doomed(&e.owner)) {
+            table.locks.remove(name);
+            drop(table);
             self.notify(name);
         }
     }

@@ -40,12 +40,12 @@ pub use health::{
 };
 pub use listing::{list_shows_held_locks, note_is_stored_with_the_grant};
 
-/// A fresh random lock name for `case`, so runs and cases never collide.
 /// `d` as a [`Ttl`]; the cases only use valid ones.
 pub(crate) fn ttl(d: Duration) -> Ttl {
     Ttl::new(d).expect("a TTL in range")
 }
 
+/// A fresh random lock name for `case`, so runs and cases never collide.
 pub(crate) fn fresh(case: &str) -> LockName {
     let random: u64 = rand::random();
     LockName::new(format!("conformance-{case}-{random:016x}")).expect("valid generated name")

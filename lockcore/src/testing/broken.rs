@@ -184,11 +184,14 @@ impl LockBackend for Broken {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
-        let holder = self.memory.inspect(lease.name()).await?;
-        let owner_matches = holder.is_some_and(|h| h.owner() == lease.owner());
+        // Each defect's check and delete happen under one lock of the table, so a defect
+        // never also deletes a third owner's grant taken in between.
+        let name = lease.name();
         match self.defect {
-            Defect::ReleaseIgnoresOwner => self.memory.remove(lease.name()),
-            Defect::ReleaseChecksOwnerOnly if owner_matches => self.memory.remove(lease.name()),
+            Defect::ReleaseIgnoresOwner => self.memory.remove_if(name, |_| true),
+            Defect::ReleaseChecksOwnerOnly => {
+                self.memory.remove_if(name, |owner| owner == lease.owner());
+            }
             _ => return self.memory.release(lease).await,
         }
         Ok(())
