@@ -101,6 +101,42 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// - Fails with a temporary error on network problems, timeouts and 5xx/429.
     async fn refresh(&self, lease: &Lease) -> Result<Lease>;
 
+    /// Refreshes several leases in as few round trips as the backend can, for the
+    /// [`Locker`](crate::Locker)'s refresher, which groups the refreshes that fall due
+    /// together (see [`refresh_batch_limit`](Self::refresh_batch_limit)).
+    ///
+    /// # Contract
+    /// - Returns exactly one result per lease, in the order given; result `i` is what
+    ///   [`refresh`](Self::refresh) of `leases[i]` would return: the same condition (the
+    ///   server still holds exactly that grant), the same TTL, the same errors.
+    /// - One lease's failure never fails another: a lease the server no longer holds is
+    ///   [`ErrorKind::Lost`](crate::ErrorKind::Lost) alone. A failure of the whole call
+    ///   (connection lost, timeout, a reply that cannot be read) fails every lease with a
+    ///   temporary error, never `Lost`.
+    /// - Never re-creates a deleted lock, whatever the batch holds; the leases are distinct
+    ///   grants and may name one lock more than once.
+    /// - The default refreshes one lease after another.
+    async fn refresh_many(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
+        let mut results = Vec::with_capacity(leases.len());
+        for lease in leases {
+            results.push(self.refresh(lease).await);
+        }
+        results
+    }
+
+    /// How many leases one [`refresh_many`](Self::refresh_many) call may take.
+    ///
+    /// # Contract
+    /// - `1` (the default): the backend has no batch call; each guard refreshes on its
+    ///   own schedule with [`refresh`](Self::refresh).
+    /// - More than `1`: the [`Locker`](crate::Locker) schedules its guards' refreshes on a
+    ///   shared grid (a refresh may come up to a quarter of the refresh interval early, never
+    ///   late) and hands the ones due together to `refresh_many`, at most this many at a
+    ///   time.
+    fn refresh_batch_limit(&self) -> usize {
+        1
+    }
+
     /// Releases `lease`.
     ///
     /// # Contract
@@ -278,6 +314,12 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
     }
     async fn release(&self, lease: &Lease) -> Result<()> {
         (**self).release(lease).await
+    }
+    async fn refresh_many(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
+        (**self).refresh_many(leases).await
+    }
+    fn refresh_batch_limit(&self) -> usize {
+        (**self).refresh_batch_limit()
     }
     async fn detach(&self, lease: &Lease) -> Result<()> {
         (**self).detach(lease).await

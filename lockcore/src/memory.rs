@@ -28,6 +28,8 @@ use crate::types::{Acquire, AcquireRequest, FenceToken, HolderInfo, Lease};
 #[derive(Debug, Clone, Default)]
 pub struct MemoryBackend {
     inner: Arc<Inner>,
+    /// [`LockBackend::refresh_batch_limit`]; 0 and 1 both mean no batching.
+    refresh_batch: usize,
 }
 
 #[derive(Debug)]
@@ -65,6 +67,14 @@ impl MemoryBackend {
     /// An empty lock table.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Lets a [`Locker`](crate::Locker) refresh up to `limit` of this table's leases in one
+    /// [`refresh_many`](LockBackend::refresh_many) call (by default each lease is
+    /// refreshed on its own, as a backend without a batch call would).
+    pub fn with_refresh_batch_limit(mut self, limit: usize) -> Self {
+        self.refresh_batch = limit;
+        self
     }
 
     /// Deletes `name` the way an operator would (no notification). Returns whether a lock
@@ -195,6 +205,20 @@ impl Entry {
     }
 }
 
+impl MemoryBackend {
+    /// Extends `lease` if `table` still holds exactly that grant.
+    fn refresh_in(table: &mut Table, lease: &Lease) -> Result<Lease> {
+        match Self::live(table, lease.name()) {
+            Some(entry) if entry.is_grant_of(lease) => {
+                entry.expires = Instant::now() + lease.ttl().get();
+                Ok(lease.clone())
+            }
+            Some(entry) => Err(Error::lost(format!("taken over by {}", entry.owner))),
+            None => Err(Error::lost("the lock was deleted or expired")),
+        }
+    }
+}
+
 #[async_trait]
 impl LockBackend for MemoryBackend {
     fn backend_name(&self) -> &str {
@@ -212,15 +236,19 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        Self::refresh_in(&mut self.table(), lease)
+    }
+
+    async fn refresh_many(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
         let mut table = self.table();
-        match Self::live(&mut table, lease.name()) {
-            Some(entry) if entry.is_grant_of(lease) => {
-                entry.expires = Instant::now() + lease.ttl().get();
-                Ok(lease.clone())
-            }
-            Some(entry) => Err(Error::lost(format!("taken over by {}", entry.owner))),
-            None => Err(Error::lost("the lock was deleted or expired")),
-        }
+        leases
+            .iter()
+            .map(|lease| Self::refresh_in(&mut table, lease))
+            .collect()
+    }
+
+    fn refresh_batch_limit(&self) -> usize {
+        self.refresh_batch.max(1)
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
