@@ -1,5 +1,6 @@
-//! One acquire attempt: a backend call in its own task, with at most one in flight per
-//! lock name and owner in this process.
+//! One acquire attempt: a backend call run in the caller's task (moved to a task of its
+//! own only if the caller stops waiting), with at most one in flight per lock name and
+//! owner in this process.
 //!
 //! Why at most one: backends let an owner instantly retake a lock stored under its own
 //! identity (that is how a lost reply is recovered). Two attempts of one owner in flight
@@ -17,7 +18,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{oneshot, watch};
+use std::future::Future;
+use std::pin::Pin;
+
+use tokio::sync::watch;
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::LockBackend;
@@ -107,13 +111,28 @@ impl Attempted {
     }
 }
 
-/// An attempt in flight.
-#[derive(Debug)]
+/// The attempt's work: the backend call, then the outcome with its slot.
+type Work = Pin<Box<dyn Future<Output = Result<Attempted>> + Send>>;
+
+/// An attempt in flight. It runs in the caller's task while the caller waits for it; if
+/// the caller stops waiting before it is settled (the acquire future is dropped), the
+/// rest of it moves to a task of its own ([`Drop`]), so a grant that lands afterwards is
+/// still released and the owner's slot still freed only once it is settled.
 pub(crate) struct InFlight {
-    reply: oneshot::Receiver<Result<Attempted>>,
+    /// `None` once the outcome was taken.
+    work: Option<Work>,
     /// When the request was handed to the backend, on the locker's clock: a grant's
     /// validity counts from here, never from the reply.
     pub(crate) sent: Instant,
+}
+
+impl std::fmt::Debug for InFlight {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("InFlight")
+            .field("settled", &self.work.is_none())
+            .field("sent", &self.sent)
+            .finish()
+    }
 }
 
 impl InFlight {
@@ -129,31 +148,51 @@ impl InFlight {
     ) -> Option<InFlight> {
         let key = (request.name.clone(), request.owner.clone());
         let slot = Slot::take(key, limit).await?;
-        let (tx, reply) = oneshot::channel();
         let backend = Arc::clone(backend);
         let request = request.clone();
         let sent = clock.now();
-        tokio::spawn(async move {
+        let work = Box::pin(async move {
             let outcome = backend.acquire(&request).await;
-            // A grant nobody receives is released before the slot is freed (by
-            // `Unclaimed`'s drop, which keeps the slot until the release is done).
-            let _ = tx.send(outcome.map(|o| Attempted::new(o, &backend, slot, release_limit)));
+            // From here the grant is `Unclaimed`: dropped unclaimed, it is released
+            // before the slot is freed.
+            outcome.map(|o| Attempted::new(o, &backend, slot, release_limit))
         });
-        Some(InFlight { reply, sent })
+        Some(InFlight {
+            work: Some(work),
+            sent,
+        })
     }
 
-    /// Waits for the outcome until `limit`; `None` if it passes first (the attempt stays
-    /// in flight and can be waited for again).
+    /// Drives the attempt until `limit`; `None` if it passes first (the attempt stays in
+    /// flight and can be waited for again).
     pub(crate) async fn outcome(&mut self, limit: Option<Instant>) -> Option<Result<Attempted>> {
-        let reply = match limit {
-            Some(limit) => timeout_at(limit, &mut self.reply).await.ok()?,
-            None => (&mut self.reply).await,
+        let Some(work) = self.work.as_mut() else {
+            return Some(Err(crate::Error::unavailable(
+                "the acquire attempt's outcome was already taken",
+            )));
         };
-        Some(reply.unwrap_or_else(|_| {
-            Err(crate::Error::unavailable(
-                "the acquire attempt task ended without a result",
-            ))
-        }))
+        let outcome = match limit {
+            Some(limit) => timeout_at(limit, work).await.ok()?,
+            None => work.await,
+        };
+        self.work = None;
+        Some(outcome)
+    }
+}
+
+impl Drop for InFlight {
+    /// The caller stopped waiting before the attempt settled: finish it in a task, where
+    /// an `Acquired` outcome is dropped unclaimed and so released.
+    fn drop(&mut self) {
+        let Some(work) = self.work.take() else {
+            return;
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => drop(runtime.spawn(async move { drop(work.await) })),
+            // No runtime left to finish it: the request may still land, and then it
+            // expires by its TTL; dropping `work` frees the slot.
+            Err(_) => tracing::debug!("no runtime to finish an abandoned acquire attempt"),
+        }
     }
 }
 

@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::attempt::Slot;
 use crate::backend::LockBackend;
+use crate::batch::Refresher;
 use crate::clock::Clock;
 use crate::error::{Error, ErrorKind, Result, RetryStatus};
 use crate::options::LockOptions;
@@ -76,6 +77,8 @@ pub(crate) enum Command {
 #[derive(Debug)]
 pub(crate) struct Driver {
     pub(crate) backend: Arc<dyn LockBackend>,
+    /// How this guard's scheduled refreshes reach the backend (alone or in batches).
+    pub(crate) refresher: Refresher,
     pub(crate) shared: Arc<Shared>,
     pub(crate) options: LockOptions,
     pub(crate) health: watch::Sender<Health>,
@@ -136,7 +139,9 @@ impl Driver {
             biased;
             cmd = self.commands.recv() => Step::Command(cmd),
             () = clock.sleep_until(validity) => Step::Expired,
-            result = self.backend.refresh(&lease) => Step::Refreshed(sent, result),
+            result = self.refresher.refresh(&lease, self.options.refresh_interval()) => {
+                Step::Refreshed(sent, result)
+            }
             () = clock.sleep_until(limit) => Step::Refreshed(sent, Err(Error::new(
                 ErrorKind::OutcomeUnknown,
                 format!("refresh got no reply within {:?}", self.options.refresh_timeout()),
@@ -167,7 +172,8 @@ impl Driver {
             }
         };
         self.apply(event);
-        sent + self.options.refresh_interval()
+        let interval = self.options.refresh_interval();
+        self.refresher.schedule(sent + interval, interval)
     }
 
     fn current(&self) -> Health {

@@ -29,6 +29,7 @@
 mod attempt;
 mod backend;
 mod backoff;
+mod batch;
 mod clock;
 mod driver;
 mod duration;

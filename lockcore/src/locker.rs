@@ -9,6 +9,7 @@ use tokio::time::Instant;
 use crate::attempt::{Attempted, InFlight, Unclaimed};
 use crate::backend::LockBackend;
 use crate::backoff::JitterRng;
+use crate::batch::Batches;
 use crate::clock::Clock;
 use crate::driver::{Driver, Shared};
 use crate::error::{Error, ErrorKind, Result};
@@ -43,6 +44,8 @@ pub struct Locker {
     options: LockOptions,
     rng: Arc<Mutex<JitterRng>>,
     clock: Clock,
+    /// The queue that groups guards' refreshes, when the backend takes batches.
+    batches: Arc<Batches>,
 }
 
 impl Locker {
@@ -55,6 +58,7 @@ impl Locker {
             options: LockOptions::default(),
             rng: Arc::new(Mutex::new(JitterRng::from_entropy())),
             clock: Clock::system(),
+            batches: Arc::default(),
         }
     }
 
@@ -150,8 +154,10 @@ impl Locker {
     /// - the backend's error when it is permanent, or in `TryOnce` mode.
     ///
     /// # Cancel safety
-    /// Dropping the future never leaves a lock held by nobody: each attempt runs in its own
-    /// task, and a lease that attempt obtains after the caller has gone is released at once.
+    /// Dropping the future never leaves a lock held by nobody: an attempt runs in the
+    /// caller's task while the caller waits, moves to a task of its own if the future is
+    /// dropped before the attempt settles, and a lease it obtains after the caller has gone
+    /// is released at once.
     pub async fn acquire_with(
         &self,
         name: impl AsRef<str>,
@@ -275,7 +281,7 @@ impl Locker {
         }
     }
 
-    /// One backend attempt in its own task ([`InFlight`]), with the time it was sent on
+    /// One backend attempt ([`InFlight`], in this task unless abandoned), with the time it was sent on
     /// the locker's clock. Never two in flight for one owner and lock: an attempt that has
     /// not answered within the attempt timeout is waited for, not raced by another, up to
     /// the wait deadline (forever when waiting forever). In `TryOnce` mode the call gives
@@ -353,15 +359,19 @@ impl Locker {
         let shared = Arc::new(Shared::new(lease, validity, self.clock.clone()));
         let (health_tx, health_rx) = watch::channel(Health::Healthy);
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
+        let refresher = self.batches.refresher(&self.backend, self.clock.now());
+        let interval = options.refresh_interval();
+        let first_refresh = refresher.schedule(sent + interval, interval);
         let driver = Driver {
             backend: Arc::clone(&self.backend),
+            refresher,
             shared: Arc::clone(&shared),
             options: options.clone(),
             health: health_tx,
             commands: cmd_rx,
             _slot: slot,
         };
-        tokio::spawn(driver.run(sent + options.refresh_interval()));
+        tokio::spawn(driver.run(first_refresh));
         Some(LockGuard::new(shared, health_rx, cmd_tx))
     }
 }

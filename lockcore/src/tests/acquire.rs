@@ -463,7 +463,8 @@ async fn each_acquisition_gets_its_own_identity_by_default_body() {
 }
 
 /// Aborts a task from inside the backend's acquire, after the grant is made but before
-/// the caller reads it: the lease then sits in the channel when the caller is dropped.
+/// the attempt returns it: the caller is dropped at the next yield with the grant in
+/// flight, so the attempt must finish elsewhere and release it.
 #[derive(Debug)]
 struct AbortsCaller {
     inner: MemoryBackend,
@@ -477,8 +478,11 @@ impl LockBackend for AbortsCaller {
     }
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         let outcome = self.inner.acquire(request).await;
-        if let Some(caller) = self.caller.lock().expect("lock").take() {
+        let caller = self.caller.lock().expect("lock").take();
+        if let Some(caller) = caller {
             caller.abort();
+            // The attempt runs in the caller's task: the abort lands at this yield.
+            tokio::task::yield_now().await;
         }
         outcome
     }

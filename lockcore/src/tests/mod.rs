@@ -7,6 +7,7 @@
 
 mod acquire;
 mod arithmetic;
+mod batch;
 mod clock;
 mod context;
 mod leave;
