@@ -165,6 +165,17 @@ impl MemoryHarness {
         }
     }
 
+    /// A correct memory backend that takes refresh batches of up to 64 leases, so every
+    /// case that holds a guard runs through the locker's grouped refreshes.
+    pub fn batched() -> Self {
+        let memory = MemoryBackend::new().with_refresh_batch_limit(64);
+        Self {
+            backend: Arc::new(memory.clone()),
+            memory,
+            label: "memory-batched",
+        }
+    }
+
     /// A memory backend with a deliberate bug, to prove a case able to fail.
     pub fn with_defect(defect: Defect) -> Self {
         let broken = Broken::new(defect);

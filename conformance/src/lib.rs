@@ -40,6 +40,7 @@ macro_rules! __with_cases {
             refresh_keeps_the_lease_beyond_its_ttl,
             stale_lease_cannot_release,
             stale_lease_cannot_refresh,
+            refresh_many_answers_each_lease,
             fence_tokens_strictly_increase,
             deleted_lock_turns_the_guard_lost,
             stolen_lock_turns_the_guard_lost,

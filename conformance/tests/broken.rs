@@ -97,6 +97,20 @@ async fn refresh_after_a_steal_is_caught() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_refresh_matching_by_name_is_caught() {
+    let message = failure_of(
+        Defect::BatchRefreshMatchesName,
+        cases::refresh_many_answers_each_lease,
+    )
+    .await;
+    assert!(
+        message.contains("a batch refreshed a released lease"),
+        "{message}"
+    );
+    still_basically_works(Defect::BatchRefreshMatchesName).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_racy_acquire_is_caught() {
     let message = failure_of(Defect::RacyAcquire, cases::canary_conditional_create).await;
     assert!(

@@ -122,6 +122,67 @@ pub async fn stale_lease_cannot_refresh(h: &dyn Harness) -> Report {
     Report::new()
 }
 
+/// One `refresh_many` call over a live lease, a released one, a stale one whose name
+/// another owner took over after it expired, and the live one again: each answered as its
+/// own `refresh` would be, in order.
+///
+/// Checks: `refresh_many` contract, "result `i` is what `refresh` of `leases[i]` would
+/// return; one lease's failure never fails another; never re-creates a deleted lock".
+/// Guards against a batch that matches by name only (a pipelined `PEXPIRE`, an
+/// `UPDATE … WHERE name = ANY(…)` without the owner) and so refreshes a paused process
+/// back into a lock its successor holds, or answers the leases out of order.
+pub async fn refresh_many_answers_each_lease(h: &dyn Harness) -> Report {
+    let backend = h.backend();
+    let ttl = h.timing().ttl;
+    let (stale, newer) = expired_and_taken_over(h, "batch-stale").await;
+    let live = grant(&*backend, &fresh("batch-live"), &Identity::unique(), ttl).await;
+    let gone = grant(&*backend, &fresh("batch-gone"), &Identity::unique(), ttl).await;
+    backend.release(&gone).await.expect("release");
+    tokio::time::sleep(ttl / 2).await;
+    let leases = [live.clone(), gone.clone(), stale, live.clone()];
+    let results = backend.refresh_many(&leases).await;
+    assert_eq!(results.len(), 4, "one result per lease");
+    for at in [0, 3] {
+        let refreshed = results[at].as_ref().expect("the live lease refreshes");
+        assert_eq!(
+            refreshed.name(),
+            live.name(),
+            "result {at} answers another lock"
+        );
+        assert_eq!(
+            refreshed.token(),
+            live.token(),
+            "result {at} changed the token"
+        );
+    }
+    for (at, what) in [(1, "released"), (2, "stale")] {
+        match &results[at] {
+            Err(err) => assert_eq!(err.kind(), ErrorKind::Lost, "{what} lease: {err}"),
+            Ok(_) => panic!("a batch refreshed a {what} lease"),
+        }
+    }
+    assert_eq!(
+        holder_of(h, gone.name()).await,
+        None,
+        "a batch re-created a released lock"
+    );
+    assert_eq!(
+        holder_of(h, newer.name()).await.as_ref(),
+        Some(newer.lease().owner()),
+        "a batched stale refresh took the lock"
+    );
+    // Past the live lease's first expiry: the batch extended it.
+    tokio::time::sleep(ttl * 3 / 4).await;
+    assert_eq!(
+        holder_of(h, live.name()).await.as_ref(),
+        Some(live.owner()),
+        "the batch did not extend the live lease"
+    );
+    backend.release(&live).await.expect("release");
+    newer.release().await.expect("release");
+    Report::new().metric("refresh_batch_limit", backend.refresh_batch_limit() as f64)
+}
+
 /// Fence tokens strictly increase over 100+ grants of one name: after release, after
 /// same-owner retake where claimed, and after expiry. Backends without fencing must
 /// return `None`, never a fake token.

@@ -32,7 +32,8 @@ pub use exclusion::{
 };
 pub use expiry::{
     expiry_frees_a_crashed_holder, fence_tokens_strictly_increase,
-    refresh_keeps_the_lease_beyond_its_ttl, stale_lease_cannot_refresh, stale_lease_cannot_release,
+    refresh_keeps_the_lease_beyond_its_ttl, refresh_many_answers_each_lease,
+    stale_lease_cannot_refresh, stale_lease_cannot_release,
 };
 pub use health::{
     deleted_lock_turns_the_guard_lost, stolen_lock_turns_the_guard_lost,

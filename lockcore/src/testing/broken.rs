@@ -34,6 +34,9 @@ pub enum Defect {
     NonMonotonicTokens,
     /// `refresh` succeeds even after the lock was stolen or deleted (and re-creates it).
     RefreshIgnoresOwner,
+    /// `refresh_many` extends each lease's lock by name, whoever holds it, and answers
+    /// every lease with success (a pipelined `PEXPIRE` without the owner check).
+    BatchRefreshMatchesName,
     /// `acquire` checks, yields, then writes: two contenders can both win.
     RacyAcquire,
     /// `list` reports leases that expired but were not yet removed.
@@ -181,6 +184,25 @@ impl LockBackend for Broken {
             }
             _ => self.memory.refresh(lease).await,
         }
+    }
+
+    async fn refresh_many(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
+        if self.defect != Defect::BatchRefreshMatchesName {
+            let mut results = Vec::with_capacity(leases.len());
+            for lease in leases {
+                results.push(self.refresh(lease).await);
+            }
+            return results;
+        }
+        let now = Instant::now();
+        (leases.iter())
+            .map(|lease| {
+                let ttl = lease.ttl().get();
+                self.memory
+                    .edit(lease.name(), |expires, _, _| *expires = now + ttl);
+                Ok(lease.clone())
+            })
+            .collect()
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
