@@ -21,7 +21,7 @@ use std::time::Duration;
 use std::future::Future;
 use std::pin::Pin;
 
-use tokio::sync::watch;
+use tokio::sync::Notify;
 use tokio::time::{Instant, timeout_at};
 
 use crate::backend::LockBackend;
@@ -34,12 +34,13 @@ use crate::types::{Acquire, AcquireRequest, HolderInfo, Lease};
 /// Lock name and owner.
 type Key = (LockName, Identity);
 
-/// Attempts in flight in this process. A waiter clones the receiver and waits for the
-/// sender (held by the attempt's [`Slot`]) to be dropped.
-static IN_FLIGHT: LazyLock<Mutex<HashMap<Key, watch::Receiver<()>>>> =
+/// Attempts in flight in this process, each with the wake-up its waiters share: created
+/// by the first owner that has to wait, so an uncontended slot costs one insert and one
+/// remove.
+static IN_FLIGHT: LazyLock<Mutex<HashMap<Key, Option<Arc<Notify>>>>> =
     LazyLock::new(Mutex::default);
 
-fn in_flight() -> std::sync::MutexGuard<'static, HashMap<Key, watch::Receiver<()>>> {
+fn in_flight() -> std::sync::MutexGuard<'static, HashMap<Key, Option<Arc<Notify>>>> {
     IN_FLIGHT.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -48,8 +49,6 @@ fn in_flight() -> std::sync::MutexGuard<'static, HashMap<Key, watch::Receiver<()
 #[derive(Debug)]
 pub(crate) struct Slot {
     key: Key,
-    /// Never sent on: its drop (after the entry is gone) is the signal.
-    _done: watch::Sender<()>,
 }
 
 impl Slot {
@@ -57,21 +56,24 @@ impl Slot {
     /// `limit` passes first.
     async fn take(key: Key, limit: Option<Instant>) -> Option<Slot> {
         loop {
-            let mut busy = {
+            let notify: Arc<Notify>;
+            let freed = {
                 let mut map = in_flight();
-                match map.get(&key) {
-                    Some(rx) => rx.clone(),
+                match map.get_mut(&key) {
+                    Some(waiters) => notify = Arc::clone(waiters.get_or_insert_with(Arc::default)),
                     None => {
-                        let (done, rx) = watch::channel(());
-                        map.insert(key.clone(), rx);
-                        return Some(Slot { key, _done: done });
+                        map.insert(key.clone(), None);
+                        return Some(Slot { key });
                     }
                 }
+                // Created under the map's lock, while the entry is there: the slot's drop
+                // removes the entry under that lock and then wakes every `Notified`
+                // created so far, so it cannot be missed.
+                notify.notified()
             };
-            // Resolves (with an error) when the holder of the slot drops its sender.
             match limit {
-                Some(limit) => timeout_at(limit, busy.changed()).await.ok()?.ok(),
-                None => busy.changed().await.ok(),
+                Some(limit) => timeout_at(limit, freed).await.ok()?,
+                None => freed.await,
             };
         }
     }
@@ -79,9 +81,12 @@ impl Slot {
 
 impl Drop for Slot {
     /// The map holds an entry for `key` exactly while its one `Slot` lives, so the entry
-    /// is ours. Removing it and then dropping `done` wakes every waiter.
+    /// is ours. Removing it and then waking its waiters lets one of them take it.
     fn drop(&mut self) {
-        in_flight().remove(&self.key);
+        let waiters = in_flight().remove(&self.key).flatten();
+        if let Some(waiters) = waiters {
+            waiters.notify_waiters();
+        }
     }
 }
 
