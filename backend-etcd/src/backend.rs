@@ -11,9 +11,9 @@ use anylock_etcd_proto::mvccpb::event::EventType;
 use async_trait::async_trait;
 use futures_util::stream;
 use lockcore::{
-    Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, Exclusion,
-    ExpiryClock, Fairness, Fencing, Guarantees, HeldLock, HolderInfo, Lease, LockBackend, LockName,
-    QueueTicket, ReleaseEvents, Result, Waiting,
+    Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, Exclusion, ExpiryClock,
+    Fairness, Fencing, Guarantees, HeldLock, HolderInfo, Lease, LockBackend, LockName, QueueTicket,
+    ReleaseEvents, Result, Waiting,
 };
 
 use crate::client::EtcdClient;

@@ -15,9 +15,7 @@ use anylock_etcd_proto::etcdserverpb::auth_client::AuthClient;
 use anylock_etcd_proto::etcdserverpb::kv_client::KvClient;
 use anylock_etcd_proto::etcdserverpb::lease_client::LeaseClient;
 use anylock_etcd_proto::etcdserverpb::watch_client::WatchClient;
-use anylock_etcd_proto::etcdserverpb::{
-    AuthenticateRequest, WatchRequest, WatchResponse,
-};
+use anylock_etcd_proto::etcdserverpb::{AuthenticateRequest, WatchRequest, WatchResponse};
 use tonic::codegen::http::Uri;
 use tonic::metadata::{Ascii, AsciiMetadataValue, MetadataValue};
 use tonic::service::interceptor::InterceptedService;

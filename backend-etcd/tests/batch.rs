@@ -72,7 +72,10 @@ async fn a_batch_reports_each_lease_alone_and_in_order() {
     let noted = take(&backend, "noted", &me, Some("deploy #7")).await;
     let before_retake = take(&backend, "twice", &me, None).await;
     let retaken = take(&backend, "twice", &me, None).await;
-    assert!(retaken.token() > before_retake.token(), "a retake is a new grant");
+    assert!(
+        retaken.token() > before_retake.token(),
+        "a retake is a new grant"
+    );
     let rival_key = common::keys_under(&mut raw, &format!("{prefix}contested/")).await;
 
     // Let the live lease's TTL run down, so the batch's keep-alive shows.
@@ -94,15 +97,31 @@ async fn a_batch_reports_each_lease_alone_and_in_order() {
     use ErrorKind::Lost;
     assert_eq!(
         kinds(&results),
-        vec![Ok(()), Err(Lost), Err(Lost), Err(Lost), Ok(()), Err(Lost), Ok(()), Ok(())]
+        vec![
+            Ok(()),
+            Err(Lost),
+            Err(Lost),
+            Err(Lost),
+            Ok(()),
+            Err(Lost),
+            Ok(()),
+            Ok(())
+        ]
     );
     for (result, lease) in results.iter().zip(&batch) {
         if let Ok(refreshed) = result {
-            assert_eq!(refreshed.grant(), lease.grant(), "the same grant comes back");
+            assert_eq!(
+                refreshed.grant(),
+                lease.grant(),
+                "the same grant comes back"
+            );
         }
     }
     let left_after = raw.lease_time_to_live(lease_id(&live)).await.expect("ttl");
-    assert!(left_after >= 29, "the live lease was not kept alive: {left_after} s");
+    assert!(
+        left_after >= 29,
+        "the live lease was not kept alive: {left_after} s"
+    );
 
     // Nothing re-created, the rival untouched.
     for gone in ["released", "revoked"] {
@@ -111,7 +130,10 @@ async fn a_batch_reports_each_lease_alone_and_in_order() {
     }
     let rival_now = common::keys_under(&mut raw, &format!("{prefix}contested/")).await;
     assert_eq!(rival_now, rival_key, "the rival's key changed");
-    backend.refresh(&rival).await.expect("the rival still holds");
+    backend
+        .refresh(&rival)
+        .await
+        .expect("the rival still holds");
 
     // Each result is what one refresh of that lease says.
     for (lease, batched) in batch.iter().zip(kinds(&results)) {
@@ -241,7 +263,10 @@ async fn the_keep_alive_stream_recovers_after_the_connection_is_cut() {
     }
     assert!(recovered, "refreshes never came back");
     let left = raw.lease_time_to_live(lease_id(&lease)).await.expect("ttl");
-    assert!(left >= 29, "the new stream did not keep the lease alive: {left} s");
+    assert!(
+        left >= 29,
+        "the new stream did not keep the lease alive: {left} s"
+    );
     assert!(backend.rpcs_sent() > opened, "no new stream was opened");
     backend.release(&lease).await.expect("release");
 }

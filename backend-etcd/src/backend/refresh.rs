@@ -89,12 +89,10 @@ impl EtcdBackend {
             return err;
         }
         let smaller = (size / 2).max(1);
-        let _ = self.txn_ops.0.compare_exchange(
-            size,
-            smaller,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
+        let _ =
+            self.txn_ops
+                .0
+                .compare_exchange(size, smaller, Ordering::Relaxed, Ordering::Relaxed);
         tracing::warn!(
             size,
             smaller,

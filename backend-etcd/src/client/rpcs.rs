@@ -137,7 +137,9 @@ impl EtcdClient {
     /// As any read; a reply without one Range reply per key is a temporary `Protocol`
     /// error.
     pub(crate) async fn check_keys(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<KeyValue>>> {
-        let ranges = keys.iter().map(|key| requests::range_op(requests::key_only(key)));
+        let ranges = keys
+            .iter()
+            .map(|key| requests::range_op(requests::key_only(key)));
         let txn = requests::txn(Vec::new(), ranges.collect(), Vec::new());
         let resp = self.call(Op::CheckKeys, txn, txn_rpc).await?;
         let unreadable = || {
@@ -147,14 +149,16 @@ impl EtcdClient {
         if !resp.succeeded || resp.responses.len() != keys.len() {
             return Err(unreadable());
         }
-        let read = resp.responses.into_iter().zip(keys).map(|(op, key)| {
-            match op.response {
+        let read = resp
+            .responses
+            .into_iter()
+            .zip(keys)
+            .map(|(op, key)| match op.response {
                 Some(Response::ResponseRange(range)) => {
                     Ok(range.kvs.into_iter().find(|kv| kv.key == *key))
                 }
                 _ => Err(unreadable()),
-            }
-        });
+            });
         read.collect()
     }
 

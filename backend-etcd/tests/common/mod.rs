@@ -77,7 +77,10 @@ pub(crate) async fn http_get(port: u16, path: &str) -> std::io::Result<String> {
 
 /// The sum per gRPC method of one of etcd's Prometheus counters (`grpc_server_started_total`,
 /// `grpc_server_msg_received_total`) on the member whose client port is `port`.
-pub(crate) async fn grpc_metric(port: u16, metric: &str) -> std::collections::BTreeMap<String, u64> {
+pub(crate) async fn grpc_metric(
+    port: u16,
+    metric: &str,
+) -> std::collections::BTreeMap<String, u64> {
     let body = http_get(port, "/metrics").await.expect("metrics");
     let mut counts = std::collections::BTreeMap::new();
     let start = format!("{metric}{{");
