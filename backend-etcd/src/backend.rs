@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 use anylock_etcd_proto::mvccpb::event::EventType;
@@ -29,6 +30,14 @@ mod refresh;
 use holder::holder_info;
 pub(crate) use holder::parse_grant;
 
+/// etcd's default `--max-txn-ops`: the most Ranges one refresh check Txn carries.
+pub(crate) const MAX_TXN_OPS: usize = 128;
+
+/// How many leases one `refresh_many` takes. etcd renews one stream's keep-alives one
+/// after another (on a follower, each is forwarded to the leader), so a batch is kept to
+/// what stays well inside the request timeout; its check Txns are 4.
+pub(crate) const REFRESH_BATCH_LIMIT: usize = 512;
+
 /// Locks in etcd, laid out like etcd's own `concurrency.Mutex` (see the crate docs).
 ///
 /// Cheap to clone; clones share one gRPC client per etcd member.
@@ -39,7 +48,8 @@ pub struct EtcdBackend {
     config: Arc<EtcdConfig>,
     material: Arc<anylock_tls::TlsMaterial>,
     pub(crate) queue: Arc<Queue>,
-    txn_ops: Arc<refresh::TxnOps>,
+    /// How many Ranges a refresh's check Txn carries (see `backend/refresh.rs`).
+    txn_ops: Arc<AtomicUsize>,
 }
 
 impl EtcdBackend {
@@ -72,7 +82,7 @@ impl EtcdBackend {
             layout,
             config: Arc::new(config),
             material: Arc::new(material),
-            txn_ops: Arc::default(),
+            txn_ops: Arc::new(AtomicUsize::new(MAX_TXN_OPS)),
         })
     }
 
@@ -226,7 +236,7 @@ impl LockBackend for EtcdBackend {
     /// 512: etcd renews one stream's keep-alives one after another, so a batch stays
     /// well inside the request timeout (4 check Txns).
     fn refresh_batch_limit(&self) -> usize {
-        refresh::REFRESH_BATCH_LIMIT
+        REFRESH_BATCH_LIMIT
     }
 
     /// LeaseRevoke (1 RPC): etcd deletes the keys bound to our lease, which is exactly our

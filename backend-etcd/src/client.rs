@@ -37,7 +37,7 @@ pub(crate) struct EtcdClient {
     connect_timeout: Duration,
     rpcs: AtomicU64,
     /// The long-lived keep-alive stream every refresh shares.
-    keeper: keeper::Keeper,
+    keeper: crate::keepalive::Keeper,
     who: Who,
     prefix: String,
     tls: Option<std::sync::Arc<rustls::ClientConfig>>,
@@ -81,7 +81,7 @@ impl EtcdClient {
             timeout: config.request_timeout(),
             connect_timeout: config.connect_timeout(),
             rpcs: AtomicU64::new(0),
-            keeper: keeper::Keeper::default(),
+            keeper: crate::keepalive::Keeper::default(),
             who: Who::new(config.credentials().map(|(user, _)| user), material),
             prefix: config.prefix().to_owned(),
             tls,

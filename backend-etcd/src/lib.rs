@@ -56,6 +56,7 @@ mod error;
 #[cfg(test)]
 mod error_tests;
 mod grpc;
+mod keepalive;
 mod keys;
 #[cfg(test)]
 mod prop_tests;

@@ -4,32 +4,13 @@
 //! trip: 0 or 1 RPC for the keep-alives (1 only when the stream must be opened) and
 //! `ceil(n / 128)` Txns.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 
 use anylock_etcd_proto::mvccpb::KeyValue;
 use futures_util::future::join_all;
 use lockcore::{Error, ErrorKind, Lease, Result, RetryStatus};
 
 use super::{EtcdBackend, parse_grant};
-
-/// etcd's default `--max-txn-ops`: the most Ranges one check Txn carries.
-pub(crate) const MAX_TXN_OPS: usize = 128;
-
-/// How many leases one `refresh_many` takes. etcd renews one stream's keep-alives one
-/// after another (on a follower, each is forwarded to the leader), so a batch is kept to
-/// what stays well inside the request timeout; the check Txns are 4.
-pub(crate) const REFRESH_BATCH_LIMIT: usize = 512;
-
-/// How many Ranges a check Txn carries now: [`MAX_TXN_OPS`], halved each time etcd
-/// refuses a Txn as too large (a cluster run with a lower `--max-txn-ops`).
-#[derive(Debug)]
-pub(crate) struct TxnOps(AtomicUsize);
-
-impl Default for TxnOps {
-    fn default() -> Self {
-        Self(AtomicUsize::new(MAX_TXN_OPS))
-    }
-}
 
 impl EtcdBackend {
     /// The one refresh path, for `refresh` (a batch of one) and `refresh_many`.
@@ -62,9 +43,10 @@ impl EtcdBackend {
             .collect()
     }
 
-    /// Each key as read, in order: one Txn of Ranges per [`TxnOps`] keys, concurrently.
+    /// Each key as read, in order: one Txn per `txn_ops` keys (at first `MAX_TXN_OPS`,
+    /// halved each time etcd refuses a Txn as too large), concurrently.
     async fn check_keys(&self, keys: &[Vec<u8>]) -> Vec<Result<Option<KeyValue>>> {
-        let size = self.txn_ops.0.load(Ordering::Relaxed).max(1);
+        let size = self.txn_ops.load(Ordering::Relaxed).max(1);
         let chunks: Vec<&[Vec<u8>]> = keys.chunks(size).collect();
         let reads = join_all(chunks.iter().map(|chunk| self.client.check_keys(chunk))).await;
         let mut stored = Vec::with_capacity(keys.len());
@@ -89,10 +71,9 @@ impl EtcdBackend {
             return err;
         }
         let smaller = (size / 2).max(1);
-        let _ =
-            self.txn_ops
-                .0
-                .compare_exchange(size, smaller, Ordering::Relaxed, Ordering::Relaxed);
+        let _ = self
+            .txn_ops
+            .compare_exchange(size, smaller, Ordering::Relaxed, Ordering::Relaxed);
         tracing::warn!(
             size,
             smaller,
