@@ -15,6 +15,7 @@ use crate::error::{Failure, Op, map_error, map_error_for};
 use crate::grpc::{Connection, RpcError, Settings};
 use crate::secure::{self, Who};
 
+mod keeper;
 mod rpcs;
 mod verify;
 
@@ -35,6 +36,8 @@ pub(crate) struct EtcdClient {
     timeout: Duration,
     connect_timeout: Duration,
     rpcs: AtomicU64,
+    /// The long-lived keep-alive stream every refresh shares.
+    keeper: crate::keepalive::Keeper,
     who: Who,
     prefix: String,
     tls: Option<std::sync::Arc<rustls::ClientConfig>>,
@@ -78,6 +81,7 @@ impl EtcdClient {
             timeout: config.request_timeout(),
             connect_timeout: config.connect_timeout(),
             rpcs: AtomicU64::new(0),
+            keeper: crate::keepalive::Keeper::default(),
             who: Who::new(config.credentials().map(|(user, _)| user), material),
             prefix: config.prefix().to_owned(),
             tls,
@@ -117,6 +121,17 @@ impl EtcdClient {
         Fut: Future<Output = Result<T, RpcError>>,
     {
         self.rpcs.fetch_add(1, Ordering::Relaxed);
+        self.run(op, request, rpc).await
+    }
+
+    /// [`call`](Self::call) without counting an RPC: for calls that may not start one
+    /// (keep-alives on the long-lived stream count the streams they open instead).
+    async fn run<R, T, F, Fut>(&self, op: Op, request: R, rpc: F) -> Result<T>
+    where
+        R: Clone,
+        F: Fn(Connection, R) -> Fut,
+        Fut: Future<Output = Result<T, RpcError>>,
+    {
         let index = self.current.load(Ordering::Relaxed) % self.members.len();
         let attempt = async { self.member(index).await?.call(request, rpc).await };
         let result = match tokio::time::timeout(self.timeout, attempt).await {

@@ -15,9 +15,7 @@ use anylock_etcd_proto::etcdserverpb::auth_client::AuthClient;
 use anylock_etcd_proto::etcdserverpb::kv_client::KvClient;
 use anylock_etcd_proto::etcdserverpb::lease_client::LeaseClient;
 use anylock_etcd_proto::etcdserverpb::watch_client::WatchClient;
-use anylock_etcd_proto::etcdserverpb::{
-    AuthenticateRequest, LeaseKeepAliveRequest, WatchRequest, WatchResponse,
-};
+use anylock_etcd_proto::etcdserverpb::{AuthenticateRequest, WatchRequest, WatchResponse};
 use tonic::codegen::http::Uri;
 use tonic::metadata::{Ascii, AsciiMetadataValue, MetadataValue};
 use tonic::service::interceptor::InterceptedService;
@@ -242,24 +240,10 @@ impl Connection {
         Ok(())
     }
 
-    /// LeaseKeepAlive: opens a keep-alive stream, sends one request and reads its reply.
-    ///
-    /// # Errors
-    /// [`RpcError::LeaseKeepAlive`] "lease not found" when etcd answers TTL 0.
-    pub(crate) async fn keep_alive_once(mut self, id: i64) -> Result<(), RpcError> {
-        let (sender, requests) = request_stream::<LeaseKeepAliveRequest>();
-        sender
-            .send(LeaseKeepAliveRequest { id })
-            .await
-            .map_err(|e| RpcError::LeaseKeepAlive(e.to_string()))?;
-        let mut replies = self.lease.lease_keep_alive(requests).await?.into_inner();
-        match replies.message().await? {
-            Some(reply) if reply.ttl <= 0 => {
-                Err(RpcError::LeaseKeepAlive("lease not found".into()))
-            }
-            Some(_) => Ok(()),
-            None => Err(RpcError::Watch("failed to create lease keeper".into())),
-        }
+    /// Whether `self` and `other` are clients of the same channel (one member's
+    /// connection and its clones).
+    pub(crate) fn same_channel(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.session, &other.session)
     }
 
     /// Opens a watch stream and sends `request` on it.
@@ -318,8 +302,19 @@ pub(crate) fn is_invalid_token(status: &Status) -> bool {
     }
 }
 
+/// How many streams the client resets itself (an RPC abandoned at its timeout, a dropped
+/// watch) HTTP/2 remembers, and for how long. A frame the server sends on a remembered
+/// reset stream is ignored; one on a forgotten stream counts toward h2's limit of 1,024
+/// "local error resets" over the connection's whole life, after which h2 closes the
+/// channel (`too_many_internal_resets`) and every RPC on it fails at once. h2's defaults
+/// (50 streams, 1 s) forget a stream before a late reply to an RPC abandoned at our
+/// timeout arrives; these outlast any request timeout, so our own resets never count.
+const RESET_STREAMS_REMEMBERED: usize = 4096;
+const RESET_STREAMS_FOR: Duration = Duration::from_secs(60);
+
 /// The endpoint for `url` (`http://` or, with TLS, `https://`): HTTP/2 keep-alive pings
-/// every 10 s (also when idle), 5 s to answer, and the connect timeout.
+/// every 10 s (also when idle), 5 s to answer, the connect timeout, and reset streams
+/// remembered long enough (see [`RESET_STREAMS_REMEMBERED`]).
 fn build_endpoint(url: &str, settings: &Settings) -> Result<Endpoint, RpcError> {
     let uri: Uri = url
         .parse()
@@ -336,6 +331,8 @@ fn build_endpoint(url: &str, settings: &Settings) -> Result<Endpoint, RpcError> 
         .keep_alive_while_idle(true)
         .http2_keep_alive_interval(Duration::from_secs(10))
         .keep_alive_timeout(Duration::from_secs(5))
+        .http2_max_concurrent_reset_streams(RESET_STREAMS_REMEMBERED)
+        .http2_reset_stream_duration(RESET_STREAMS_FOR)
         .connect_timeout(settings.connect_timeout))
 }
 

@@ -16,8 +16,11 @@
 //!   the owner). When held: `LeaseRevoke` of the unused lease + `LeaseTimeToLive` of the
 //!   holder, concurrently. A key is only ever created when it owns the lock, so a failed
 //!   attempt leaves nothing behind.
-//! - refresh: `LeaseKeepAlive` + `Range` on our key, concurrently: a key deleted by an
-//!   operator turns the guard Lost even while the lease lives.
+//! - refresh: a keep-alive on the backend's one long-lived `LeaseKeepAlive` stream +
+//!   a keys-only `Range` of our key in a `Txn`, concurrently: a key deleted by an
+//!   operator turns the guard Lost even while the lease lives. `refresh_many` does the
+//!   same for up to 512 leases in one round trip: their keep-alives on the stream, and
+//!   one `Txn` of Ranges per 128 keys.
 //! - release: `LeaseRevoke` (etcd deletes exactly the keys bound to our lease).
 //! - waiting (FIFO, lockcore's `enqueue`): a waiting acquire that found the lock held
 //!   puts its own key (`LeaseGrant` + `Txn`), kept alive every TTL/3 while it waits. Its
@@ -56,6 +59,7 @@ mod error;
 #[cfg(test)]
 mod error_tests;
 mod grpc;
+mod keepalive;
 mod keys;
 #[cfg(test)]
 mod prop_tests;

@@ -28,6 +28,15 @@ pub(crate) fn get(key: &[u8]) -> RangeRequest {
     }
 }
 
+/// Range on one key without its value (its create revision and lease are enough).
+pub(crate) fn key_only(key: &[u8]) -> RangeRequest {
+    RangeRequest {
+        key: key.to_vec(),
+        keys_only: true,
+        ..RangeRequest::default()
+    }
+}
+
 /// Range on `prefix`, lowest create revision first, one key: the owner.
 pub(crate) fn first_created(prefix: &[u8]) -> RangeRequest {
     let (key, range_end) = prefix_range(prefix);

@@ -129,11 +129,37 @@ impl EtcdClient {
         Ok(self.call(Op::Delete, request, delete).await?.deleted > 0)
     }
 
-    /// LeaseKeepAlive: one request and its reply on a keep-alive stream, which resets the
-    /// lease's TTL on the leader. `Lost` when the lease no longer exists.
-    pub(crate) async fn keep_alive(&self, lease: i64) -> Result<()> {
-        let keep_alive = |c: Connection, id| c.keep_alive_once(id);
-        self.call(Op::KeepAlive, lease, keep_alive).await
+    /// One Txn of keys-only Ranges, one per key of `keys` (at most etcd's
+    /// `--max-txn-ops`), read at one revision: each key's create revision and lease (its
+    /// value left out), `None` for a key that does not exist.
+    ///
+    /// # Errors
+    /// As any read; a reply without one Range reply per key is a temporary `Protocol`
+    /// error.
+    pub(crate) async fn check_keys(&self, keys: &[Vec<u8>]) -> Result<Vec<Option<KeyValue>>> {
+        let ranges = keys
+            .iter()
+            .map(|key| requests::range_op(requests::key_only(key)));
+        let txn = requests::txn(Vec::new(), ranges.collect(), Vec::new());
+        let resp = self.call(Op::CheckKeys, txn, txn_rpc).await?;
+        let unreadable = || {
+            malformed(Op::CheckKeys, "not one Range reply per key")
+                .with_status(lockcore::RetryStatus::Temporary)
+        };
+        if !resp.succeeded || resp.responses.len() != keys.len() {
+            return Err(unreadable());
+        }
+        let read = resp
+            .responses
+            .into_iter()
+            .zip(keys)
+            .map(|(op, key)| match op.response {
+                Some(Response::ResponseRange(range)) => {
+                    Ok(range.kvs.into_iter().find(|kv| kv.key == *key))
+                }
+                _ => Err(unreadable()),
+            });
+        read.collect()
     }
 
     /// Range on one key (linearizable).

@@ -74,3 +74,37 @@ pub(crate) async fn http_get(port: u16, path: &str) -> std::io::Result<String> {
         .split_once("\r\n\r\n")
         .map_or(String::new(), |(_, body)| body.to_owned()))
 }
+
+/// The sum per gRPC method of one of etcd's Prometheus counters (`grpc_server_started_total`,
+/// `grpc_server_msg_received_total`) on the member whose client port is `port`.
+pub(crate) async fn grpc_metric(
+    port: u16,
+    metric: &str,
+) -> std::collections::BTreeMap<String, u64> {
+    let body = http_get(port, "/metrics").await.expect("metrics");
+    let mut counts = std::collections::BTreeMap::new();
+    let start = format!("{metric}{{");
+    for line in body.lines().filter(|l| l.starts_with(&start)) {
+        let method = line
+            .split("grpc_method=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next());
+        let value = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok());
+        if let (Some(method), Some(value)) = (method, value) {
+            *counts.entry(method.to_owned()).or_default() += value as u64;
+        }
+    }
+    counts
+}
+
+/// What happened between two metric snapshots: method -> count, zero counts left out.
+pub(crate) fn metric_diff(
+    before: &std::collections::BTreeMap<String, u64>,
+    after: &std::collections::BTreeMap<String, u64>,
+) -> std::collections::BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(method, n)| (method.clone(), n - before.get(method).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}

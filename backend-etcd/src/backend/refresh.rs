@@ -1,0 +1,198 @@
+//! Refreshing leases, one or many through the same code: a keep-alive for every lease on
+//! the client's shared keep-alive stream, and, concurrently, a keys-only Range for every
+//! lease's key, in `Txn`s of at most `--max-txn-ops` Ranges. Any batch takes one round
+//! trip: 0 or 1 RPC for the keep-alives (1 only when the stream must be opened) and
+//! `ceil(n / 128)` Txns.
+
+use std::sync::atomic::Ordering;
+
+use anylock_etcd_proto::mvccpb::KeyValue;
+use futures_util::future::join_all;
+use lockcore::{Error, ErrorKind, Lease, Result, RetryStatus};
+
+use super::{EtcdBackend, parse_grant};
+
+impl EtcdBackend {
+    /// The one refresh path, for `refresh` (a batch of one) and `refresh_many`.
+    pub(super) async fn refresh_leases(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
+        let grants: Vec<Result<(i64, i64)>> = leases.iter().map(parse_grant).collect();
+        let ours: Vec<(usize, i64)> = grants
+            .iter()
+            .enumerate()
+            .filter_map(|(i, grant)| grant.as_ref().ok().map(|(id, _)| (i, *id)))
+            .collect();
+        let ids: Vec<i64> = ours.iter().map(|(_, id)| *id).collect();
+        let keys: Vec<Vec<u8>> = ours
+            .iter()
+            .map(|(i, id)| self.layout.key(leases[*i].name(), *id))
+            .collect();
+        let (alive, stored) =
+            tokio::join!(self.client.keep_alive_many(&ids), self.check_keys(&keys));
+        let mut alive = spread(alive, ids.len()).into_iter();
+        let mut stored = stored.into_iter();
+        leases
+            .iter()
+            .zip(grants)
+            .map(|(lease, grant)| {
+                let (id, revision) = grant?;
+                let (Some(alive), Some(stored)) = (alive.next(), stored.next()) else {
+                    return Err(Error::unavailable("refresh: a reply went missing"));
+                };
+                verdict(lease, (id, revision), alive, stored)
+            })
+            .collect()
+    }
+
+    /// Each key as read, in order: one Txn per `txn_ops` keys (at first `MAX_TXN_OPS`,
+    /// halved each time etcd refuses a Txn as too large), concurrently.
+    async fn check_keys(&self, keys: &[Vec<u8>]) -> Vec<Result<Option<KeyValue>>> {
+        let size = self.txn_ops.load(Ordering::Relaxed).max(1);
+        let chunks: Vec<&[Vec<u8>]> = keys.chunks(size).collect();
+        let reads = join_all(chunks.iter().map(|chunk| self.client.check_keys(chunk))).await;
+        let mut stored = Vec::with_capacity(keys.len());
+        for (chunk, read) in chunks.iter().zip(reads) {
+            match read {
+                Ok(kvs) => stored.extend(kvs.into_iter().map(Ok)),
+                Err(err) => {
+                    let err = self.txn_too_large(err, size);
+                    stored.extend(spread::<Option<KeyValue>>(Err(err), chunk.len()));
+                }
+            }
+        }
+        stored
+    }
+
+    /// etcd refuses a Txn with more operations than its `--max-txn-ops`: smaller Txns from
+    /// now on, and this time a temporary error (the leases are not at fault).
+    fn txn_too_large(&self, err: Error, size: usize) -> Error {
+        let refused = err.kind() == ErrorKind::InvalidInput
+            && err.message().contains("too many operations in txn request");
+        if !refused {
+            return err;
+        }
+        let smaller = (size / 2).max(1);
+        let _ = self
+            .txn_ops
+            .compare_exchange(size, smaller, Ordering::Relaxed, Ordering::Relaxed);
+        tracing::warn!(
+            size,
+            smaller,
+            "etcd refused a Txn of {size} Ranges (--max-txn-ops is lower): {smaller} from now on"
+        );
+        Error::new(
+            ErrorKind::Unavailable,
+            format!(
+                "{} (the cluster's --max-txn-ops is below {size}; the next refresh sends at most {smaller} per Txn)",
+                err.message()
+            ),
+        )
+        .with_status(RetryStatus::Temporary)
+    }
+}
+
+/// A whole call's result, one per lease: the values, or a copy of its error for each.
+fn spread<T>(result: Result<Vec<T>>, n: usize) -> Vec<Result<T>> {
+    match result {
+        Ok(values) => values.into_iter().map(Ok).collect(),
+        Err(err) => (0..n).map(|_| copy(&err)).collect(),
+    }
+}
+
+/// The same error again (lockcore's `Error` is not `Clone`; the source is left out).
+fn copy<T>(err: &Error) -> Result<T> {
+    Err(Error::new(err.kind(), err.message().to_owned()).with_status(err.status()))
+}
+
+/// What refreshing one lease says, from its keep-alive reply (`alive`: the TTL etcd
+/// answered) and its key as read (`stored`):
+/// - TTL `<= 0`: the lease is gone (and took the key with it): `Lost`;
+/// - the key read, and missing, or with another create revision or lease: `Lost`;
+/// - otherwise the keep-alive's error, then the read's error, else the lease.
+///
+/// A lease is never `Lost` for a failed call: only a reply about that lease makes it so.
+pub(crate) fn verdict(
+    lease: &Lease,
+    (id, revision): (i64, i64),
+    alive: Result<i64>,
+    stored: Result<Option<KeyValue>>,
+) -> Result<Lease> {
+    if matches!(alive, Ok(ttl) if ttl <= 0) {
+        return Err(Error::lost(
+            "our etcd lease expired (and took our key with it)",
+        ));
+    }
+    if let Ok(stored) = &stored {
+        let ours = stored
+            .as_ref()
+            .is_some_and(|kv| kv.create_revision == revision && kv.lease == id);
+        if !ours {
+            return Err(Error::lost("our lock key was deleted or replaced"));
+        }
+    }
+    alive?;
+    stored?;
+    Ok(lease.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use lockcore::{Identity, LockName, Ttl};
+
+    fn lease() -> Lease {
+        let name = LockName::new("x").expect("valid");
+        let ttl = Ttl::new(Duration::from_secs(10)).expect("valid TTL");
+        Lease::new(name, Identity::unique(), ttl, "1f:42")
+    }
+
+    fn key(revision: i64, lease: i64) -> Option<KeyValue> {
+        Some(KeyValue {
+            create_revision: revision,
+            lease,
+            ..KeyValue::default()
+        })
+    }
+
+    fn failed<T>(kind: ErrorKind) -> Result<T> {
+        Err(Error::new(kind, "failed"))
+    }
+
+    /// Every combination of keep-alive reply and key read, as the single refresh always
+    /// decided it: Lost only on a reply about this lease or its key.
+    #[test]
+    fn the_verdict_is_lost_only_on_evidence_about_this_lease() {
+        use ErrorKind::{Lost, Unavailable};
+        let grant = (0x1f, 42);
+        let kind = |alive, stored| verdict(&lease(), grant, alive, stored).map_err(|e| e.kind());
+        assert!(kind(Ok(10), Ok(key(42, 0x1f))).is_ok());
+        assert_eq!(kind(Ok(0), Ok(key(42, 0x1f))), Err(Lost));
+        assert_eq!(kind(Ok(-1), failed(Unavailable)), Err(Lost));
+        assert_eq!(kind(Ok(10), Ok(None)), Err(Lost));
+        assert_eq!(kind(Ok(10), Ok(key(43, 0x1f))), Err(Lost), "recreated");
+        assert_eq!(kind(Ok(10), Ok(key(42, 0x20))), Err(Lost), "other lease");
+        assert_eq!(kind(failed(Unavailable), Ok(None)), Err(Lost));
+        assert_eq!(
+            kind(failed(Unavailable), Ok(key(42, 0x1f))),
+            Err(Unavailable)
+        );
+        assert_eq!(kind(Ok(10), failed(Unavailable)), Err(Unavailable));
+        assert_eq!(
+            kind(failed(Unavailable), failed(ErrorKind::OutcomeUnknown)),
+            Err(Unavailable)
+        );
+    }
+
+    #[test]
+    fn a_failed_call_fails_every_lease_alike_and_temporarily() {
+        let spread = spread::<i64>(Err(Error::unavailable("down")), 3);
+        assert_eq!(spread.len(), 3);
+        for result in spread {
+            let err = result.expect_err("failed");
+            assert_eq!(err.kind(), ErrorKind::Unavailable);
+            assert!(err.is_temporary());
+            assert_eq!(err.message(), "down");
+        }
+    }
+}

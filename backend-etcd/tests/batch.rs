@@ -1,0 +1,272 @@
+//! Refreshing many leases at once (`refresh_many`): per-lease results in order, the same
+//! as one `refresh` each, in a bounded number of RPCs (counted by etcd's own metrics on a
+//! private server), and the shared keep-alive stream coming back after the connection
+//! is cut.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use backend_etcd::{EtcdBackend, EtcdConfig};
+use lockcore::{
+    Acquire, AcquireRequest, ErrorKind, Identity, Lease, LockBackend, LockName, Note, Ttl,
+};
+use test_kit::proxy::{Fault, FaultProxy};
+use test_kit::servers::Etcd;
+
+const TTL: Duration = Duration::from_secs(30);
+
+fn name(s: &str) -> LockName {
+    LockName::new(s).expect("valid name")
+}
+
+async fn take(backend: &EtcdBackend, lock: &str, owner: &Identity, note: Option<&str>) -> Lease {
+    let request = AcquireRequest::new(name(lock), owner.clone(), Ttl::new(TTL).expect("TTL"))
+        .with_note(note.map(|n| Note::new(n).expect("note")));
+    match backend.acquire(&request).await.expect("acquire") {
+        Acquire::Acquired(lease) => lease,
+        Acquire::Held(holder) => panic!("{lock} unexpectedly held by {}", holder.owner()),
+    }
+}
+
+/// The etcd lease id in a lease's grant (`"<lease hex>:<revision>"`).
+fn lease_id(lease: &Lease) -> i64 {
+    let hex = lease.grant().split_once(':').expect("etcd grant").0;
+    i64::from_str_radix(hex, 16).expect("hex lease id")
+}
+
+fn kinds(results: &[lockcore::Result<Lease>]) -> Vec<Result<(), ErrorKind>> {
+    results
+        .iter()
+        .map(|r| r.as_ref().map(drop).map_err(lockcore::Error::kind))
+        .collect()
+}
+
+/// One batch mixing every case, in order: a live lease (its TTL on the server is
+/// extended), one released before the batch (Lost, its key not re-created), a stale
+/// grant (broken: its lease lives, its key is gone) whose name a rival now holds (Lost,
+/// the rival untouched), one revoked on the
+/// server (Lost), one carrying a note, and one lock twice (its stale grant after a
+/// same-owner retake, and the retake; the live lease twice as well). Each result is what
+/// a single `refresh` of that lease says.
+#[tokio::test]
+async fn a_batch_reports_each_lease_alone_and_in_order() {
+    let Some(endpoints) = common::shared_endpoints() else {
+        return;
+    };
+    let prefix = common::random_prefix("batch");
+    let backend = common::backend(&endpoints, &prefix).await;
+    let mut raw = common::raw(&endpoints).await;
+    let me = Identity::unique();
+
+    let live = take(&backend, "live", &me, None).await;
+    let released = take(&backend, "released", &me, None).await;
+    backend.release(&released).await.expect("release");
+    // Broken by an operator (its lease lives on), then taken by a rival.
+    let stale = take(&backend, "contested", &me, None).await;
+    backend.break_lock(&name("contested")).await.expect("break");
+    let rival = take(&backend, "contested", &Identity::unique(), None).await;
+    let revoked = take(&backend, "revoked", &me, None).await;
+    raw.lease_revoke(lease_id(&revoked)).await.expect("revoke");
+    let noted = take(&backend, "noted", &me, Some("deploy #7")).await;
+    let before_retake = take(&backend, "twice", &me, None).await;
+    let retaken = take(&backend, "twice", &me, None).await;
+    assert!(
+        retaken.token() > before_retake.token(),
+        "a retake is a new grant"
+    );
+    let rival_key = common::keys_under(&mut raw, &format!("{prefix}contested/")).await;
+
+    // Let the live lease's TTL run down, so the batch's keep-alive shows.
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let left_before = raw.lease_time_to_live(lease_id(&live)).await.expect("ttl");
+    assert!(left_before <= 28, "TTL {left_before} s has not run down");
+
+    let batch = [
+        live.clone(),
+        released.clone(),
+        stale.clone(),
+        revoked.clone(),
+        noted.clone(),
+        before_retake.clone(),
+        retaken.clone(),
+        live.clone(),
+    ];
+    let results = backend.refresh_many(&batch).await;
+    use ErrorKind::Lost;
+    assert_eq!(
+        kinds(&results),
+        vec![
+            Ok(()),
+            Err(Lost),
+            Err(Lost),
+            Err(Lost),
+            Ok(()),
+            Err(Lost),
+            Ok(()),
+            Ok(())
+        ]
+    );
+    for (result, lease) in results.iter().zip(&batch) {
+        if let Ok(refreshed) = result {
+            assert_eq!(
+                refreshed.grant(),
+                lease.grant(),
+                "the same grant comes back"
+            );
+        }
+    }
+    let left_after = raw.lease_time_to_live(lease_id(&live)).await.expect("ttl");
+    assert!(
+        left_after >= 29,
+        "the live lease was not kept alive: {left_after} s"
+    );
+
+    // Nothing re-created, the rival untouched.
+    for gone in ["released", "revoked"] {
+        let keys = common::keys_under(&mut raw, &format!("{prefix}{gone}/")).await;
+        assert!(keys.is_empty(), "{gone}: a key came back: {keys:?}");
+    }
+    let rival_now = common::keys_under(&mut raw, &format!("{prefix}contested/")).await;
+    assert_eq!(rival_now, rival_key, "the rival's key changed");
+    backend
+        .refresh(&rival)
+        .await
+        .expect("the rival still holds");
+
+    // Each result is what one refresh of that lease says.
+    for (lease, batched) in batch.iter().zip(kinds(&results)) {
+        let single = backend.refresh(lease).await.map(drop).map_err(|e| e.kind());
+        assert_eq!(single, batched, "{}", lease.grant());
+    }
+    assert_eq!(kinds(&backend.refresh_many(&[]).await), vec![]);
+    for lease in [live, noted, retaken, rival, stale] {
+        backend.release(&lease).await.expect("release");
+    }
+}
+
+fn calls(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
+    pairs.iter().map(|(m, n)| ((*m).to_owned(), *n)).collect()
+}
+
+/// What etcd counted: calls started per method, and keep-alive requests received.
+async fn etcd_counts(port: u16) -> (BTreeMap<String, u64>, u64) {
+    let started = common::grpc_metric(port, "grpc_server_started_total").await;
+    let received = common::grpc_metric(port, "grpc_server_msg_received_total").await;
+    let keep_alives = received.get("LeaseKeepAlive").copied().unwrap_or(0);
+    (started, keep_alives)
+}
+
+/// A batch of 200 leases costs one keep-alive request each on one stream, opened once
+/// for the backend's life, and one Txn per 128 leases: 2 RPCs for the batch (3 when it
+/// opens the stream), not the 400 of 200 refreshes. Single refreshes reuse the stream.
+/// Counted by etcd's metrics on a private single-member server nobody else uses.
+#[tokio::test]
+async fn a_batch_of_200_costs_one_stream_and_a_txn_per_128_leases() {
+    if common::shared_endpoints().is_none() {
+        return;
+    }
+    let port = 27596;
+    let cluster = Etcd::start(&[(port, 27696)], false).await;
+    let backend = common::backend(&cluster.endpoints(), "batch/").await;
+    let me = Identity::unique();
+    let mut leases = Vec::new();
+    for i in 0..200 {
+        leases.push(take(&backend, &format!("lock-{i}"), &me, None).await);
+    }
+    assert!(backend.refresh_batch_limit() >= 200);
+
+    let (m0, k0) = etcd_counts(port).await;
+    let r0 = backend.rpcs_sent();
+    let results = backend.refresh_many(&leases).await;
+    assert!(results.iter().all(Result::is_ok), "{:?}", kinds(&results));
+    let (m1, k1) = etcd_counts(port).await;
+    let r1 = backend.rpcs_sent();
+    assert_eq!(
+        common::metric_diff(&m0, &m1),
+        calls(&[("LeaseKeepAlive", 1), ("Txn", 2)]),
+        "the first batch opens the keep-alive stream"
+    );
+    assert_eq!(k1 - k0, 200, "one keep-alive request per lease");
+    assert_eq!(r1 - r0, 3);
+
+    let results = backend.refresh_many(&leases).await;
+    assert!(results.iter().all(Result::is_ok), "{:?}", kinds(&results));
+    let (m2, k2) = etcd_counts(port).await;
+    assert_eq!(common::metric_diff(&m1, &m2), calls(&[("Txn", 2)]));
+    assert_eq!(k2 - k1, 200);
+    assert_eq!(backend.rpcs_sent() - r1, 2);
+
+    for lease in &leases[..3] {
+        backend.refresh(lease).await.expect("refresh");
+    }
+    let (m3, k3) = etcd_counts(port).await;
+    assert_eq!(
+        common::metric_diff(&m2, &m3),
+        calls(&[("Txn", 3)]),
+        "single refreshes share the stream"
+    );
+    assert_eq!(k3 - k2, 3);
+    for lease in &leases {
+        backend.release(lease).await.expect("release");
+    }
+}
+
+/// The shared keep-alive stream dies with its connection: refreshes then fail with a
+/// temporary error (never Lost), and once the member is reachable again a new stream is
+/// opened and refreshes succeed and extend the lease.
+#[tokio::test]
+async fn the_keep_alive_stream_recovers_after_the_connection_is_cut() {
+    let Some(endpoints) = common::shared_endpoints() else {
+        return;
+    };
+    let host = endpoints[0].trim_start_matches("http://");
+    let upstream = tokio::net::lookup_host(host)
+        .await
+        .expect("resolve")
+        .next()
+        .expect("an address");
+    let proxy = FaultProxy::start(upstream).await.expect("proxy");
+    let config = EtcdConfig::new([proxy.local_addr().to_string()])
+        .expect("endpoint")
+        .with_prefix(&common::random_prefix("recover"))
+        .with_request_timeout(Duration::from_secs(1));
+    let backend = EtcdBackend::connect(config).await.expect("connect");
+    let mut raw = common::raw(&endpoints).await;
+    let lease = take(&backend, "job", &Identity::unique(), None).await;
+    backend.refresh(&lease).await.expect("the stream opens");
+    let opened = backend.rpcs_sent();
+
+    proxy.set_fault(Fault::Reset);
+    let batch = [lease.clone(), lease.clone()];
+    for result in backend.refresh_many(&batch).await {
+        let err = result.expect_err("no connection");
+        assert!(err.is_temporary(), "{err}");
+        assert_ne!(err.kind(), ErrorKind::Lost, "{err}");
+    }
+    proxy.set_fault(Fault::Pass);
+
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let mut recovered = false;
+    for _ in 0..50 {
+        match backend.refresh(&lease).await {
+            Ok(_) => {
+                recovered = true;
+                break;
+            }
+            Err(err) => {
+                assert!(err.is_temporary(), "{err}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+    assert!(recovered, "refreshes never came back");
+    let left = raw.lease_time_to_live(lease_id(&lease)).await.expect("ttl");
+    assert!(
+        left >= 29,
+        "the new stream did not keep the lease alive: {left} s"
+    );
+    assert!(backend.rpcs_sent() > opened, "no new stream was opened");
+    backend.release(&lease).await.expect("release");
+}
