@@ -150,9 +150,12 @@ async fn a_mixed_batch_is_decided_per_lease_by_quorum() {
     // Decided by the third refusal, as a single refresh is.
     assert!(taken.contains("3 of 5") && taken.contains(rival.as_str()), "{taken}");
 
+    // Extended on a quorum at least: the batch returns once every lease is decided, and
+    // the last node's pipeline may still be on its way.
     for key in [&live_key, noted_keys.lock(), noted_keys.note()] {
         let left = pttls(&admins, key).await;
-        assert!(left.iter().all(|&ms| ms > 25_000), "{key} extended: {left:?}");
+        let extended = left.iter().filter(|&&ms| ms > 25_000).count();
+        assert!(extended >= 3, "{key} extended: {left:?}");
     }
     let released_keys = backend.keys(released.name());
     assert_eq!(pttls(&admins, released_keys.lock()).await, [-2; 5]);
@@ -205,8 +208,9 @@ async fn one_silent_node_still_refreshes_by_quorum() {
     let results = backend.refresh_many(&leases).await;
     assert_eq!(results.len(), 3);
     assert!(results[0].is_ok(), "{:?}", results[0]);
-    let left = pttls(&admins[1..], &kept_key).await;
-    assert!(left.iter().all(|&ms| ms > 25_000), "extended: {left:?}");
+    let left = pttls(&admins, &kept_key).await;
+    let extended = left.iter().filter(|&&ms| ms > 25_000).count();
+    assert!(extended >= 3, "extended on a quorum: {left:?}");
     let lost = results[1].as_ref().expect_err("lost on a majority");
     assert_eq!(lost.kind(), ErrorKind::Lost, "{lost}");
     let undecided = results[2].as_ref().expect_err("no quorum either way");
@@ -284,16 +288,17 @@ async fn writes(conn: &mut MultiplexedConnection) -> u64 {
         .expect("total_writes_processed")
 }
 
-/// 200 leases on 3 private nodes: each node runs 200 `EVALSHA`s but writes replies only a
+/// 200 leases on 2 private nodes: each node runs 200 `EVALSHA`s but writes replies only a
 /// few times, so each node got the batch as one pipeline (one refresh after another makes
-/// every node write at least once per lease).
+/// every node write at least once per lease). Two nodes, because their quorum is both: with
+/// more, the batch returns at a quorum while the last node's pipeline may still run.
 #[tokio::test]
 async fn a_batch_is_one_pipeline_per_node() {
     if common::redlock_urls().is_none() {
         return;
     }
     const LEASES: u64 = 200;
-    let servers = join_all((0..3).map(|_| test_kit::servers::Redis::start())).await;
+    let servers = join_all((0..2).map(|_| test_kit::servers::Redis::start())).await;
     let urls: Vec<String> = servers.iter().map(|server| server.url()).collect();
     let backend = backend_on(&urls, Duration::from_secs(2)).await;
     let mut admins = admins(&urls).await;
