@@ -222,7 +222,9 @@ impl LockBackend for RedisBackend {
             results.extend(chunk.iter().zip(replies).map(|(lease, reply)| {
                 reply.and_then(|reply| match reply {
                     RefreshReply::Extended => Ok(lease.clone()),
-                    RefreshReply::Missing => Err(Error::lost("the lock key was deleted or expired")),
+                    RefreshReply::Missing => {
+                        Err(Error::lost("the lock key was deleted or expired"))
+                    }
                     RefreshReply::Changed(value) => Err(Error::lost(format!(
                         "taken over by {}",
                         keys::owner_of(&value)

@@ -285,7 +285,13 @@ impl Node {
                 invocation
             })
             .collect();
-        let sent = tokio::time::timeout(self.timeout, self.run_all(&REFRESH, &invocations));
+        // Built before the clock starts: the timeout bounds the wait for the server.
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for invocation in &invocations {
+            pipe.invoke_script(invocation);
+        }
+        let sent = tokio::time::timeout(self.timeout, self.run_all(&REFRESH, &invocations, &pipe));
         match sent.await {
             Ok(Ok(replies)) => replies
                 .into_iter()
@@ -414,22 +420,19 @@ impl Node {
 }
 
 impl Node {
-    /// Sends every invocation of `script` in one pipeline, then those answered `NOSCRIPT`
-    /// again behind a `SCRIPT LOAD` in one more (a failed load is their error, as for
-    /// [`ScriptInvocation::invoke_async`]). Each invocation's reply, in order; `Err` when
-    /// the pipeline as a whole failed or did not answer once per call.
+    /// Sends `pipe` (every invocation of `script`, with `ignore_errors`), then the
+    /// invocations answered `NOSCRIPT` again behind a `SCRIPT LOAD` in one more pipeline (a
+    /// failed load is their error, as for [`ScriptInvocation::invoke_async`]). Each
+    /// invocation's reply, in order; `Err` when a pipeline as a whole failed or did not
+    /// answer once per call.
     async fn run_all(
         &self,
         script: &Script,
         invocations: &[ScriptInvocation<'_>],
+        pipe: &redis::Pipeline,
     ) -> RedisResult<Vec<RedisResult<Value>>> {
         let mut conn = self.manager.clone();
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for invocation in invocations {
-            pipe.invoke_script(invocation);
-        }
-        let mut replies = pipelined(&pipe, &mut conn, invocations.len()).await?;
+        let mut replies = pipelined(pipe, &mut conn, invocations.len()).await?;
         let unloaded: Vec<usize> = (replies.iter().enumerate())
             .filter(|(_, reply)| matches!(reply, Err(err) if err.kind() == NO_SCRIPT))
             .map(|(at, _)| at)

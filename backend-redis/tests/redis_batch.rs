@@ -66,14 +66,11 @@ async fn get(conn: &mut MultiplexedConnection, key: &str) -> Option<String> {
         .expect("GET")
 }
 
-trait OkOrTemporary {
-    fn is_ok_or_temporary(self) -> bool;
-}
-
-impl OkOrTemporary for std::result::Result<&Lease, &lockcore::Error> {
-    fn is_ok_or_temporary(self) -> bool {
-        self.map_or_else(|err| err.is_temporary(), |_| true)
-    }
+/// Success, or a failure that retrying can cure (never `Lost`).
+fn ok_or_temporary(result: &Result<Lease>) -> bool {
+    result
+        .as_ref()
+        .map_or_else(|err| err.is_temporary(), |_| true)
 }
 
 /// `(kind, message)` of a result, or `None` for success: what "the same result" compares.
@@ -111,7 +108,11 @@ async fn a_mixed_batch_refreshes_each_lease_as_refresh_would() {
     let noted = take(&backend, &noted_request).await;
     let abandoned = take(&backend, &request(&common::fresh_name("retaken"), &me)).await;
     let retaken = take(&backend, &request(abandoned.name(), &me)).await;
-    assert_ne!(abandoned.grant(), retaken.grant(), "a retake is a new grant");
+    assert_ne!(
+        abandoned.grant(),
+        retaken.grant(),
+        "a retake is a new grant"
+    );
 
     let live_key = backend.keys(live.name()).lock().to_owned();
     let rival_key = backend.keys(rivals.name()).lock().to_owned();
@@ -138,7 +139,11 @@ async fn a_mixed_batch_refreshes_each_lease_as_refresh_would() {
         }
     }
     let ok: Vec<bool> = results.iter().map(Result::is_ok).collect();
-    assert_eq!(ok, [true, false, false, true, true, false, true], "{results:?}");
+    assert_eq!(
+        ok,
+        [true, false, false, true, true, false, true],
+        "{results:?}"
+    );
     for at in [1, 2, 5] {
         let err = results[at].as_ref().expect_err("lost");
         assert_eq!(err.kind(), ErrorKind::Lost, "lease {at}: {err}");
@@ -156,7 +161,10 @@ async fn a_mixed_batch_refreshes_each_lease_as_refresh_would() {
     assert!(!common::exists(&mut admin, released_keys.lock()).await);
     assert!(!common::exists(&mut admin, released_keys.note()).await);
     let left = pttl(&mut admin, &rival_key).await;
-    assert!(left <= SHORT_MS, "the rival's PTTL was extended to {left} ms");
+    assert!(
+        left <= SHORT_MS,
+        "the rival's PTTL was extended to {left} ms"
+    );
     assert_eq!(get(&mut admin, &rival_key).await, Some(rival_value));
 
     // Each result is exactly what `refresh` of that lease alone returns.
@@ -255,10 +263,7 @@ async fn more_leases_than_the_batch_limit_all_get_their_result() {
         leases.push(take(&backend, &request(&common::fresh_name("many"), &me)).await);
     }
     // The last lease, in the second pipeline, is released: only it is lost.
-    backend
-        .release(&leases[count - 1])
-        .await
-        .expect("release");
+    backend.release(&leases[count - 1]).await.expect("release");
     let results = backend.refresh_many(&leases).await;
     assert_eq!(results.len(), count);
     let lost: Vec<usize> = (results.iter().enumerate())
@@ -350,7 +355,7 @@ async fn a_silent_connection_fails_every_lease_temporarily() {
     // reconnects); the next one refreshes every lease.
     let results = backend.refresh_many(&leases).await;
     for result in &results {
-        assert!(result.as_ref().is_ok_or_temporary(), "{result:?}");
+        assert!(ok_or_temporary(result), "{result:?}");
     }
     let results = backend.refresh_many(&leases).await;
     assert!(results.iter().all(Result::is_ok), "{results:?}");
@@ -392,4 +397,62 @@ async fn a_batch_reloads_a_flushed_script_once() {
     ];
     let ran = common::calls_between(&before, &after);
     assert_eq!(ran, common::calls(&expected));
+}
+
+/// CPU time this thread has run, from `/proc/thread-self/schedstat` (Linux).
+fn thread_cpu() -> Duration {
+    let stat = std::fs::read_to_string("/proc/thread-self/schedstat").expect("schedstat");
+    let ns = stat
+        .split_whitespace()
+        .next()
+        .and_then(|ns| ns.parse().ok());
+    Duration::from_nanos(ns.expect("CPU nanoseconds"))
+}
+
+/// Not a check: prints what one full batch of 1,000 leases costs (wall time, the client
+/// thread's CPU, which on this current-thread runtime includes the connection task, and the
+/// server's `usec` for the `EVALSHA`s and bytes). `docs/redis.md` quotes its numbers. Run
+/// with `cargo test --release -p backend-redis --test redis_batch measure -- --ignored
+/// --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement: prints costs, asserts nothing about them"]
+async fn measure_a_full_batch() {
+    if common::redis_url().is_none() {
+        return;
+    }
+    let server = test_kit::servers::Redis::start().await;
+    let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
+    let mut admin = common::admin(&server.url()).await;
+    let me = Identity::unique();
+    let mut leases = Vec::new();
+    for _ in 0..backend.refresh_batch_limit() {
+        let name = common::fresh_name("measured-lock-name");
+        leases.push(take(&backend, &request(&name, &me)).await);
+    }
+    backend.refresh(&leases[0]).await.expect("warm");
+    for round in 0..5 {
+        redis::cmd("CONFIG")
+            .arg("RESETSTAT")
+            .query_async::<()>(&mut admin)
+            .await
+            .expect("CONFIG RESETSTAT");
+        let (cpu, started) = (thread_cpu(), std::time::Instant::now());
+        let results = backend.refresh_many(&leases).await;
+        let (took, cpu) = (started.elapsed(), thread_cpu() - cpu);
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
+        let calls: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut admin)
+            .await
+            .expect("INFO commandstats");
+        let evalsha = calls.lines().find(|l| l.starts_with("cmdstat_evalsha"));
+        let stats = stats(&mut admin).await;
+        println!(
+            "round {round}: {} leases in {took:?}, client CPU {cpu:?}; {}; {} bytes in, {} out",
+            leases.len(),
+            evalsha.unwrap_or("no evalsha"),
+            stats["total_net_input_bytes"],
+            stats["total_net_output_bytes"]
+        );
+    }
 }

@@ -140,7 +140,11 @@ async fn a_mixed_batch_is_decided_per_lease_by_quorum() {
     for at in [0, 3, 4] {
         let refreshed = results[at].as_ref().expect("refreshed");
         assert_eq!(refreshed.grant(), batch[at].grant());
-        assert!(refreshed.ttl().get() < TTL, "validity {:?}", refreshed.ttl());
+        assert!(
+            refreshed.ttl().get() < TTL,
+            "validity {:?}",
+            refreshed.ttl()
+        );
     }
     for at in [1, 2] {
         let err = results[at].as_ref().expect_err("lost");
@@ -148,7 +152,10 @@ async fn a_mixed_batch_is_decided_per_lease_by_quorum() {
     }
     let taken = results[2].as_ref().expect_err("lost").message().to_owned();
     // Decided by the third refusal, as a single refresh is.
-    assert!(taken.contains("3 of 5") && taken.contains(rival.as_str()), "{taken}");
+    assert!(
+        taken.contains("3 of 5") && taken.contains(rival.as_str()),
+        "{taken}"
+    );
 
     // Extended on a quorum at least: the batch returns once every lease is decided, and
     // the last node's pipeline may still be on its way.
@@ -161,7 +168,10 @@ async fn a_mixed_batch_is_decided_per_lease_by_quorum() {
     assert_eq!(pttls(&admins, released_keys.lock()).await, [-2; 5]);
     assert_eq!(pttls(&admins, released_keys.note()).await, [-2; 5]);
     let left = pttls(&admins, &stale_key).await;
-    assert!(left.iter().all(|&ms| ms <= SHORT_MS), "rival extended: {left:?}");
+    assert!(
+        left.iter().all(|&ms| ms <= SHORT_MS),
+        "rival extended: {left:?}"
+    );
     assert_eq!(values(&admins, &stale_key).await, rival_values);
 
     for (at, (lease, batched)) in batch.iter().zip(&results).enumerate() {
@@ -266,7 +276,10 @@ async fn a_script_error_fails_only_its_lease_on_every_node() {
     let err = results[1].as_ref().expect_err("WRONGTYPE");
     assert!(err.message().contains("WRONGTYPE"), "{err}");
     assert_ne!(err.kind(), ErrorKind::Lost, "{err}");
-    assert_eq!(shape(&backend.refresh(&leases[1]).await), shape(&results[1]));
+    assert_eq!(
+        shape(&backend.refresh(&leases[1]).await),
+        shape(&results[1])
+    );
     for lease in [&leases[0], &leases[2]] {
         backend.release(lease).await.expect("release");
     }
@@ -329,5 +342,46 @@ async fn a_batch_is_one_pipeline_per_node() {
     }
     for lease in &leases {
         backend.release(lease).await.expect("release");
+    }
+}
+
+/// Not a check: prints what one full batch costs on the 5 shared nodes with the default
+/// 50 ms node timeout (wall time, the client thread's CPU, failures). `docs/redis.md`
+/// quotes its numbers. Run with `cargo test --release -p backend-redis --test
+/// redlock_batch measure -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement: prints costs, asserts nothing about them"]
+async fn measure_a_full_batch() {
+    let Some(urls) = common::redlock_urls() else {
+        return;
+    };
+    let backend = backend_on(&urls, backend_redis::DEFAULT_NODE_TIMEOUT).await;
+    let me = Identity::unique();
+    let mut leases = Vec::new();
+    for _ in 0..backend.refresh_batch_limit() {
+        let name = common::fresh_name("measured-lock-name");
+        leases.push(take(&backend, &request(&name, &me)).await);
+    }
+    let thread_cpu = || {
+        let stat = std::fs::read_to_string("/proc/thread-self/schedstat").expect("schedstat");
+        let ns = stat
+            .split_whitespace()
+            .next()
+            .and_then(|ns| ns.parse().ok());
+        Duration::from_nanos(ns.expect("CPU nanoseconds"))
+    };
+    for round in 0..5 {
+        let (cpu, started) = (thread_cpu(), std::time::Instant::now());
+        let results = backend.refresh_many(&leases).await;
+        let (took, cpu) = (started.elapsed(), thread_cpu() - cpu);
+        let failed = results.iter().filter(|result| result.is_err()).count();
+        println!(
+            "round {round}: {} leases on {} nodes in {took:?}, client CPU {cpu:?}, {failed} failed",
+            leases.len(),
+            urls.len()
+        );
+    }
+    for lease in &leases {
+        let _ = backend.release(lease).await;
     }
 }
