@@ -86,6 +86,19 @@ fn shape(result: &Result<Lease>) -> Option<(ErrorKind, String)> {
     })
 }
 
+/// Waits until every node holds `key`: an acquisition returns at a quorum, and its script
+/// may still be on its way to the other nodes, where it would re-create a key the test
+/// deletes or reset a `PTTL` the test shortens.
+async fn on_every_node(admins: &[MultiplexedConnection], key: &str) {
+    for _ in 0..500 {
+        if pttls(admins, key).await.iter().all(|&ms| ms > 0) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{key} never reached every node");
+}
+
 async fn admins(urls: &[String]) -> Vec<MultiplexedConnection> {
     join_all(urls.iter().map(|url| common::admin(url))).await
 }
@@ -110,6 +123,7 @@ async fn a_mixed_batch_is_decided_per_lease_by_quorum() {
     backend.release(&released).await.expect("release");
     let stale = take(&backend, &request(&common::fresh_name("stale"), &me)).await;
     let stale_key = backend.keys(stale.name()).lock().to_owned();
+    on_every_node(&admins, &stale_key).await;
     for admin in &admins {
         common::raw_del(&mut admin.clone(), &stale_key).await;
     }
@@ -121,6 +135,7 @@ async fn a_mixed_batch_is_decided_per_lease_by_quorum() {
     let live_key = backend.keys(live.name()).lock().to_owned();
     let noted_keys = backend.keys(noted.name());
     for key in [&live_key, &stale_key, noted_keys.lock(), noted_keys.note()] {
+        on_every_node(&admins, key).await;
         pexpire_all(&admins, key).await;
     }
     let rival_values = values(&admins, &stale_key).await;
@@ -207,11 +222,13 @@ async fn one_silent_node_still_refreshes_by_quorum() {
     let rival = stored_rival();
     for (lease, nodes) in [(&leases[1], 1..4), (&leases[2], 1..3)] {
         let key = backend.keys(lease.name()).lock().to_owned();
+        on_every_node(&admins, &key).await;
         for admin in &admins[nodes] {
             common::raw_set(&mut admin.clone(), &key, &rival, TTL).await;
         }
     }
     let kept_key = backend.keys(leases[0].name()).lock().to_owned();
+    on_every_node(&admins, &kept_key).await;
     pexpire_all(&admins, &kept_key).await;
     proxies[0].set_fault(Fault::Blackhole);
 
@@ -259,6 +276,7 @@ async fn a_script_error_fails_only_its_lease_on_every_node() {
         leases.push(take(&backend, &request(&common::fresh_name("planted"), &me)).await);
     }
     let planted = backend.keys(leases[1].name()).lock().to_owned();
+    on_every_node(&admins, &planted).await;
     for admin in &admins {
         let admin = &mut admin.clone();
         common::raw_del(admin, &planted).await;
