@@ -348,7 +348,10 @@ async fn a_silent_connection_fails_every_lease_temporarily() {
         let err = result.as_ref().expect_err("no reply");
         assert_eq!(err.kind(), ErrorKind::OutcomeUnknown, "{err}");
         assert!(err.is_temporary());
-        assert_eq!(shape(&alone), shape(result));
+        // The kind only: the message says which of two equal timers fired first (the
+        // client's response timeout, "timed out", or ours, "no reply within 300ms").
+        let alone = alone.as_ref().expect_err("no reply");
+        assert_eq!(alone.kind(), err.kind(), "{alone} / {err}");
     }
     // The leases were never lost. The proxy resets the connection that lost data, so the
     // first batch after the network is back may fail (temporarily: the client then
