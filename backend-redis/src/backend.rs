@@ -11,7 +11,7 @@ use lockcore::{
     Note, ReleaseEvents, Result, Waiting,
 };
 
-use crate::client::Node;
+use crate::client::{Node, REFRESH_BATCH_LIMIT, RefreshItem};
 use crate::config::RedisConfig;
 use crate::eviction;
 use crate::keys::{self, Found, LockKeys, StoredValue};
@@ -37,7 +37,10 @@ const NOTES: &str = "One Redis node keeps the lock in memory: a crash or restart
 /// - `acquire`: one script (`EVALSHA`): `SET key value NX PX ttl`, and the fence counter
 ///   set to max(counter + 1, server `TIME` in µs), or a retake when the stored owner is the
 ///   requester.
-/// - `refresh`: one script: compare the value, then `PEXPIRE`.
+/// - `refresh`: one script: compare the value, then `PEXPIRE`. `refresh_many` sends the
+///   same script for up to [`refresh_batch_limit`](LockBackend::refresh_batch_limit)
+///   (1,000) leases in one pipeline: one round trip for all of them, one `EVALSHA` each,
+///   and each lease's result is what its own `refresh` would return.
 /// - `release`: one script: compare the value, then `DEL` and `PUBLISH` to wake waiters.
 /// - `break_lock`: one script: `DEL` whatever grant is there and `PUBLISH`; the fence
 ///   counter is kept, so the next grant's token is still greater.
@@ -156,6 +159,17 @@ pub fn guarantees() -> Guarantees {
     .with_notes(NOTES)
 }
 
+/// The one result of a batch of one lease (a single `refresh` is `refresh_many` of one,
+/// so the two cannot drift apart).
+pub(crate) fn only(results: Vec<Result<Lease>>) -> Result<Lease> {
+    results.into_iter().next().unwrap_or_else(|| {
+        Err(Error::new(
+            ErrorKind::Protocol,
+            "refresh: no result for the lease",
+        ))
+    })
+}
+
 /// The note argument of the acquire script: the request's note, or `""` for none.
 pub(crate) fn note_arg(request: &AcquireRequest) -> &str {
     request.note.as_ref().map_or("", Note::as_str)
@@ -191,20 +205,38 @@ impl LockBackend for RedisBackend {
     }
 
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
-        let name = lease.name();
-        let ttl_ms = lease.ttl().as_millis();
-        let reply = self
-            .node()
-            .refresh(&self.keys(name), lease.grant(), ttl_ms)
-            .await?;
-        let lost = match reply {
-            RefreshReply::Extended => return Ok(lease.clone()),
-            RefreshReply::Missing => Error::lost("the lock key was deleted or expired"),
-            RefreshReply::Changed(value) => {
-                Error::lost(format!("taken over by {}", keys::owner_of(&value)))
-            }
-        };
-        Err(lost)
+        only(self.refresh_many(std::slice::from_ref(lease)).await)
+    }
+
+    async fn refresh_many(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
+        let mut results = Vec::with_capacity(leases.len());
+        for chunk in leases.chunks(REFRESH_BATCH_LIMIT) {
+            let items: Vec<RefreshItem<'_>> = (chunk.iter())
+                .map(|lease| RefreshItem {
+                    keys: self.keys(lease.name()),
+                    value: lease.grant(),
+                    ttl_ms: lease.ttl().as_millis(),
+                })
+                .collect();
+            let replies = self.node().refresh_many(&items).await;
+            results.extend(chunk.iter().zip(replies).map(|(lease, reply)| {
+                reply.and_then(|reply| match reply {
+                    RefreshReply::Extended => Ok(lease.clone()),
+                    RefreshReply::Missing => {
+                        Err(Error::lost("the lock key was deleted or expired"))
+                    }
+                    RefreshReply::Changed(value) => Err(Error::lost(format!(
+                        "taken over by {}",
+                        keys::owner_of(&value)
+                    ))),
+                })
+            }));
+        }
+        results
+    }
+
+    fn refresh_batch_limit(&self) -> usize {
+        REFRESH_BATCH_LIMIT
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

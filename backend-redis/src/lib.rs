@@ -1,7 +1,9 @@
 //! anylock backends for Redis.
 //!
 //! - [`RedisBackend`]: one Redis server. Acquire, refresh and release are one script call
-//!   (one round trip) each; every grant gets a fencing token from a counter key that is
+//!   (one round trip) each; a batch of up to 1,000 refreshes
+//!   ([`refresh_many`](lockcore::LockBackend::refresh_many)) is one pipeline (one round
+//!   trip); every grant gets a fencing token from a counter key that is
 //!   never deleted; a release publishes a notification so waiters wake at once.
 //! - [`RedlockBackend`]: Redlock ("Distributed Locks with Valkey") over N independent
 //!   servers: a quorum of N/2+1, validity = TTL − elapsed − drift, release everywhere on
@@ -53,6 +55,23 @@
 //! println!("send fence token {token} with every write to the report store");
 //! guard.release().await?;
 //! # Ok(()) }
+//! ```
+//!
+//! Refreshing many leases at once, as the `Locker` does for the guards whose refreshes fall
+//! due together (each result is what `refresh` of that lease alone would return):
+//! ```no_run
+//! use backend_redis::RedisBackend;
+//! use lockcore::{ErrorKind, Lease, LockBackend};
+//! # async fn refresh_all(backend: &RedisBackend, leases: &[Lease]) {
+//! assert_eq!(backend.refresh_batch_limit(), 1000);
+//! for (lease, result) in leases.iter().zip(backend.refresh_many(leases).await) {
+//!     match result {
+//!         Ok(_) => {}
+//!         Err(err) if err.kind() == ErrorKind::Lost => println!("{} is gone", lease.name()),
+//!         Err(err) => println!("{}: try again ({err})", lease.name()),
+//!     }
+//! }
+//! # }
 //! ```
 //!
 //! Redlock, from one URL listing the nodes:

@@ -86,6 +86,15 @@ pub(crate) fn decode_many(reply: Value, expected: usize) -> Option<Vec<Option<Fo
     )
 }
 
+/// The refresh script's reply: `1` extended, `0` missing, else the value now stored.
+pub(crate) fn decode_refresh(reply: Value) -> Option<RefreshReply> {
+    match reply {
+        Value::Int(1) => Some(RefreshReply::Extended),
+        Value::Int(0) => Some(RefreshReply::Missing),
+        other => text(&other).map(RefreshReply::Changed),
+    }
+}
+
 pub(crate) fn decode_acquire(reply: Value) -> Option<AcquireReply> {
     let Value::Array(items) = reply else {
         return None;
@@ -138,6 +147,14 @@ mod tests {
         );
         assert_eq!(decode_many(many, 2), None);
         assert_eq!(decode_acquire(Value::Int(1)), None);
+        assert_eq!(decode_refresh(Value::Int(1)), Some(RefreshReply::Extended));
+        assert_eq!(decode_refresh(Value::Int(0)), Some(RefreshReply::Missing));
+        assert_eq!(
+            decode_refresh(bulk("0:1:ab:rival")),
+            Some(RefreshReply::Changed("0:1:ab:rival".into()))
+        );
+        assert_eq!(decode_refresh(Value::Int(2)), None);
+        assert_eq!(decode_refresh(Value::Nil), None);
         assert_eq!(decode_acquire(Value::Array(vec![Value::Int(2)])), None);
     }
 }

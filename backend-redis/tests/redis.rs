@@ -154,7 +154,8 @@ async fn scripts_are_reloaded_after_script_flush() {
         .query_async::<()>(&mut admin)
         .await
         .expect("SCRIPT FLUSH");
-    // The failed EVALSHA (NOSCRIPT), SCRIPT LOAD, the EVALSHA again: three round trips.
+    // The failed EVALSHA (NOSCRIPT), then SCRIPT LOAD and the EVALSHA again in one
+    // pipeline: two round trips.
     let reload = [
         ("evalsha", 2),
         ("script|load", 1),

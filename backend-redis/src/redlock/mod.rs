@@ -3,6 +3,7 @@
 
 mod config;
 pub(crate) mod quorum;
+mod refresh;
 mod round;
 
 pub use self::config::RedlockConfig;
@@ -22,11 +23,10 @@ use lockcore::{
 use tokio::time::Instant;
 
 use self::quorum::{Vote, Votes};
-use self::round::{
-    acquire_vote, check_eviction, gather, quorum_holder, refresh_vote, tally_found, undecided,
-};
-use crate::backend::note_arg;
-use crate::client::Node;
+use self::refresh::{decode_grant, encode_grant, refresh_batch};
+use self::round::{acquire_vote, check_eviction, gather, quorum_holder, tally_found, undecided};
+use crate::backend::{note_arg, only};
+use crate::client::{Node, REFRESH_BATCH_LIMIT};
 use crate::keys::{self, Found, LockKeys};
 
 const BACKEND: &str = "redlock";
@@ -52,7 +52,10 @@ const NOTES: &str = "Mutual exclusion holds only while clock drift, network dela
 ///   every node, including those that did not answer, and reports the holder (or the
 ///   failures).
 /// - `refresh` extends on every node and needs a quorum again; `Lost` when a majority says
-///   the key is no longer ours.
+///   the key is no longer ours. `refresh_many` sends up to
+///   [`refresh_batch_limit`](LockBackend::refresh_batch_limit) (1,000) leases to each node
+///   as one pipeline, all nodes at once, and decides each lease by the same rule: one round
+///   trip per node for the whole batch.
 /// - `break_lock` deletes whatever grant is on every node; it needs a quorum of answers.
 /// - A note is stored on every node with the grant, by the same acquire script, and shown
 ///   from the nodes that hold the reported grant.
@@ -108,19 +111,6 @@ pub fn guarantees() -> Guarantees {
     .with_durability(Durability::LostOnRestart)
     .with_listing(true)
     .with_notes(NOTES)
-}
-
-/// A Redlock grant: the TTL asked for (refresh extends by it again) and the stored value.
-fn encode_grant(ttl_ms: u64, value: &str) -> String {
-    format!("{ttl_ms}:{value}")
-}
-
-fn decode_grant(lease: &Lease) -> Result<(u64, &str)> {
-    lease
-        .grant()
-        .split_once(':')
-        .and_then(|(ttl, value)| Some((ttl.parse().ok()?, value)))
-        .ok_or_else(|| Error::invalid_input("the lease was not issued by a Redlock backend"))
 }
 
 impl RedlockBackend {
@@ -271,33 +261,20 @@ impl LockBackend for RedlockBackend {
     }
 
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
-        let name = lease.name();
-        let (ttl_ms, value) = decode_grant(lease)?;
-        let keys = self.keys(name);
-        let started = Instant::now();
-        let requests = (self.inner.nodes.iter())
-            .map(|node| refresh_vote(node, &keys, value, ttl_ms))
-            .collect();
-        let decided: fn(&Votes<String>) -> bool =
-            |v| v.has_quorum() || v.refused_by_quorum() || v.pending() == 0;
-        let votes = gather(requests, decided).await;
-        let elapsed = started.elapsed();
-        if votes.has_quorum() {
-            return match quorum::validity(Duration::from_millis(ttl_ms), elapsed) {
-                Some(validity) => Ok(lease.clone().with_ttl(validity)),
-                None => Err(Error::unavailable(format!(
-                    "a quorum extended only after {elapsed:?}"
-                ))),
-            };
+        only(self.refresh_many(std::slice::from_ref(lease)).await)
+    }
+
+    async fn refresh_many(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
+        let (nodes, prefix) = (&self.inner.nodes, self.inner.config.prefix());
+        let mut results = Vec::with_capacity(leases.len());
+        for chunk in leases.chunks(REFRESH_BATCH_LIMIT) {
+            results.extend(refresh_batch(nodes, prefix, chunk).await);
         }
-        let err = if votes.refused_by_quorum() {
-            let why = votes.no.first().map_or("", String::as_str);
-            let (refused, total) = (votes.no.len(), self.inner.nodes.len());
-            Error::lost(format!("not ours on {refused} of {total} nodes ({why})"))
-        } else {
-            votes.failure("refresh")
-        };
-        Err(err)
+        results
+    }
+
+    fn refresh_batch_limit(&self) -> usize {
+        REFRESH_BATCH_LIMIT
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

@@ -68,6 +68,11 @@ impl<R> Votes<R> {
         quorum(self.nodes)
     }
 
+    /// How many nodes were asked.
+    pub(crate) fn nodes(&self) -> usize {
+        self.nodes
+    }
+
     /// Nodes that have not answered yet.
     pub(crate) fn pending(&self) -> usize {
         self.nodes - self.yes - self.no.len() - self.failed.len()

@@ -1,5 +1,5 @@
 //! One round of calls to every node at once, and how its answers are counted: the votes
-//! of acquire and refresh, the reads of inspect, list and break, and the memory-settings
+//! of acquire, the reads of inspect, list and break, and the memory-settings
 //! check at connect.
 
 use std::future::Future;
@@ -11,8 +11,8 @@ use lockcore::{Error, ErrorKind, HolderInfo, Result};
 use super::quorum::{self, Vote, Votes};
 use crate::client::Node;
 use crate::eviction;
-use crate::keys::{self, Found, LockKeys};
-use crate::replies::{AcquireReply, RefreshReply};
+use crate::keys::{Found, LockKeys};
+use crate::replies::AcquireReply;
 
 /// Refuses the first node that may evict lock keys; a node that stopped answering since
 /// its `PING` is logged and left to the quorum, like an unreachable one.
@@ -62,23 +62,6 @@ pub(super) async fn acquire_vote(
             format!("acquire on {}: stored an unexpected value", node.label()),
         )),
         Ok(AcquireReply::Held(found)) => Vote::No(found),
-        Err(err) => Vote::Failed(err),
-    }
-}
-
-/// One node's answer to an extension of `value`.
-pub(super) async fn refresh_vote(
-    node: &Node,
-    keys: &LockKeys,
-    value: &str,
-    ttl_ms: u64,
-) -> Vote<String> {
-    match node.refresh(keys, value, ttl_ms).await {
-        Ok(RefreshReply::Extended) => Vote::Yes,
-        Ok(RefreshReply::Missing) => Vote::No("deleted or expired".to_owned()),
-        Ok(RefreshReply::Changed(other)) => {
-            Vote::No(format!("taken over by {}", keys::owner_of(&other)))
-        }
         Err(err) => Vote::Failed(err),
     }
 }
