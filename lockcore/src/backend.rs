@@ -111,8 +111,9 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     ///   server still holds exactly that grant), the same TTL, the same errors.
     /// - One lease's failure never fails another: a lease the server no longer holds is
     ///   [`ErrorKind::Lost`](crate::ErrorKind::Lost) alone. A failure of the whole call
-    ///   (connection lost, timeout, a reply that cannot be read) fails every lease with a
-    ///   temporary error, never `Lost`.
+    ///   fails every lease with the error a lone `refresh` would get from that failure
+    ///   (temporary for a lost connection, a timeout or a reply that cannot be read), and
+    ///   never with `Lost`.
     /// - Never re-creates a deleted lock, whatever the batch holds; the leases are distinct
     ///   grants and may name one lock more than once.
     /// - The default refreshes one lease after another.
