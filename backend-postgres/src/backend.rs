@@ -18,6 +18,8 @@ use crate::client::Client;
 use crate::config::PostgresConfig;
 use crate::error::{BACKEND, Effect};
 use crate::notify::Notifier;
+pub(crate) use crate::refresh::grant_token;
+use crate::refresh;
 use crate::sql;
 
 /// What [`PostgresBackend::guarantees`](LockBackend::guarantees) says besides the enums.
@@ -203,27 +205,26 @@ impl LockBackend for PostgresBackend {
         }
     }
 
+    /// A batch of one ([`refresh_many`](LockBackend::refresh_many)): the same statement,
+    /// one round trip.
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
-        let token = grant_token(lease)?;
-        let ttl_us = lease.ttl().as_micros();
-        let c = self.client();
-        let seen = c
-            .run(Effect::Write, async |conn| {
-                let row = c
-                    .query(&c.statements.refresh)
-                    .bind(lease.name().as_str())
-                    .bind(lease.owner().as_str())
-                    .bind(token)
-                    .bind(ttl_us)
-                    .fetch_one(conn)
-                    .await?;
-                Seen::from_row(&row)
-            })
-            .await?;
-        if seen.refreshed == 1 {
-            return Ok(lease.clone());
-        }
-        Err(Error::lost(seen.why_not(lease, token)))
+        let mut results = refresh::refresh_leases(self.client(), std::slice::from_ref(lease)).await;
+        results.pop().unwrap_or_else(|| {
+            Err(Error::new(
+                lockcore::ErrorKind::Protocol,
+                "the refresh gave no result",
+            ))
+        })
+    }
+
+    /// One statement per [`BATCH`](refresh::BATCH) leases (1,000): each lease's outcome is
+    /// what [`refresh`](LockBackend::refresh) of it alone would be.
+    async fn refresh_many(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
+        refresh::refresh_leases(self.client(), leases).await
+    }
+
+    fn refresh_batch_limit(&self) -> usize {
+        refresh::BATCH
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
@@ -404,44 +405,6 @@ pub fn guarantees() -> Guarantees {
     .with_notes(NOTES)
 }
 
-/// The row as a refresh found it.
-struct Seen {
-    refreshed: i64,
-    owner: Option<String>,
-    token: Option<i64>,
-    live: bool,
-}
-
-impl Seen {
-    fn from_row(row: &PgRow) -> Result<Self, sqlx::Error> {
-        Ok(Self {
-            refreshed: row.try_get("refreshed")?,
-            owner: row.try_get("owner")?,
-            token: row.try_get("token")?,
-            live: row.try_get("live")?,
-        })
-    }
-
-    /// Why a refresh of `lease` (grant `token`) changed nothing.
-    fn why_not(&self, lease: &Lease, token: i64) -> String {
-        match (&self.owner, self.token) {
-            (None, None) => "the lock row was deleted".to_owned(),
-            (None, _) => "the lock was released".to_owned(),
-            (Some(owner), Some(t)) if owner == lease.owner().as_str() && t == token => {
-                if self.live {
-                    "the lease changed during the refresh".to_owned()
-                } else {
-                    "the lease expired on the database clock before this refresh".to_owned()
-                }
-            }
-            (Some(owner), t) => format!(
-                "taken over by {owner} (token {})",
-                t.map_or_else(|| "?".to_owned(), |t| t.to_string())
-            ),
-        }
-    }
-}
-
 /// A holder from a row with `owner, token, note, acquired_at_us, expires_in_us`.
 fn holder(row: &PgRow) -> Result<HolderInfo, sqlx::Error> {
     let owner: String = row.try_get("owner")?;
@@ -459,26 +422,4 @@ fn holder(row: &PgRow) -> Result<HolderInfo, sqlx::Error> {
         info = info.with_expires_in(Duration::from_micros(left.max(0).unsigned_abs()));
     }
     Ok(info)
-}
-
-/// The token this backend stored in `lease`'s grant.
-pub(crate) fn grant_token(lease: &Lease) -> Result<i64> {
-    lease
-        .grant()
-        .parse::<i64>()
-        .map_err(|_| Error::invalid_input("the lease was not issued by the postgres backend"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn foreign_grants_are_rejected() {
-        let name = LockName::new("x").expect("valid");
-        let ttl = lockcore::Ttl::new(Duration::from_secs(1)).expect("valid");
-        let lease = Lease::new(name, Identity::unique(), ttl, "r:abc");
-        let err = grant_token(&lease).expect_err("not ours");
-        assert_eq!(err.kind(), lockcore::ErrorKind::InvalidInput);
-    }
 }

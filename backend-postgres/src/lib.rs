@@ -44,6 +44,7 @@ mod names;
 mod notify;
 #[cfg(test)]
 mod prop_tests;
+mod refresh;
 mod sql;
 mod tls;
 mod url;

@@ -44,7 +44,7 @@ async fn statement_calls(server: &Postgres, schema: &str) -> [i64; 4] {
         let kind = [
             "WITH taken",
             "SELECT owner",
-            "WITH refreshed",
+            "WITH batch",
             "WITH released",
         ]
         .iter()
@@ -104,6 +104,30 @@ async fn each_operation_is_one_statement() {
         second_reads * 4 < acquire,
         "{second_reads} second reads for {acquire} acquire statements"
     );
+}
+
+/// `refresh_many` of 200 leases is one statement, counted by the server: a batch that
+/// fell back to one refresh per lease would run 200.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_200_refreshes_is_one_statement() {
+    let _only = exclusive().await;
+    let Some((server, backend, schema)) = setup("batch_count").await else {
+        return;
+    };
+    server.psql(
+        "anylock_private",
+        "CREATE EXTENSION IF NOT EXISTS pg_stat_statements",
+    );
+    let mut leases = Vec::new();
+    for _ in 0..200 {
+        leases.push(grant(&backend, &fresh_name("batch"), &Identity::unique(), LONG).await);
+    }
+    server.psql("anylock_private", "SELECT pg_stat_statements_reset()");
+    let results = backend.refresh_many(&leases).await;
+    assert_eq!(results.len(), leases.len());
+    assert!(results.iter().all(Result::is_ok), "every lease is live");
+    let [acquire, holder, refresh, release] = statement_calls(&server, &schema).await;
+    assert_eq!((acquire, holder, refresh, release), (0, 0, 1, 0));
 }
 
 /// `tasks` contenders take one name `rounds` times each through the backend directly
