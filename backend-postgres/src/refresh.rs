@@ -12,8 +12,8 @@ use crate::error::{Effect, shared};
 /// The most leases one refresh statement carries ([`LockBackend::refresh_batch_limit`]).
 ///
 /// 10,000 held leases take 10 statements per refresh round, 0.1 % of one statement per
-/// lease. A chunk of 1,000 is about 60 KB of parameters (four arrays, so PostgreSQL's
-/// limit of 65,535 bound parameters never applies) and runs in milliseconds
+/// lease. A chunk of 1,000 is 100–200 KB of parameters for names and owners of 40–80 bytes
+/// (four arrays, so PostgreSQL's limit of 65,535 bound parameters never applies) and runs in milliseconds
 /// (`docs/postgres.md` has the measurements). Larger chunks would hold their row locks
 /// longer and make one slow or failed statement cost more leases a refresh round, for a
 /// saving already below the goal.

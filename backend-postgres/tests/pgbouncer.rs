@@ -139,8 +139,8 @@ async fn assert_sessions_are_shared(bouncer_url: &str) {
     );
 }
 
-/// Acquire, held, refresh, inspect, fenced write, release and a notified handoff all work
-/// through the pooler, and contenders through it never overlap.
+/// Acquire, held, refresh (alone and in a batch), inspect, fenced write, release and a
+/// notified handoff all work through the pooler, and contenders through it never overlap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_protocol_works_through_transaction_pooling() {
     let Some(url) = shared_url() else { return };
@@ -177,6 +177,11 @@ async fn one_cycle(a: &PostgresBackend, b: &PostgresBackend) {
         "exclusion through the pooler"
     );
     a.refresh(&lease).await.expect("refresh");
+    let gone = grant(a, &fresh_name("bouncer-gone"), &Identity::unique(), long).await;
+    a.release(&gone).await.expect("release");
+    let batch = a.refresh_many(&[lease.clone(), gone, lease.clone()]).await;
+    let ok: Vec<bool> = batch.iter().map(Result::is_ok).collect();
+    assert_eq!(ok, [true, false, true], "a batch through the pooler: {batch:?}");
     assert!(b.inspect(&name).await.expect("inspect").is_some());
     let mut tx = a
         .begin_fenced(&lease)
