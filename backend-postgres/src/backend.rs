@@ -18,8 +18,8 @@ use crate::client::Client;
 use crate::config::PostgresConfig;
 use crate::error::{BACKEND, Effect};
 use crate::notify::Notifier;
-pub(crate) use crate::refresh::grant_token;
 use crate::refresh;
+pub(crate) use crate::refresh::grant_token;
 use crate::sql;
 
 /// What [`PostgresBackend::guarantees`](LockBackend::guarantees) says besides the enums.

@@ -242,7 +242,11 @@ mod tests {
             assert_eq!(copy.message(), one[0].message());
             let cause = std::error::Error::source(copy).map(ToString::to_string);
             let original = std::error::Error::source(&one[0]).map(ToString::to_string);
-            assert!(cause.as_deref().is_some_and(|c| c.contains("reset by peer")));
+            assert!(
+                cause
+                    .as_deref()
+                    .is_some_and(|c| c.contains("reset by peer"))
+            );
             assert_eq!(cause, original);
         }
     }

@@ -60,7 +60,10 @@ async fn refresh_chunk(c: &Client, leases: &[Lease]) -> Vec<Result<Lease>> {
         .map(|token| {
             token.and_then(|_| {
                 outcomes.next().unwrap_or_else(|| {
-                    Err(Error::new(ErrorKind::Protocol, "a lease got no refresh result"))
+                    Err(Error::new(
+                        ErrorKind::Protocol,
+                        "a lease got no refresh result",
+                    ))
                 })
             })
         })
@@ -99,8 +102,8 @@ async fn seen(c: &Client, leases: &[Lease], sent: &[(usize, i64)]) -> Result<Vec
             .map(Seen::from_row)
             .collect::<Result<Vec<_>, _>>()?;
         // One row per lease, numbered 1, 2, … in order: anything else is not our reply.
-        let in_order = seen.len() == sent.len()
-            && seen.iter().zip(1..).all(|(seen, i)| seen.index == i);
+        let in_order =
+            seen.len() == sent.len() && seen.iter().zip(1..).all(|(seen, i)| seen.index == i);
         if in_order {
             Ok(seen)
         } else {

@@ -295,16 +295,14 @@ mod tests {
     fn lock_data_is_always_bound() {
         let config = PostgresConfig::from_url("postgres://h/db").expect("valid");
         let s = Statements::new(&config.names());
-        for statement in [
-            &s.acquire,
-            &s.holder,
-            &s.release,
-            &s.fence,
-            &s.break_lock,
-        ] {
+        for statement in [&s.acquire, &s.holder, &s.release, &s.fence, &s.break_lock] {
             assert!(statement.as_str().contains("name = $1"), "{statement:?}");
         }
         assert!(s.refresh.as_str().contains("VALUES ($1::text, $2::text"));
-        assert!(s.refresh_many.as_str().contains("unnest($1::text[], $2::text[]"));
+        assert!(
+            s.refresh_many
+                .as_str()
+                .contains("unnest($1::text[], $2::text[]")
+        );
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use backend_postgres::PostgresBackend;
 use common::{admin, admin_delete, fresh_name, fresh_schema, grant, shared_url, table};
-use lockcore::{AcquireRequest, Acquire, ErrorKind, Identity, Lease, LockBackend, LockName, Note};
+use lockcore::{Acquire, AcquireRequest, ErrorKind, Identity, Lease, LockBackend, LockName, Note};
 use sqlx::{AssertSqlSafe, PgPool, Row};
 use test_kit::proxy::{Fault, FaultProxy};
 
@@ -121,7 +121,11 @@ async fn mixed_batch(prepared: bool) {
     assert!(lost(3).starts_with("taken over by "), "{}", lost(3));
     for (i, lease) in batch.iter().enumerate().take(4).skip(1) {
         let alone = backend.refresh(lease).await.expect_err("lost alone too");
-        assert_eq!(alone.message(), lost(i), "the batch says what a refresh says");
+        assert_eq!(
+            alone.message(),
+            lost(i),
+            "the batch says what a refresh says"
+        );
     }
 
     let after = stored(&admin, &t, live.name()).await.expect("row");
@@ -132,7 +136,11 @@ async fn mixed_batch(prepared: bool) {
     );
     assert_eq!((after.0, after.1), (before.0, before.1), "same grant");
     let released_row = stored(&admin, &t, released.name()).await.expect("row kept");
-    assert_eq!((released_row.0, released_row.2), (None, None), "not re-taken");
+    assert_eq!(
+        (released_row.0, released_row.2),
+        (None, None),
+        "not re-taken"
+    );
     assert!(
         stored(&admin, &t, deleted.name()).await.is_none(),
         "a deleted lock is never re-created"
@@ -203,7 +211,13 @@ async fn a_batch_larger_than_the_limit_is_split() {
     backend.release(&gone).await.expect("release");
     // The same two grants over and over, the lost one at every third place.
     let batch: Vec<Lease> = (0..limit + 7)
-        .map(|i| if i % 3 == 2 { gone.clone() } else { lease.clone() })
+        .map(|i| {
+            if i % 3 == 2 {
+                gone.clone()
+            } else {
+                lease.clone()
+            }
+        })
         .collect();
     let results = backend.refresh_many(&batch).await;
     assert_eq!(results.len(), batch.len());

@@ -181,7 +181,11 @@ async fn one_cycle(a: &PostgresBackend, b: &PostgresBackend) {
     a.release(&gone).await.expect("release");
     let batch = a.refresh_many(&[lease.clone(), gone, lease.clone()]).await;
     let ok: Vec<bool> = batch.iter().map(Result::is_ok).collect();
-    assert_eq!(ok, [true, false, true], "a batch through the pooler: {batch:?}");
+    assert_eq!(
+        ok,
+        [true, false, true],
+        "a batch through the pooler: {batch:?}"
+    );
     assert!(b.inspect(&name).await.expect("inspect").is_some());
     let mut tx = a
         .begin_fenced(&lease)

@@ -41,15 +41,10 @@ async fn statement_calls(server: &Postgres, schema: &str) -> [i64; 4] {
     let mut calls = [0; 4];
     for row in rows {
         let (query, n): (String, i64) = (row.get("query"), row.get("calls"));
-        let kind = [
-            "WITH taken",
-            "SELECT owner",
-            "WITH batch",
-            "WITH released",
-        ]
-        .iter()
-        .position(|p| query.trim_start().starts_with(p))
-        .unwrap_or_else(|| panic!("unexpected statement: {query}"));
+        let kind = ["WITH taken", "SELECT owner", "WITH batch", "WITH released"]
+            .iter()
+            .position(|p| query.trim_start().starts_with(p))
+            .unwrap_or_else(|| panic!("unexpected statement: {query}"));
         calls[kind] += n;
     }
     calls
