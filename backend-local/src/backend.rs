@@ -6,15 +6,22 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use async_trait::async_trait;
 use lockcore::{
-    Acquire, AcquireRequest, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
-    FenceToken, Fencing, Guarantees, HeldLock, HolderInfo, Identity, Lease, LockBackend, LockName,
-    Note, ReleaseEvents, Result, Ttl, Waiting,
+    Acquire, AcquireRequest, Error, ErrorKind, FenceToken, Guarantees, HeldLock, HolderInfo,
+    Identity, Lease, LockBackend, LockName, Note, ReleaseEvents, Result, Ttl,
 };
 
 use crate::client::{Claim, Client, Row};
 use crate::config::LocalConfig;
+use crate::error::shared;
 use crate::host::{self, Clocks, SystemClocks};
 use crate::liveness::{Held, HolderDir, Probe};
+
+/// The most leases one refresh transaction carries
+/// ([`LockBackend::refresh_batch_limit`]): the transaction holds the database's write lock
+/// while its statements run, so every other process's acquire and release waits for it;
+/// 250 leases hold it for a few milliseconds (`docs/local.md`), and one commit (one sync
+/// to disk) then serves 250 refreshes instead of one.
+pub(crate) const BATCH: usize = 250;
 
 /// Cross-process locks on one machine, with no server: a lease table in a SQLite file.
 ///
@@ -195,6 +202,59 @@ impl LocalBackend {
     }
 }
 
+impl LocalBackend {
+    /// What a refresh of `lease` (grant `token`) that did or did not extend it returns:
+    /// a lease we lost also loses its liveness file.
+    fn refreshed(&self, lease: &Lease, token: i64, extended: bool) -> Result<Lease> {
+        if extended {
+            return Ok(lease.clone());
+        }
+        self.forget(lease.name(), token);
+        Err(Error::lost(
+            "the lease expired, was broken, or was taken over",
+        ))
+    }
+
+    /// One transaction for `leases` (at most [`BATCH`]), each claim made (and the clock
+    /// read) before it, as a single refresh makes its claim before its statement. A lease this backend did not issue fails alone; a failed
+    /// transaction fails every lease it carried, with a temporary error for a busy or
+    /// unavailable database, and forgets no liveness file.
+    async fn refresh_chunk(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
+        let tokens: Vec<Result<i64>> = leases.iter().map(token_of).collect();
+        let sent: Vec<(Claim<'_>, i64)> = leases
+            .iter()
+            .zip(&tokens)
+            .filter_map(|(lease, token)| {
+                let claim = self.claim(lease.name(), lease.owner(), lease.ttl(), None, None);
+                token.as_ref().ok().map(|&token| (claim, token))
+            })
+            .collect();
+        let outcomes: Vec<Result<bool>> = if sent.is_empty() {
+            Vec::new()
+        } else {
+            match self.client.extend_many(&sent).await {
+                Ok(extended) => extended.into_iter().map(Ok).collect(),
+                Err(err) => shared(err, sent.len()).into_iter().map(Err).collect(),
+            }
+        };
+        let mut outcomes = outcomes.into_iter();
+        leases
+            .iter()
+            .zip(tokens)
+            .map(|(lease, token)| {
+                let token = token?;
+                let extended = outcomes.next().unwrap_or_else(|| {
+                    Err(Error::new(
+                        ErrorKind::Protocol,
+                        "a lease got no refresh result",
+                    ))
+                })?;
+                self.refreshed(lease, token, extended)
+            })
+            .collect()
+    }
+}
+
 impl LocalConfig {
     /// Opens the database this config names, with [`LocalBackend::connect`] (here rather
     /// than in the config's module, which the backend depends on).
@@ -310,14 +370,22 @@ impl LockBackend for LocalBackend {
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
         let token = token_of(lease)?;
         let claim = self.claim(lease.name(), lease.owner(), lease.ttl(), None, None);
-        let extended = self.client.extend(&claim, token).await;
-        if extended? {
-            return Ok(lease.clone());
+        let extended = self.client.extend(&claim, token).await?;
+        self.refreshed(lease, token, extended)
+    }
+
+    /// One transaction (one commit, one sync to disk) per [`BATCH`] leases, each lease
+    /// refreshed by the statement and judged by the rule a single refresh uses.
+    async fn refresh_many(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
+        let mut results = Vec::with_capacity(leases.len());
+        for chunk in leases.chunks(BATCH) {
+            results.extend(self.refresh_chunk(chunk).await);
         }
-        self.forget(lease.name(), token);
-        Err(Error::lost(
-            "the lease expired, was broken, or was taken over",
-        ))
+        results
+    }
+
+    fn refresh_batch_limit(&self) -> usize {
+        BATCH
     }
 
     async fn detach(&self, lease: &Lease) -> Result<()> {
@@ -408,7 +476,7 @@ impl LockBackend for LocalBackend {
     }
 
     fn guarantees(&self) -> Guarantees {
-        guarantees()
+        crate::guarantees::guarantees()
     }
 
     async fn connection_security(&self) -> Result<Vec<lockcore::ConnectionSecurity>> {
@@ -417,34 +485,6 @@ impl LockBackend for LocalBackend {
             lockcore::Transport::Local,
         )])
     }
-}
-
-/// What the embedded backend promises (the same for every instance).
-pub fn guarantees() -> Guarantees {
-    Guarantees::new(
-        Exclusion::SingleStore,
-        Fencing::Monotonic,
-        ExpiryClock::Server,
-    )
-    .with_waiting(if cfg!(target_os = "linux") {
-        Waiting::Notified
-    } else {
-        Waiting::Polled
-    })
-    .with_fairness(Fairness::None)
-    .with_same_owner_retake(true)
-    .with_durability(Durability::SurvivesRestart)
-    .with_listing(true)
-    .with_notes(
-        "One machine only (a SQLite file on a local filesystem). Expiry uses the \
-             machine's monotonic clock, shared by every process and stopped during \
-             suspend like the guard's (off Linux: the wall clock, which NTP can step). \
-             A holder whose kernel lock \
-             (flock) is gone, with every process that inherited it, is taken over at once, \
-             in any PID namespace; nothing else ends a lease early. Leases end with a \
-             reboot; fence counters survive it. Waiters are woken on release and break by \
-             inotify on Linux, and poll elsewhere.",
-    )
 }
 
 #[cfg(test)]

@@ -290,19 +290,29 @@ impl Client {
         Ok(kept)
     }
 
-    /// Extends our unexpired lease; `false` when it is not ours any more.
+    /// Extends our unexpired lease; `false` when it is not ours any more. One statement,
+    /// committed on its own.
     pub(crate) async fn extend(&self, claim: &Claim<'_>, token: i64) -> Result<bool, Error> {
-        let row = sqlx::query(EXTEND)
-            .bind(claim.name)
-            .bind(claim.owner)
-            .bind(token)
-            .bind(claim.boot_id)
-            .bind(claim.expires_ms())
-            .bind(claim.now_ms)
-            .fetch_optional(&self.pool)
+        extend_on(&self.pool, claim, token).await
+    }
+
+    /// [`extend`](Self::extend) for each `(claim, token)`, in order, in one transaction
+    /// (`BEGIN IMMEDIATE`: the write lock is taken first, so no statement of the batch
+    /// waits for it halfway): one commit, and so one sync to disk, for the whole batch.
+    /// Any failure, the commit's included, fails the whole batch and changes nothing.
+    pub(crate) async fn extend_many(&self, batch: &[(Claim<'_>, i64)]) -> Result<Vec<bool>, Error> {
+        use sqlx::Connection as _;
+        let mut conn = self.pool.acquire().await.map_err(map_error)?;
+        let mut tx = conn
+            .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(map_error)?;
-        Ok(row.is_some())
+        let mut extended = Vec::with_capacity(batch.len());
+        for (claim, token) in batch {
+            extended.push(extend_on(&mut *tx, claim, *token).await?);
+        }
+        tx.commit().await.map_err(map_error)?;
+        Ok(extended)
     }
 
     /// Forgets the liveness file of this grant if it is still live; `true` when it was.
@@ -349,6 +359,25 @@ impl Client {
     pub(crate) async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// The one refresh statement ([`EXTEND`]) on `executor`; `true` when it extended the grant.
+async fn extend_on<'c>(
+    executor: impl sqlx::SqliteExecutor<'c>,
+    claim: &Claim<'_>,
+    token: i64,
+) -> Result<bool, Error> {
+    let row = sqlx::query(EXTEND)
+        .bind(claim.name)
+        .bind(claim.owner)
+        .bind(token)
+        .bind(claim.boot_id)
+        .bind(claim.expires_ms())
+        .bind(claim.now_ms)
+        .fetch_optional(executor)
+        .await
+        .map_err(map_error)?;
+    Ok(row.is_some())
 }
 
 /// Adds `column` (with the statement `add`) to a database made by an older version.

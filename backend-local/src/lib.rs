@@ -25,6 +25,7 @@ mod backend;
 mod client;
 mod config;
 mod error;
+mod guarantees;
 mod host;
 mod liveness;
 #[cfg(test)]
@@ -34,8 +35,9 @@ mod suspend_tests;
 #[cfg(target_os = "linux")]
 mod wake;
 
-pub use backend::{LocalBackend, guarantees};
+pub use backend::LocalBackend;
 pub use config::LocalConfig;
+pub use guarantees::guarantees;
 pub use lockcore;
 
 use std::sync::Arc;

@@ -1,0 +1,31 @@
+//! What the embedded backend promises, without opening a database.
+
+use lockcore::{Durability, Exclusion, ExpiryClock, Fairness, Fencing, Guarantees, Waiting};
+
+/// What the embedded backend promises (the same for every instance).
+pub fn guarantees() -> Guarantees {
+    Guarantees::new(
+        Exclusion::SingleStore,
+        Fencing::Monotonic,
+        ExpiryClock::Server,
+    )
+    .with_waiting(if cfg!(target_os = "linux") {
+        Waiting::Notified
+    } else {
+        Waiting::Polled
+    })
+    .with_fairness(Fairness::None)
+    .with_same_owner_retake(true)
+    .with_durability(Durability::SurvivesRestart)
+    .with_listing(true)
+    .with_notes(
+        "One machine only (a SQLite file on a local filesystem). Expiry uses the \
+             machine's monotonic clock, shared by every process and stopped during \
+             suspend like the guard's (off Linux: the wall clock, which NTP can step). \
+             A holder whose kernel lock \
+             (flock) is gone, with every process that inherited it, is taken over at once, \
+             in any PID namespace; nothing else ends a lease early. Leases end with a \
+             reboot; fence counters survive it. Waiters are woken on release and break by \
+             inotify on Linux, and poll elsewhere.",
+    )
+}
