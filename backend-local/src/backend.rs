@@ -374,8 +374,9 @@ impl LockBackend for LocalBackend {
         self.refreshed(lease, token, extended)
     }
 
-    /// One transaction (one commit, one sync to disk) per [`BATCH`] leases, each lease
-    /// refreshed by the statement and judged by the rule a single refresh uses.
+    /// One transaction (one commit, one sync to disk) per 250 leases
+    /// (`refresh_batch_limit`), each lease refreshed by the statement and judged by the
+    /// rule a single refresh uses.
     async fn refresh_many(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
         let mut results = Vec::with_capacity(leases.len());
         for chunk in leases.chunks(BATCH) {

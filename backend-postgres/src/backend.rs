@@ -205,8 +205,8 @@ impl LockBackend for PostgresBackend {
         }
     }
 
-    /// A batch of one ([`refresh_many`](LockBackend::refresh_many)): the same statement,
-    /// one round trip.
+    /// A batch of one ([`refresh_many`](LockBackend::refresh_many)), in the statement's
+    /// one-lease form: one statement, one round trip.
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
         let mut results = refresh::refresh_leases(self.client(), std::slice::from_ref(lease)).await;
         results.pop().unwrap_or_else(|| {
@@ -217,7 +217,7 @@ impl LockBackend for PostgresBackend {
         })
     }
 
-    /// One statement per [`BATCH`](refresh::BATCH) leases (1,000): each lease's outcome is
+    /// One statement per 1,000 leases (`refresh_batch_limit`): each lease's outcome is
     /// what [`refresh`](LockBackend::refresh) of it alone would be.
     async fn refresh_many(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
         refresh::refresh_leases(self.client(), leases).await

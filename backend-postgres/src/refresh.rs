@@ -1,6 +1,7 @@
-//! Refreshing leases: one statement ([`Statements::refresh`](crate::sql::Statements)) for
-//! up to [`BATCH`] leases, and what its rows mean. A single refresh is a batch of one, so
-//! the two cannot drift apart.
+//! Refreshing leases: one statement for up to [`BATCH`] leases, and what its rows mean. A
+//! single refresh is a batch of one, sent in the statement's one-lease form (scalar
+//! parameters, the plan of a statement written for one lease); both forms come from one
+//! template (`sql::refresh`) and their rows are read here, so the two cannot drift apart.
 
 use lockcore::{Error, ErrorKind, Lease, Result};
 use sqlx::Row;
