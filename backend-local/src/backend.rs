@@ -12,7 +12,6 @@ use lockcore::{
 
 use crate::client::{Claim, Client, Row};
 use crate::config::LocalConfig;
-use crate::error::shared;
 use crate::host::{self, Clocks, SystemClocks};
 use crate::liveness::{Held, HolderDir, Probe};
 
@@ -234,7 +233,7 @@ impl LocalBackend {
         } else {
             match self.client.extend_many(&sent).await {
                 Ok(extended) => extended.into_iter().map(Ok).collect(),
-                Err(err) => shared(err, sent.len()).into_iter().map(Err).collect(),
+                Err(err) => err.copies(sent.len()).into_iter().map(Err).collect(),
             }
         };
         let mut outcomes = outcomes.into_iter();

@@ -1,8 +1,6 @@
 //! The one place where sqlx (SQLite) errors become lockcore errors: kind, retry status
 //! and message. The backend and lock name are added by lockcore's `Locker`.
 
-use std::sync::Arc;
-
 use lockcore::{Error, ErrorKind, RetryStatus};
 
 /// Every sqlx error becomes a lockcore error here, and nowhere else.
@@ -54,41 +52,4 @@ pub(crate) fn map_error(err: sqlx::Error) -> Error {
     Error::new(kind, message)
         .with_status(status)
         .with_source(err)
-}
-
-/// `err` once per lease of a batch that failed as a whole (`n` leases): each copy has its
-/// kind, retry status and message, and its source as a shared cause. A batch of one gets
-/// `err` itself.
-pub(crate) fn shared(err: Error, n: usize) -> Vec<Error> {
-    if n == 1 {
-        return vec![err];
-    }
-    let (kind, status, message) = (err.kind(), err.status(), err.message().to_owned());
-    let cause = Arc::new(err);
-    (0..n)
-        .map(|_| {
-            Error::new(kind, message.clone())
-                .with_status(status)
-                .with_source(SharedCause(cause.clone()))
-        })
-        .collect()
-}
-
-/// The source of a batch's failure, shared by the copies [`shared`] makes.
-#[derive(Debug)]
-struct SharedCause(Arc<Error>);
-
-impl std::fmt::Display for SharedCause {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match std::error::Error::source(&*self.0) {
-            Some(source) => std::fmt::Display::fmt(source, f),
-            None => f.write_str(self.0.message()),
-        }
-    }
-}
-
-impl std::error::Error for SharedCause {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        std::error::Error::source(&*self.0).and_then(std::error::Error::source)
-    }
 }

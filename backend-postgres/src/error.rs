@@ -4,7 +4,6 @@
 //! are added by lockcore's `Locker`, not here.
 
 use std::borrow::Cow;
-use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::{Error, ErrorKind, RetryStatus};
@@ -48,43 +47,6 @@ pub(crate) fn connect_failed(err: sqlx::Error, who: &Who) -> Error {
             Error::unavailable("cannot connect to the PostgreSQL server").with_source(err)
         }
         err => map_error_as(err, Effect::Read, Some(who)),
-    }
-}
-
-/// `err` once per lease of a batch that failed as a whole (`n` leases): each copy has its
-/// kind, retry status and message, and its source as a shared cause. A batch of one gets
-/// `err` itself, so a single refresh fails exactly as before batches existed.
-pub(crate) fn shared(err: Error, n: usize) -> Vec<Error> {
-    if n == 1 {
-        return vec![err];
-    }
-    let (kind, status, message) = (err.kind(), err.status(), err.message().to_owned());
-    let cause = Arc::new(err);
-    (0..n)
-        .map(|_| {
-            Error::new(kind, message.clone())
-                .with_status(status)
-                .with_source(SharedCause(cause.clone()))
-        })
-        .collect()
-}
-
-/// The source of a batch's failure, shared by the copies [`shared`] makes.
-#[derive(Debug)]
-struct SharedCause(Arc<Error>);
-
-impl std::fmt::Display for SharedCause {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match std::error::Error::source(&*self.0) {
-            Some(source) => std::fmt::Display::fmt(source, f),
-            None => f.write_str(self.0.message()),
-        }
-    }
-}
-
-impl std::error::Error for SharedCause {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        std::error::Error::source(&*self.0).and_then(std::error::Error::source)
     }
 }
 
@@ -225,29 +187,6 @@ mod tests {
         ];
         for (code, kind, status) in cases {
             assert_eq!(classify_sqlstate(code), (kind, status), "{code}");
-        }
-    }
-
-    #[test]
-    fn a_shared_failure_is_copied_per_lease_with_its_cause() {
-        let io = sqlx::Error::Io(std::io::Error::other("reset by peer"));
-        let one = shared(map_error(io, Effect::Write), 1);
-        assert_eq!(one.len(), 1);
-        let io = sqlx::Error::Io(std::io::Error::other("reset by peer"));
-        let copies = shared(map_error(io, Effect::Write), 3);
-        assert_eq!(copies.len(), 3);
-        for copy in &copies {
-            assert_eq!(copy.kind(), ErrorKind::OutcomeUnknown);
-            assert!(copy.is_temporary());
-            assert_eq!(copy.message(), one[0].message());
-            let cause = std::error::Error::source(copy).map(ToString::to_string);
-            let original = std::error::Error::source(&one[0]).map(ToString::to_string);
-            assert!(
-                cause
-                    .as_deref()
-                    .is_some_and(|c| c.contains("reset by peer"))
-            );
-            assert_eq!(cause, original);
         }
     }
 

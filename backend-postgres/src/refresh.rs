@@ -8,7 +8,7 @@ use sqlx::Row;
 use sqlx::postgres::PgRow;
 
 use crate::client::Client;
-use crate::error::{Effect, shared};
+use crate::error::Effect;
 
 /// The most leases one refresh statement carries ([`LockBackend::refresh_batch_limit`]).
 ///
@@ -51,7 +51,7 @@ async fn refresh_chunk(c: &Client, leases: &[Lease]) -> Vec<Result<Lease>> {
                 .zip(seen)
                 .map(|(&(i, token), seen)| seen.outcome(&leases[i], token))
                 .collect(),
-            Err(err) => shared(err, sent.len()).into_iter().map(Err).collect(),
+            Err(err) => err.copies(sent.len()).into_iter().map(Err).collect(),
         }
     };
     // One outcome per lease sent, in order: the others failed alone.

@@ -45,6 +45,38 @@ impl Error {
         }
     }
 
+    /// `n` copies of this error, for a batch call whose one failure fails each of its items
+    /// ([`LockBackend::refresh_many`](crate::LockBackend::refresh_many)): the same kind,
+    /// retry status, context and message; one source, shared.
+    pub fn copies(self, n: usize) -> Vec<Error> {
+        if n <= 1 {
+            return if n == 1 { vec![self] } else { Vec::new() };
+        }
+        let Error {
+            kind,
+            status,
+            backend,
+            lock,
+            message,
+            holder,
+            source,
+        } = self;
+        let source = source.map(std::sync::Arc::<dyn StdError + Send + Sync>::from);
+        (0..n)
+            .map(|_| Error {
+                kind,
+                status,
+                backend: backend.clone(),
+                lock: lock.clone(),
+                message: message.clone(),
+                holder: holder.clone(),
+                source: source.clone().map(|s| {
+                    Box::new(SharedSource(s)) as Box<dyn StdError + Send + Sync + 'static>
+                }),
+            })
+            .collect()
+    }
+
     /// Shorthand for an [`ErrorKind::InvalidInput`] error.
     pub fn invalid_input(message: impl Into<Cow<'static, str>>) -> Self {
         Self::new(ErrorKind::InvalidInput, message)
@@ -201,6 +233,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn copies_keep_kind_status_context_message_and_source() {
+        let name = LockName::new("job").expect("valid");
+        let err = Error::new(ErrorKind::OutcomeUnknown, "no answer")
+            .with_source(std::io::Error::other("reset by peer"))
+            .in_context("redis", &name);
+        let shown = err.to_string();
+        assert_eq!(Error::unavailable("x").copies(0).len(), 0);
+        let copies = err.copies(3);
+        assert_eq!(copies.len(), 3);
+        for copy in &copies {
+            assert_eq!(copy.kind(), ErrorKind::OutcomeUnknown);
+            assert!(copy.is_temporary());
+            assert_eq!((copy.backend(), copy.lock()), (Some("redis"), Some(&name)));
+            assert_eq!(copy.to_string(), shown);
+            let source = StdError::source(copy).map(ToString::to_string);
+            assert_eq!(source.as_deref(), Some("reset by peer"));
+        }
+    }
+
+    #[test]
     fn display_names_backend_lock_and_kind() {
         let name = LockName::new("deploy").expect("valid");
         let err = Error::unavailable("connection refused")
@@ -245,5 +297,26 @@ mod tests {
             StdError::source(&err).map(|s| s.to_string()),
             Some("boom".into())
         );
+    }
+}
+
+/// A source shared by the copies [`Error::copies`] makes; it reads as the original.
+struct SharedSource(std::sync::Arc<dyn StdError + Send + Sync + 'static>);
+
+impl fmt::Debug for SharedSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for SharedSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+impl StdError for SharedSource {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.0.source()
     }
 }

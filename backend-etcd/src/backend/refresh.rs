@@ -94,13 +94,8 @@ impl EtcdBackend {
 fn spread<T>(result: Result<Vec<T>>, n: usize) -> Vec<Result<T>> {
     match result {
         Ok(values) => values.into_iter().map(Ok).collect(),
-        Err(err) => (0..n).map(|_| copy(&err)).collect(),
+        Err(err) => err.copies(n).into_iter().map(Err).collect(),
     }
-}
-
-/// The same error again (lockcore's `Error` is not `Clone`; the source is left out).
-fn copy<T>(err: &Error) -> Result<T> {
-    Err(Error::new(err.kind(), err.message().to_owned()).with_status(err.status()))
 }
 
 /// What refreshing one lease says, from its keep-alive reply (`alive`: the TTL etcd
