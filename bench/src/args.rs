@@ -60,6 +60,18 @@ pub(crate) struct Args {
     /// written by an earlier run.
     #[arg(long)]
     pub(crate) from_results: Option<PathBuf>,
+    /// Measure nothing else: sample the CPU of one workload in-process and write
+    /// `<out>/<workload>-<profile-tag>.svg` (a flamegraph) and `.txt` (the top frames).
+    /// Workloads: `redis-cycle` (`Locker::try_acquire` + `release`, uncontended, on
+    /// `--redis`).
+    #[arg(long, value_parser = ["redis-cycle"])]
+    pub(crate) profile: Option<String>,
+    /// The suffix of the profile's files (`before`, `after`, …).
+    #[arg(long, default_value = "latest")]
+    pub(crate) profile_tag: String,
+    /// Cycles sampled by `--profile` (after one untimed pass over the 1,000 names).
+    #[arg(long, default_value_t = 30_000)]
+    pub(crate) profile_cycles: usize,
     /// Internal: measure one backend's scale section in this (child) process.
     #[arg(long, hide = true)]
     pub(crate) scale_child: Option<String>,
@@ -192,6 +204,9 @@ pub(crate) struct Plan {
     pub(crate) count_batches: usize,
     /// Cycles per counting batch.
     pub(crate) count_cycles: usize,
+    /// Counting: leases in one batched refresh (`refresh_many`), at most the backend's
+    /// limit.
+    pub(crate) batch_leases: usize,
     /// Throughput: concurrent tasks.
     pub(crate) tasks: Vec<usize>,
     /// Throughput: time per measurement.
@@ -221,6 +236,7 @@ impl Plan {
             per_batch: 100,
             count_batches: 5,
             count_cycles: 20,
+            batch_leases: 1_000,
             tasks: vec![1, 8, 64],
             throughput_for: Duration::from_millis(1_000),
             throughput_rounds: 2,
@@ -241,6 +257,7 @@ impl Plan {
             per_batch: 10,
             count_batches: 2,
             count_cycles: 5,
+            batch_leases: 50,
             tasks: vec![1, 8, 64],
             throughput_for: Duration::from_millis(100),
             throughput_rounds: 1,

@@ -21,6 +21,9 @@ pub(crate) struct Job {
     pub(crate) run: String,
     /// Round trips per refresh, from the parent's counts.
     pub(crate) per_refresh: Option<f64>,
+    /// Round trips per batched refresh call (`refresh_many`), from the parent's counts.
+    #[serde(default)]
+    pub(crate) per_refresh_many: Option<f64>,
     /// Smoke-sized plan.
     pub(crate) smoke: bool,
 }

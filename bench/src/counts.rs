@@ -11,10 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use futures_util::{StreamExt, stream};
 use lockcore::{Acquire, AcquireRequest, Identity, Lease, LockBackend, LockName};
 use tokio::sync::Mutex;
 
-use crate::args::Plan;
+use crate::args::{self, Plan};
 use crate::latency::entries;
 use crate::op::{Entry, Op, Res, Role};
 use crate::results::{CountRow, Results};
@@ -24,6 +25,19 @@ use crate::tap::{Protocol, Tap};
 
 /// Label of the refresh row (used by the scale section to price a refresh).
 pub(crate) const REFRESH: &str = "anylock refresh (backend call)";
+
+/// How the label of the batched refresh row starts (the scale section prices a batched
+/// call with it); the lease count follows.
+pub(crate) const REFRESH_MANY: &str = "anylock refresh_many";
+
+/// The label of a batched refresh of `leases` leases.
+pub(crate) fn refresh_many_label(leases: usize) -> String {
+    format!("{REFRESH_MANY} of {leases} leases (one backend call)")
+}
+
+/// Counting batches of the batched refresh: fewer units than the cycles (each unit
+/// refreshes up to 1,000 leases).
+const BATCH_UNITS: usize = 4;
 
 /// Counts every system that talks to a server and appends its rows.
 pub(crate) async fn run(systems: &[System], ctx: &Ctx, plan: &Plan, out: &mut Results) -> Res<()> {
@@ -49,6 +63,20 @@ pub(crate) async fn run(systems: &[System], ctx: &Ctx, plan: &Plan, out: &mut Re
             out.counts.push(row);
         }
         refresh.release().await?;
+        // A batched refresh only where the backend batches (a `Locker` never calls
+        // `refresh_many` on a backend whose limit is 1).
+        let limit = tapped.backend.refresh_batch_limit();
+        if limit > 1 {
+            let leases = plan.batch_leases.min(limit);
+            let batch = refresh_many_op(&tapped, ctx, leases).await?;
+            let entry = Entry::new(refresh_many_label(leases), Role::Ours, batch.clone());
+            let units = args::Plan {
+                count_cycles: BATCH_UNITS,
+                ..plan.clone()
+            };
+            out.counts.push(count(system, &taps, &entry, &units).await?);
+            batch.release().await;
+        }
         crate::common::progress(&format!("counts: {} done", system.kind.name()));
     }
     Ok(())
@@ -154,6 +182,90 @@ async fn refresh_op(system: &System, ctx: &Ctx) -> Res<Arc<Refresh>> {
         backend: system.backend.clone(),
         lease: Mutex::new(lease),
     }))
+}
+
+/// `leases` leases of `system`'s backend, refreshed together by every run.
+async fn refresh_many_op(system: &System, ctx: &Ctx, leases: usize) -> Res<Arc<RefreshMany>> {
+    let backend = system.backend.clone();
+    let requests = (0..leases).map(|i| {
+        let name = format!("{}-{}-refresh-many-{i}", ctx.run, system.kind.name());
+        Res::Ok(AcquireRequest::new(
+            LockName::new(name)?,
+            Identity::unique(),
+            lockcore::Ttl::new(Duration::from_secs(30))?,
+        ))
+    });
+    let requests: Vec<AcquireRequest> = requests.collect::<Res<_>>()?;
+    let granted: Vec<Res<Lease>> = stream::iter(requests)
+        .map(|request| {
+            let backend = backend.clone();
+            async move {
+                match backend.acquire(&request).await? {
+                    Acquire::Acquired(lease) => Ok(lease),
+                    Acquire::Held(_) => Err("a fresh name was held".into()),
+                }
+            }
+        })
+        .buffer_unordered(crate::scale::CONCURRENCY)
+        .collect()
+        .await;
+    let batch = RefreshMany {
+        backend,
+        leases: Mutex::new(Vec::with_capacity(leases)),
+    };
+    let mut first_error = None;
+    for outcome in granted {
+        match outcome {
+            Ok(lease) => batch.leases.lock().await.push(lease),
+            Err(e) => {
+                first_error.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = first_error {
+        batch.release().await;
+        return Err(format!("refresh_many: acquiring its leases: {e}").into());
+    }
+    Ok(Arc::new(batch))
+}
+
+/// Refreshes several leases with one `refresh_many` call.
+struct RefreshMany {
+    backend: Arc<dyn LockBackend>,
+    leases: Mutex<Vec<Lease>>,
+}
+
+impl RefreshMany {
+    /// Releases every lease (the counting is over); a failed release only leaves a lease
+    /// to expire.
+    async fn release(&self) {
+        let leases = std::mem::take(&mut *self.leases.lock().await);
+        stream::iter(leases)
+            .for_each_concurrent(crate::scale::CONCURRENCY, |lease| async move {
+                let _ = self.backend.release(&lease).await;
+            })
+            .await;
+    }
+}
+
+#[async_trait]
+impl Op for RefreshMany {
+    async fn run(&self, _: usize) -> Res<()> {
+        let mut leases = self.leases.lock().await;
+        let outcomes = self.backend.refresh_many(&leases).await;
+        if outcomes.len() != leases.len() {
+            return Err(format!(
+                "refresh_many returned {} results for {} leases",
+                outcomes.len(),
+                leases.len()
+            )
+            .into());
+        }
+        for (lease, outcome) in leases.iter_mut().zip(outcomes) {
+            *lease = outcome?;
+        }
+        Ok(())
+    }
 }
 
 /// Refreshes one lease.

@@ -24,6 +24,17 @@ mod latency;
 mod measure;
 mod op;
 mod procstat;
+#[cfg(target_os = "linux")]
+mod profile;
+#[cfg(not(target_os = "linux"))]
+mod profile {
+    //! `--profile` samples with `pprof`, which this harness builds on Linux only.
+
+    /// Fails: no profiler on this platform.
+    pub(crate) fn run(_: &crate::args::Args, _: &str) -> crate::op::Res<()> {
+        Err("--profile needs Linux".into())
+    }
+}
 mod proto;
 mod report;
 mod results;
@@ -39,6 +50,7 @@ mod sys_redis;
 mod system;
 mod tap;
 mod targets;
+mod targets9;
 mod throughput;
 mod wrap;
 
@@ -61,6 +73,12 @@ const BUCKET: &str = "anylock-bench";
 fn main() -> ExitCode {
     let args = Args::parse();
     let _ = started();
+    if let Some(workload) = &args.profile {
+        return match profile::run(&args, workload) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => fail(&e),
+        };
+    }
     if let Some(path) = &args.from_results {
         return match rerender(&args, path) {
             Ok(()) => ExitCode::SUCCESS,

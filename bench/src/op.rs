@@ -60,6 +60,9 @@ pub(crate) struct Entry {
     pub(crate) role: Role,
     /// The unit of work.
     pub(crate) op: Arc<dyn Op>,
+    /// A reference point (one of a system's `extras`) that the throughput section
+    /// measures too, beside the raw round trip.
+    pub(crate) in_throughput: bool,
 }
 
 impl Entry {
@@ -69,7 +72,14 @@ impl Entry {
             label: label.into(),
             role,
             op,
+            in_throughput: false,
         }
+    }
+
+    /// This entry, measured by the throughput section too.
+    pub(crate) fn in_throughput(mut self) -> Self {
+        self.in_throughput = true;
+        self
     }
 
     /// An entry whose unit is one uncontended acquire + release cycle of `lock`.

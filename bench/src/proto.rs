@@ -96,6 +96,8 @@ fn row(
         acquire_s,
         rss_per_lease: Some(rss as f64 / plan.leases as f64),
         refreshes_per_s: tally.refreshes as f64 / seconds,
+        refresh_calls_per_s: None,
+        batch_limit: None,
         round_trips_per_s: Some(tally.round_trips as f64 / seconds),
         cpu_percent: window.cpu_percent(),
         failures: tally.failures,

@@ -135,9 +135,18 @@ pub(crate) struct ScaleRow {
     pub(crate) acquire_s: Option<f64>,
     /// Resident memory added per lease, bytes.
     pub(crate) rss_per_lease: Option<f64>,
-    /// Refresh calls per second in the window.
+    /// Lease refreshes per second in the window (before batching, also the calls).
     pub(crate) refreshes_per_s: f64,
-    /// Client round trips per second in the window.
+    /// Refresh calls per second in the window, `refresh` and `refresh_many` together
+    /// (absent in runs before batching, where it equals `refreshes_per_s`).
+    #[serde(default)]
+    pub(crate) refresh_calls_per_s: Option<f64>,
+    /// The most leases one `refresh_many` call may carry (1: no batching; absent in runs
+    /// before batching).
+    #[serde(default)]
+    pub(crate) batch_limit: Option<usize>,
+    /// Client round trips per second in the window: each kind of call times its round
+    /// trips in the counts (calls themselves for the embedded backend).
     pub(crate) round_trips_per_s: Option<f64>,
     /// Client CPU in the window, percent of one core.
     pub(crate) cpu_percent: f64,

@@ -1,39 +1,83 @@
 //! Item 4: many leases held and refreshed by one process (memory per lease, refresh
-//! traffic, client CPU), then the same load through a prototype of the batched fix where
-//! the backend's server allows one (see `proto`).
+//! calls and round trips, client CPU), then the same load through the prototype of a
+//! batched refresh written on the servers' plain clients, where the server allows one
+//! (see `proto`): the reference floor anylock's batching is measured against.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::{StreamExt, stream};
-use lockcore::{LockGuard, LockOptions, Locker};
+use lockcore::{LockBackend, LockGuard, LockOptions, Locker};
 use tokio::time::Instant;
 
 use crate::args::Plan;
-use crate::counts::REFRESH;
+use crate::counts::{REFRESH, REFRESH_MANY};
 use crate::op::Res;
 use crate::procstat::{client_cpu, rss_bytes};
 use crate::results::{Results, ScaleRow};
 use crate::system::{Ctx, Kind, System};
-use crate::wrap::Observed;
+use crate::wrap::{Observed, Refreshes};
 
 /// Acquisitions (and releases) in flight at once.
 pub(crate) const CONCURRENCY: usize = 64;
 
-/// The scale figures of every server backend, today and with the prototype fix, each
-/// backend measured in a child process of its own (see `child`).
+/// Round trips per refresh call of each kind, from the counts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Prices {
+    /// Per `refresh` call.
+    pub(crate) refresh: Option<f64>,
+    /// Per `refresh_many` call.
+    pub(crate) refresh_many: Option<f64>,
+}
+
+impl Prices {
+    /// `system`'s prices from the counts in `out`; the embedded backend, which has no
+    /// network, counts each call as one.
+    pub(crate) fn of(system: &System, out: &Results) -> Self {
+        if system.kind == Kind::Local {
+            return Self {
+                refresh: Some(1.0),
+                refresh_many: Some(1.0),
+            };
+        }
+        let find = |wanted: &dyn Fn(&str) -> bool| {
+            out.counts
+                .iter()
+                .find(|c| c.backend == system.kind.name() && wanted(&c.label))
+                .and_then(|c| c.round_trips)
+        };
+        Self {
+            refresh: find(&|l| l == REFRESH),
+            refresh_many: find(&|l| l.starts_with(REFRESH_MANY)),
+        }
+    }
+
+    /// Round trips of `counted` calls, where each kind made is priced.
+    pub(crate) fn round_trips(&self, counted: &Refreshes) -> Option<f64> {
+        let single = match counted.single_calls {
+            0 => 0.0,
+            n => self.refresh? * n as f64,
+        };
+        let batched = match counted.batch_calls {
+            0 => 0.0,
+            n => self.refresh_many? * n as f64,
+        };
+        Some(single + batched)
+    }
+}
+
+/// The scale figures of every backend, anylock's and the prototypes of a batched refresh
+/// (the reference floor), each backend measured in a child process of its own (see
+/// `child`).
 pub(crate) async fn run(systems: &[System], ctx: &Ctx, plan: &Plan, out: &mut Results) -> Res<()> {
-    for system in systems.iter().filter(|s| s.kind != Kind::Local) {
-        let per_refresh = out
-            .counts
-            .iter()
-            .find(|c| c.backend == system.kind.name() && c.label == REFRESH)
-            .and_then(|c| c.round_trips);
+    for system in systems {
+        let prices = Prices::of(system, out);
         let job = crate::child::Job {
             kind: system.kind.name().to_owned(),
             url: system.url.clone(),
             run: ctx.run.clone(),
-            per_refresh,
+            per_refresh: prices.refresh,
+            per_refresh_many: prices.refresh_many,
             smoke: plan.mode == "smoke",
         };
         out.scale.extend(crate::child::spawn(&job).await?);
@@ -69,19 +113,20 @@ impl Window {
     }
 }
 
-/// anylock today: `leases` guards from one `Locker`, each refreshed by its own task. A
-/// backend that fails part-way gets a row saying how far it got and why.
-pub(crate) async fn ours(
-    system: &System,
-    ctx: &Ctx,
-    plan: &Plan,
-    per_refresh: Option<f64>,
-) -> Res<ScaleRow> {
+/// anylock: `leases` guards from one `Locker`, refreshed as the `Locker` schedules them
+/// (in `refresh_many` batches where the backend takes them). A backend that fails
+/// part-way gets a row saying how far it got and why.
+pub(crate) async fn ours(system: &System, ctx: &Ctx, plan: &Plan, prices: Prices) -> Res<ScaleRow> {
     let observed = Arc::new(Observed::new(system.backend.clone(), false));
     let options = LockOptions::new(plan.scale_ttl);
     let interval = options.refresh_interval();
     let locker = Locker::new(observed.clone()).with_options(options);
     let mut row = empty_row(system, plan, interval);
+    row.batch_limit = Some(observed.refresh_batch_limit());
+    row.variant = match observed.refresh_batch_limit() {
+        1 => "anylock (Locker): one refresh call per lease".to_owned(),
+        n => format!("anylock (Locker): refresh_many, up to {n} leases a call"),
+    };
     let rss = rss_bytes();
     let start = Instant::now();
     let (guards, error) = acquire_all(&locker, ctx, system, plan.leases).await;
@@ -100,13 +145,15 @@ pub(crate) async fn ours(
     let before = observed.refreshes();
     let length = interval * plan.scale_intervals;
     let (window, ()) = Window::measure(length, tokio::time::sleep(length)).await;
-    let after = observed.refreshes();
+    let counted = observed.refreshes().since(&before);
     row.lost = guards.iter().filter(|g| !g.is_held()).count();
     release_all(guards).await;
-    row.refreshes_per_s = (after.0 - before.0) as f64 / length.as_secs_f64();
-    row.round_trips_per_s = per_refresh.map(|r| r * row.refreshes_per_s);
+    let seconds = length.as_secs_f64();
+    row.refreshes_per_s = counted.leases() as f64 / seconds;
+    row.refresh_calls_per_s = Some(counted.calls() as f64 / seconds);
+    row.round_trips_per_s = prices.round_trips(&counted).map(|r| r / seconds);
     row.cpu_percent = window.cpu_percent();
-    row.failures = after.1 - before.1;
+    row.failures = counted.failures;
     if row.failures > 0 {
         row.error = observed
             .first_failure()
@@ -119,13 +166,15 @@ pub(crate) async fn ours(
 fn empty_row(system: &System, plan: &Plan, interval: Duration) -> ScaleRow {
     ScaleRow {
         backend: system.kind.name().to_owned(),
-        variant: "anylock today: one refresh call per lease".to_owned(),
+        variant: String::new(),
         leases: plan.leases,
         ttl_s: plan.scale_ttl.as_secs_f64(),
         interval_s: interval.as_secs_f64(),
         acquire_s: None,
         rss_per_lease: None,
         refreshes_per_s: 0.0,
+        refresh_calls_per_s: None,
+        batch_limit: None,
         round_trips_per_s: None,
         cpu_percent: 0.0,
         failures: 0,

@@ -26,7 +26,11 @@ pub(crate) async fn run(job: &str) -> Res<()> {
         gcs_server: None,
     };
     let system = System::connect(kind, &job.url, &ctx).await?;
-    let mut rows = vec![scale::ours(&system, &ctx, &plan, job.per_refresh).await?];
+    let prices = scale::Prices {
+        refresh: job.per_refresh,
+        refresh_many: job.per_refresh_many,
+    };
+    let mut rows = vec![scale::ours(&system, &ctx, &plan, prices).await?];
     rows.extend(proto::run(&system, &ctx, &plan).await?);
     println!("{}", serde_json::to_string(&rows)?);
     Ok(())

@@ -48,11 +48,14 @@ pub(crate) async fn connect(url: &str, ctx: &Ctx) -> Res<System> {
             Role::Raw,
             Arc::new(Select1(raw.clone())),
         )),
-        extras: vec![Entry::new(
-            "raw upsert + update (2 writes, the least a lease lock needs)",
-            Role::Raw,
-            Arc::new(TwoWrites { pool: raw, table }),
-        )],
+        extras: vec![
+            Entry::new(
+                "raw upsert + update (2 writes, the least a lease lock needs)",
+                Role::Raw,
+                Arc::new(TwoWrites { pool: raw, table }),
+            )
+            .in_throughput(),
+        ],
         peers: vec![Peer::new(
             "pg_advisory_lock (sqlx)",
             Arc::new(peer),

@@ -1,6 +1,7 @@
 //! Item 2: throughput of uncontended cycles over 1,000 distinct names at several
 //! concurrencies, beside the raw round trip's throughput at the same concurrency (what
-//! redis-benchmark or pgbench would report) and the peers'.
+//! redis-benchmark or pgbench would report), PostgreSQL's two-write floor (upsert +
+//! update on the same pool, the same slices of names) and the peers'.
 
 use crate::args::Plan;
 use crate::measure::{throughput, warm_up_names};
@@ -8,12 +9,14 @@ use crate::op::{Entry, Res};
 use crate::results::{Results, ThroughputRow};
 use crate::system::{Ctx, System};
 
-/// Ours through `Locker`, raw, then the peers.
+/// Ours through `Locker`, raw, the reference points that ask for it (PostgreSQL's
+/// two-write floor), then the peers.
 fn entries(system: &System, ctx: &Ctx) -> Vec<Entry> {
     let mut all = system.lock_entries(ctx);
     let peers = all.split_off(2);
     all.truncate(1);
     all.extend(system.raw.iter().cloned());
+    all.extend(system.extras.iter().filter(|e| e.in_throughput).cloned());
     all.extend(peers);
     all
 }

@@ -1,0 +1,223 @@
+//! `--profile redis-cycle`: a CPU profile of the Redis cycle (`Locker::try_acquire` +
+//! `LockGuard::release`, uncontended, on 1,000 names in turn, as the latency section
+//! runs it), sampled in-process by `pprof` at [`FREQUENCY`] Hz over every thread of the
+//! process. Writes a flamegraph SVG and a text file with the top frames by share.
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+
+use crate::args::Args;
+use crate::common::{TTL, progress};
+use crate::measure::{error_budget, warm_up};
+use crate::op::{Entry, NAMES, Ours, Res, Role};
+use crate::sys_redis::PREFIX;
+use crate::system::with_param;
+use crate::targets::OURS;
+
+/// Samples per second of CPU time (not a multiple of the timer tick, so the samples do not
+/// beat with periodic work).
+pub(crate) const FREQUENCY: i32 = 997;
+
+/// Frames listed in the text file, by self and by inclusive share.
+const TOP: usize = 25;
+
+/// Runs the profile `args.profile` names and writes its files under `args.out`.
+///
+/// # Errors
+/// When Redis is not configured or unreachable, a cycle fails, or a file cannot be
+/// written.
+pub(crate) fn run(args: &Args, workload: &str) -> Res<()> {
+    let url = args
+        .redis
+        .clone()
+        .ok_or("--profile redis-cycle needs --redis or ANYLOCK_TEST_REDIS_URL")?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("bench-worker")
+        .build()?;
+    let run = format!("p{:08x}", rand::random::<u32>());
+    let profiled = runtime.block_on(cycles(&url, &run, args.profile_cycles));
+    let cleaned = runtime.block_on(crate::sys_redis::cleanup(&url, &run));
+    let (report, seconds) = profiled?;
+    cleaned?;
+    std::fs::create_dir_all(&args.out)?;
+    let stem = args.out.join(format!("{workload}-{}", args.profile_tag));
+    let title = format!(
+        "{workload}: Locker::try_acquire + release on Redis, {} cycles{}",
+        args.profile_cycles,
+        if args.commit.is_empty() {
+            String::new()
+        } else {
+            format!(" at {}", args.commit)
+        }
+    );
+    let mut options = pprof::flamegraph::Options::default();
+    options.title = title.clone();
+    let svg = std::fs::File::create(stem.with_extension("svg"))?;
+    report.flamegraph_with_options(svg, &mut options)?;
+    let stacks = stacks(&report);
+    let text = summary(&title, &stacks, args.profile_cycles, seconds);
+    std::fs::write(stem.with_extension("txt"), &text)?;
+    progress(&format!("wrote {}.svg and .txt", display(&stem)));
+    print!("{text}");
+    Ok(())
+}
+
+fn display(path: &Path) -> String {
+    path.display().to_string()
+}
+
+/// One untimed pass over the names, then `n` profiled cycles: the report and the wall
+/// time of the profiled cycles.
+async fn cycles(url: &str, run: &str, n: usize) -> Res<(pprof::Report, f64)> {
+    let backend = backend_redis::open(&with_param(url, "prefix", PREFIX)).await?;
+    let lock = Arc::new(Ours::new(backend, TTL));
+    let entry = Entry::cycle(OURS, Role::Ours, lock, &format!("{run}-profile"));
+    warm_up(entry.op.as_ref(), NAMES, error_budget(NAMES)).await?;
+    let guard = pprof::ProfilerGuardBuilder::default()
+        .frequency(FREQUENCY)
+        .blocklist(&["libc", "libgcc", "pthread", "vdso"])
+        .build()?;
+    let start = Instant::now();
+    for i in 0..n {
+        entry.op.run(i).await?;
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    Ok((guard.report().build()?, seconds))
+}
+
+/// One sampled stack: its thread, its frames from the innermost out, and its samples.
+pub(crate) struct Stack {
+    thread: String,
+    frames: Vec<String>,
+    samples: u64,
+}
+
+/// The report's stacks with readable function names (hash suffixes dropped).
+fn stacks(report: &pprof::Report) -> Vec<Stack> {
+    report
+        .data
+        .iter()
+        .map(|(frames, count)| Stack {
+            thread: frames.thread_name.clone(),
+            frames: frames
+                .frames
+                .iter()
+                .flat_map(|symbols| symbols.iter().map(|s| clean(&s.name())))
+                .collect(),
+            samples: u64::try_from(*count).unwrap_or(0),
+        })
+        .collect()
+}
+
+/// `tokio::runtime::park::Inner::park::h0123456789abcdef` without the `::h…` hash.
+pub(crate) fn clean(name: &str) -> String {
+    match name.rsplit_once("::h") {
+        Some((head, hash)) if hash.len() == 16 && hash.chars().all(|c| c.is_ascii_hexdigit()) => {
+            head.to_owned()
+        }
+        _ => name.to_owned(),
+    }
+}
+
+/// The text file: totals, CPU per cycle, shares by thread, and the top frames by self
+/// share (the innermost frame of each sample) and by inclusive share (any frame).
+pub(crate) fn summary(title: &str, stacks: &[Stack], cycles: usize, seconds: f64) -> String {
+    let total: u64 = stacks.iter().map(|s| s.samples).sum();
+    let cpu_s = total as f64 / f64::from(FREQUENCY);
+    let mut out = format!("# {title}\n\n");
+    let _ = writeln!(
+        out,
+        "{total} samples at {FREQUENCY} Hz = {cpu_s:.2} s of CPU over {seconds:.2} s of wall time \
+         ({:.0} % of a core); {:.1} µs of CPU per cycle, {:.1} µs of wall time per cycle",
+        100.0 * cpu_s / seconds.max(f64::EPSILON),
+        1e6 * cpu_s / cycles.max(1) as f64,
+        1e6 * seconds / cycles.max(1) as f64,
+    );
+    let share = |n: u64| 100.0 * n as f64 / total.max(1) as f64;
+    let sections: [(&str, HashMap<String, u64>); 3] = [
+        ("threads", tally(stacks, |s| vec![thread_kind(&s.thread)])),
+        (
+            "self (innermost frame)",
+            tally(stacks, |s| s.frames.first().cloned().into_iter().collect()),
+        ),
+        (
+            "inclusive (anywhere in the stack)",
+            tally(stacks, inclusive),
+        ),
+    ];
+    for (what, counts) in sections {
+        let _ = writeln!(out, "\n## by {what}\n");
+        let mut sorted: Vec<(String, u64)> = counts.into_iter().collect();
+        sorted.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        for (name, n) in sorted.into_iter().take(TOP) {
+            let _ = writeln!(out, "{:5.1} %  {name}", share(n));
+        }
+    }
+    out
+}
+
+/// Worker threads share a name pattern; the numbers would split one kind into many.
+fn thread_kind(name: &str) -> String {
+    name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '-')
+        .to_owned()
+}
+
+/// Each distinct frame of a stack once.
+fn inclusive(stack: &Stack) -> Vec<String> {
+    let mut seen: Vec<String> = Vec::new();
+    for frame in &stack.frames {
+        if !seen.contains(frame) {
+            seen.push(frame.clone());
+        }
+    }
+    seen
+}
+
+fn tally(stacks: &[Stack], keys: impl Fn(&Stack) -> Vec<String>) -> HashMap<String, u64> {
+    let mut counts = HashMap::new();
+    for stack in stacks {
+        for key in keys(stack) {
+            *counts.entry(key).or_insert(0) += stack.samples;
+        }
+    }
+    counts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stack(thread: &str, frames: &[&str], samples: u64) -> Stack {
+        Stack {
+            thread: thread.to_owned(),
+            frames: frames.iter().map(|f| (*f).to_owned()).collect(),
+            samples,
+        }
+    }
+
+    #[test]
+    fn hashes_are_dropped_from_names() {
+        assert_eq!(clean("a::b::h0123456789abcdef"), "a::b");
+        assert_eq!(clean("a::hello"), "a::hello");
+    }
+
+    #[test]
+    fn shares_count_self_once_and_inclusive_once_per_stack() {
+        let stacks = [
+            stack("bench-worker", &["write", "send", "send", "main"], 3),
+            stack("main", &["parse", "main"], 1),
+        ];
+        let text = summary("t", &stacks, 2, 1.0);
+        assert!(text.contains(" 75.0 %  bench-worker"), "{text}");
+        assert!(text.contains(" 75.0 %  write"), "{text}");
+        // `send` appears twice in one stack but counts its samples once.
+        assert!(text.contains(" 75.0 %  send"), "{text}");
+        assert!(text.contains("100.0 %  main"), "{text}");
+        assert!(text.contains("4 samples at 997 Hz"), "{text}");
+    }
+}
