@@ -70,7 +70,7 @@ pub(crate) struct Args {
     #[arg(long, default_value = "latest")]
     pub(crate) profile_tag: String,
     /// Cycles sampled by `--profile` (after one untimed pass over the 1,000 names).
-    #[arg(long, default_value_t = 30_000)]
+    #[arg(long, default_value_t = 60_000)]
     pub(crate) profile_cycles: usize,
     /// Internal: measure one backend's scale section in this (child) process.
     #[arg(long, hide = true)]

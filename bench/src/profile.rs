@@ -14,6 +14,7 @@ use crate::args::Args;
 use crate::common::{TTL, progress};
 use crate::measure::{error_budget, warm_up};
 use crate::op::{Entry, NAMES, Ours, Res, Role};
+use crate::procstat::client_cpu;
 use crate::sys_redis::PREFIX;
 use crate::system::with_param;
 use crate::targets::OURS;
@@ -24,6 +25,12 @@ pub(crate) const FREQUENCY: i32 = 997;
 
 /// Frames listed in the text file, by self and by inclusive share.
 const TOP: usize = 25;
+
+/// Longest frame name the text file prints (generic parameters can run to pages).
+const LONGEST: usize = 160;
+
+/// The crates whose frames the inclusive list keeps: anylock's own.
+const OURS_CRATES: [&str; 3] = ["lockcore", "backend_redis", "anylock"];
 
 /// Runs the profile `args.profile` names and writes its files under `args.out`.
 ///
@@ -42,7 +49,7 @@ pub(crate) fn run(args: &Args, workload: &str) -> Res<()> {
     let run = format!("p{:08x}", rand::random::<u32>());
     let profiled = runtime.block_on(cycles(&url, &run, args.profile_cycles));
     let cleaned = runtime.block_on(crate::sys_redis::cleanup(&url, &run));
-    let (report, seconds) = profiled?;
+    let (report, measured) = profiled?;
     cleaned?;
     std::fs::create_dir_all(&args.out)?;
     let stem = args.out.join(format!("{workload}-{}", args.profile_tag));
@@ -60,7 +67,7 @@ pub(crate) fn run(args: &Args, workload: &str) -> Res<()> {
     let svg = std::fs::File::create(stem.with_extension("svg"))?;
     report.flamegraph_with_options(svg, &mut options)?;
     let stacks = stacks(&report);
-    let text = summary(&title, &stacks, args.profile_cycles, seconds);
+    let text = summary(&title, &stacks, args.profile_cycles, measured);
     std::fs::write(stem.with_extension("txt"), &text)?;
     progress(&format!("wrote {}.svg and .txt", display(&stem)));
     print!("{text}");
@@ -71,23 +78,37 @@ fn display(path: &Path) -> String {
     path.display().to_string()
 }
 
-/// One untimed pass over the names, then `n` profiled cycles: the report and the wall
-/// time of the profiled cycles.
-async fn cycles(url: &str, run: &str, n: usize) -> Res<(pprof::Report, f64)> {
+/// Wall and CPU time of the profiled cycles (CPU from `/proc`: the timer signals that
+/// drive the samples can coalesce, so samples undercount CPU time).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Measured {
+    /// Wall time, seconds.
+    pub(crate) wall_s: f64,
+    /// CPU time of the whole process, seconds.
+    pub(crate) cpu_s: f64,
+}
+
+/// One untimed pass over the names, then `n` profiled cycles: the report and what the
+/// profiled cycles took.
+async fn cycles(url: &str, run: &str, n: usize) -> Res<(pprof::Report, Measured)> {
     let backend = backend_redis::open(&with_param(url, "prefix", PREFIX)).await?;
     let lock = Arc::new(Ours::new(backend, TTL));
     let entry = Entry::cycle(OURS, Role::Ours, lock, &format!("{run}-profile"));
     warm_up(entry.op.as_ref(), NAMES, error_budget(NAMES)).await?;
     let guard = pprof::ProfilerGuardBuilder::default()
         .frequency(FREQUENCY)
-        .blocklist(&["libc", "libgcc", "pthread", "vdso"])
+        .blocklist(&["libgcc", "vdso"])
         .build()?;
     let start = Instant::now();
+    let cpu = client_cpu();
     for i in 0..n {
         entry.op.run(i).await?;
     }
-    let seconds = start.elapsed().as_secs_f64();
-    Ok((guard.report().build()?, seconds))
+    let measured = Measured {
+        wall_s: start.elapsed().as_secs_f64(),
+        cpu_s: client_cpu().saturating_sub(cpu).as_secs_f64(),
+    };
+    Ok((guard.report().build()?, measured))
 }
 
 /// One sampled stack: its thread, its frames from the innermost out, and its samples.
@@ -124,30 +145,45 @@ pub(crate) fn clean(name: &str) -> String {
     }
 }
 
-/// The text file: totals, CPU per cycle, shares by thread, and the top frames by self
-/// share (the innermost frame of each sample) and by inclusive share (any frame).
-pub(crate) fn summary(title: &str, stacks: &[Stack], cycles: usize, seconds: f64) -> String {
+/// The text file: totals, CPU per cycle, and shares of the samples by thread, by crate
+/// of the innermost frame, by innermost frame (self), and by frame of anylock's own
+/// crates anywhere in the stack (inclusive).
+pub(crate) fn summary(title: &str, stacks: &[Stack], cycles: usize, m: Measured) -> String {
     let total: u64 = stacks.iter().map(|s| s.samples).sum();
-    let cpu_s = total as f64 / f64::from(FREQUENCY);
+    let per_cycle = |s: f64| 1e6 * s / cycles.max(1) as f64;
     let mut out = format!("# {title}\n\n");
     let _ = writeln!(
         out,
-        "{total} samples at {FREQUENCY} Hz = {cpu_s:.2} s of CPU over {seconds:.2} s of wall time \
-         ({:.0} % of a core); {:.1} µs of CPU per cycle, {:.1} µs of wall time per cycle",
-        100.0 * cpu_s / seconds.max(f64::EPSILON),
-        1e6 * cpu_s / cycles.max(1) as f64,
-        1e6 * seconds / cycles.max(1) as f64,
+        "{cycles} cycles in {:.2} s: {:.1} µs of wall time and {:.1} µs of process CPU per \
+         cycle ({:.0} % of a core; CPU from /proc). {total} samples at {FREQUENCY} Hz.",
+        m.wall_s,
+        per_cycle(m.wall_s),
+        per_cycle(m.cpu_s),
+        100.0 * m.cpu_s / m.wall_s.max(f64::EPSILON),
     );
     let share = |n: u64| 100.0 * n as f64 / total.max(1) as f64;
-    let sections: [(&str, HashMap<String, u64>); 3] = [
-        ("threads", tally(stacks, |s| vec![thread_kind(&s.thread)])),
+    let innermost = |s: &Stack| s.frames.first().cloned().into_iter().collect();
+    let sections: [(&str, HashMap<String, u64>); 5] = [
+        ("thread", tally(stacks, |s| vec![thread_kind(&s.thread)])),
         (
-            "self (innermost frame)",
-            tally(stacks, |s| s.frames.first().cloned().into_iter().collect()),
+            "crate of the innermost frame",
+            tally(stacks, |s| {
+                s.frames.first().map(|f| crate_of(f)).into_iter().collect()
+            }),
+        ),
+        ("innermost frame (self)", tally(stacks, innermost)),
+        (
+            "system call: the innermost C frame and the Rust frame that called it",
+            tally(stacks, |s| syscall_caller(s).into_iter().collect()),
         ),
         (
-            "inclusive (anywhere in the stack)",
-            tally(stacks, inclusive),
+            "frame of lockcore, backend_redis or anylock anywhere in the stack (inclusive)",
+            tally(stacks, |s| {
+                inclusive(s)
+                    .into_iter()
+                    .filter(|f| OURS_CRATES.contains(&crate_of(f).as_str()))
+                    .collect()
+            }),
         ),
     ];
     for (what, counts) in sections {
@@ -155,10 +191,38 @@ pub(crate) fn summary(title: &str, stacks: &[Stack], cycles: usize, seconds: f64
         let mut sorted: Vec<(String, u64)> = counts.into_iter().collect();
         sorted.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
         for (name, n) in sorted.into_iter().take(TOP) {
+            let name: String = name.chars().take(LONGEST).collect();
             let _ = writeln!(out, "{:5.1} %  {name}", share(n));
         }
     }
     out
+}
+
+/// The crate a frame belongs to: the first path segment of its name (of the `Self` type
+/// for a trait method); frames without a Rust path are C code (libc, the kernel's
+/// system call entry points).
+fn crate_of(frame: &str) -> String {
+    let name = frame
+        .trim_start_matches(['<', '&', '*'])
+        .trim_start_matches("mut ");
+    match name.split_once("::") {
+        Some((head, _)) if !head.contains([' ', '<', '>']) => head.to_owned(),
+        _ => "C (libc, system calls)".to_owned(),
+    }
+}
+
+/// For a stack whose innermost frame is C: `write ← mio::…::Waker::wake`.
+fn syscall_caller(stack: &Stack) -> Option<String> {
+    let innermost = stack.frames.first()?;
+    if !crate_of(innermost).starts_with("C ") {
+        return None;
+    }
+    let caller = stack
+        .frames
+        .iter()
+        .find(|f| !crate_of(f).starts_with("C "))
+        .map_or("?", String::as_str);
+    Some(format!("{innermost} ← {caller}"))
 }
 
 /// Worker threads share a name pattern; the numbers would split one kind into many.
@@ -201,6 +265,16 @@ mod tests {
     }
 
     #[test]
+    fn frames_belong_to_the_crate_of_their_path() {
+        assert_eq!(
+            crate_of("<backend_redis::B as lockcore::L>::acquire"),
+            "backend_redis"
+        );
+        assert_eq!(crate_of("lockcore::locker::Locker::acquire"), "lockcore");
+        assert_eq!(crate_of("epoll_wait"), "C (libc, system calls)");
+    }
+
+    #[test]
     fn hashes_are_dropped_from_names() {
         assert_eq!(clean("a::b::h0123456789abcdef"), "a::b");
         assert_eq!(clean("a::hello"), "a::hello");
@@ -209,15 +283,46 @@ mod tests {
     #[test]
     fn shares_count_self_once_and_inclusive_once_per_stack() {
         let stacks = [
-            stack("bench-worker", &["write", "send", "send", "main"], 3),
-            stack("main", &["parse", "main"], 1),
+            stack(
+                "bench-worker",
+                &[
+                    "__GI___writev",
+                    "lockcore::send",
+                    "lockcore::send",
+                    "lockcore::main",
+                ],
+                3,
+            ),
+            stack(
+                "main",
+                &[
+                    "<redis::Parser as X>::parse",
+                    "tokio::park",
+                    "lockcore::main",
+                ],
+                1,
+            ),
         ];
-        let text = summary("t", &stacks, 2, 1.0);
+        let measured = Measured {
+            wall_s: 1.0,
+            cpu_s: 0.5,
+        };
+        let text = summary("t", &stacks, 2, measured);
         assert!(text.contains(" 75.0 %  bench-worker"), "{text}");
-        assert!(text.contains(" 75.0 %  write"), "{text}");
+        assert!(text.contains(" 75.0 %  C (libc, system calls)"), "{text}");
+        assert!(text.contains(" 75.0 %  __GI___writev"), "{text}");
         // `send` appears twice in one stack but counts its samples once.
-        assert!(text.contains(" 75.0 %  send"), "{text}");
-        assert!(text.contains("100.0 %  main"), "{text}");
+        assert!(text.contains(" 75.0 %  lockcore::send"), "{text}");
+        assert!(text.contains("100.0 %  lockcore::main"), "{text}");
+        assert!(!text.contains("%  tokio::park"), "{text}");
+        assert!(
+            text.contains(" 75.0 %  __GI___writev ← lockcore::send"),
+            "{text}"
+        );
+        assert!(
+            text.contains("250000.0 µs of process CPU per cycle (50 % of a core"),
+            "{text}"
+        );
         assert!(text.contains("4 samples at 997 Hz"), "{text}");
     }
 }
