@@ -175,7 +175,11 @@ async fn run(args: Args, gcs_server: Option<Arc<GcsTestServer>>) -> Res<()> {
         results.meta.servers.push(info::describe(system).await);
     }
     let measured = sections(&systems, &ctx, &plan, &mut results).await;
-    cleanup(&systems, &ctx).await;
+    // Close every connection first: the PostgreSQL pools (up to 194 connections) could
+    // otherwise leave the server no slot for the cleanup's own.
+    let servers: Vec<(Kind, String)> = systems.iter().map(|s| (s.kind, s.url.clone())).collect();
+    drop(systems);
+    cleanup(&servers, &ctx).await;
     let _ = std::fs::remove_dir_all(&local_dir);
     measured?;
     results.meta.seconds = started().elapsed().as_secs_f64();
@@ -194,24 +198,21 @@ async fn sections(systems: &[System], ctx: &Ctx, plan: &args::Plan, out: &mut Re
 }
 
 /// Removes what the run left on shared servers (Redis fence counters, the schema).
-async fn cleanup(systems: &[System], ctx: &Ctx) {
-    for system in systems {
-        let done = match system.kind {
+async fn cleanup(servers: &[(Kind, String)], ctx: &Ctx) {
+    for (kind, url) in servers {
+        let done = match kind {
             Kind::Redis | Kind::Redlock => {
                 let mut result = Ok(());
-                for url in system.url.split(',') {
+                for url in url.split(',') {
                     result = result.and(sys_redis::cleanup(url.trim(), &ctx.run).await.map(drop));
                 }
                 result
             }
-            Kind::Postgres => sys_pg::cleanup(&system.url, &ctx.run).await,
+            Kind::Postgres => sys_pg::cleanup(url, &ctx.run).await,
             _ => Ok(()),
         };
         if let Err(e) = done {
-            eprintln!(
-                "anylock-bench: cleanup of {} failed: {e}",
-                system.kind.name()
-            );
+            eprintln!("anylock-bench: cleanup of {} failed: {e}", kind.name());
         }
     }
 }
