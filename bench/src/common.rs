@@ -6,6 +6,10 @@ use std::time::{Duration, Instant};
 /// Lease TTL of latency, throughput and handoff cycles.
 pub(crate) const TTL: Duration = Duration::from_secs(30);
 
+/// Acquisitions (and releases) in flight at once where many leases are taken together
+/// (the scale section, the batched refresh's leases).
+pub(crate) const CONCURRENCY: usize = 64;
+
 /// When the run started (the first call).
 pub(crate) fn started() -> Instant {
     static START: OnceLock<Instant> = OnceLock::new();

@@ -206,7 +206,7 @@ async fn refresh_many_op(system: &System, ctx: &Ctx, leases: usize) -> Res<Arc<R
                 }
             }
         })
-        .buffer_unordered(crate::scale::CONCURRENCY)
+        .buffer_unordered(crate::common::CONCURRENCY)
         .collect()
         .await;
     let batch = RefreshMany {
@@ -241,7 +241,7 @@ impl RefreshMany {
     async fn release(&self) {
         let leases = std::mem::take(&mut *self.leases.lock().await);
         stream::iter(leases)
-            .for_each_concurrent(crate::scale::CONCURRENCY, |lease| async move {
+            .for_each_concurrent(crate::common::CONCURRENCY, |lease| async move {
                 let _ = self.backend.release(&lease).await;
             })
             .await;
@@ -287,5 +287,50 @@ impl Op for Refresh {
         let mut lease = self.lease.lock().await;
         *lease = self.backend.refresh(&lease).await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::system::Kind;
+    use lockcore::MemoryBackend;
+
+    #[tokio::test]
+    async fn a_batched_refresh_refreshes_every_lease_in_one_call_and_releases_them() {
+        let memory = Arc::new(MemoryBackend::new().with_refresh_batch_limit(10));
+        let observed = Arc::new(crate::wrap::Observed::new(memory.clone(), false));
+        let system = System {
+            kind: Kind::Local,
+            url: String::new(),
+            upstreams: Vec::new(),
+            backend: observed.clone(),
+            raw: None,
+            extras: Vec::new(),
+            peers: Vec::new(),
+            counter: None,
+            note: String::new(),
+        };
+        let ctx = Ctx {
+            run: "r".into(),
+            ttl: Duration::from_secs(5),
+            gcs_server: None,
+        };
+        let batch = refresh_many_op(&system, &ctx, 10).await.expect("leases");
+        batch.run(0).await.expect("refresh");
+        batch
+            .run(1)
+            .await
+            .expect("refresh again, with the refreshed leases");
+        let counted = observed.refreshes();
+        assert_eq!((counted.calls(), counted.leases()), (2, 20), "{counted:?}");
+        let name = LockName::new("r-local-refresh-many-3").expect("name");
+        assert!(memory.inspect(&name).await.expect("inspect").is_some());
+        // A lease lost in between fails the unit (a count of failed refreshes means nothing).
+        let lease = batch.leases.lock().await[3].clone();
+        memory.release(&lease).await.expect("release");
+        assert!(batch.run(2).await.is_err());
+        batch.release().await;
+        assert!(memory.list("r-local").await.expect("list").is_empty());
     }
 }

@@ -18,11 +18,12 @@ use tokio::time::Instant;
 use anylock_etcd_proto::etcdserverpb::LeaseKeepAliveRequest;
 
 use crate::args::Plan;
+use crate::common::CONCURRENCY;
 use crate::etcd_grpc::Etcd;
 use crate::op::Res;
 use crate::procstat::rss_bytes;
 use crate::results::ScaleRow;
-use crate::scale::{CONCURRENCY, Window};
+use crate::scale::Window;
 use crate::sys_redis::PREFIX;
 use crate::system::{Ctx, Kind, System};
 

@@ -11,15 +11,13 @@ use lockcore::{LockBackend, LockGuard, LockOptions, Locker};
 use tokio::time::Instant;
 
 use crate::args::Plan;
+use crate::common::CONCURRENCY;
 use crate::counts::{REFRESH, REFRESH_MANY};
 use crate::op::Res;
 use crate::procstat::{client_cpu, rss_bytes};
 use crate::results::{Results, ScaleRow};
 use crate::system::{Ctx, Kind, System};
 use crate::wrap::{Observed, Refreshes};
-
-/// Acquisitions (and releases) in flight at once.
-pub(crate) const CONCURRENCY: usize = 64;
 
 /// Round trips per refresh call of each kind, from the counts.
 #[derive(Debug, Clone, Copy)]

@@ -65,3 +65,44 @@ pub(crate) async fn run(systems: &[System], ctx: &Ctx, plan: &Plan, out: &mut Re
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use crate::op::{Bare, Role};
+    use crate::system::{Kind, Peer};
+    use lockcore::{LockBackend, MemoryBackend};
+
+    /// A reference point that asks for it (PostgreSQL's two-write floor) is measured
+    /// beside the raw round trip; the others stay in the latency section.
+    #[test]
+    fn throughput_measures_the_floor_that_asks_for_it() {
+        let backend: Arc<dyn LockBackend> = Arc::new(MemoryBackend::new());
+        let lock = Arc::new(Bare::new(backend.clone(), Duration::from_secs(5)));
+        let cycle = |label: &str| Entry::cycle(label, Role::Raw, lock.clone(), "t");
+        let system = System {
+            kind: Kind::Postgres,
+            url: String::new(),
+            upstreams: Vec::new(),
+            backend,
+            raw: Some(cycle("raw")),
+            extras: vec![cycle("floor").in_throughput(), cycle("latency only")],
+            peers: vec![Peer::new("peer", lock.clone(), "polled")],
+            counter: None,
+            note: String::new(),
+        };
+        let ctx = Ctx {
+            run: "r".into(),
+            ttl: Duration::from_secs(5),
+            gcs_server: None,
+        };
+        let labels: Vec<String> = entries(&system, &ctx)
+            .into_iter()
+            .map(|e| e.label)
+            .collect();
+        assert_eq!(labels, ["anylock (Locker)", "raw", "floor", "peer"]);
+    }
+}
