@@ -10,6 +10,15 @@ use crate::stats::{fmt_rate, fmt_ratio, fmt_us, ratio, table};
 /// Label of ours through `Locker` in every section.
 pub(crate) const OURS: &str = "anylock (Locker)";
 
+/// A rate with a decimal below 100/s, where whole numbers would hide the ratio.
+fn small_rate(per_second: f64) -> String {
+    if per_second < 100.0 {
+        format!("{per_second:.1}/s")
+    } else {
+        fmt_rate(per_second)
+    }
+}
+
 /// `10 000` (a thin space between thousands).
 fn thousands(n: usize) -> String {
     fmt_rate(n as f64).trim_end_matches("/s").to_owned()
@@ -219,7 +228,7 @@ fn refresh_row(r: &Results, backend: &str) -> Vec<String> {
     let text = format!(
         "{} ({} vs {})",
         x.map_or("—".to_owned(), |x| format!("{:.2} %", 100.0 * x)),
-        fmt_rate(ours),
+        small_rate(ours),
         fmt_rate(one_per_lease)
     );
     vec![target, text, met(x.map(|x| x <= 0.01))]
@@ -399,12 +408,12 @@ mod tests {
         let text = targets(&r);
         // One per lease: 10,000 / 3.75 s × 2 round trips = 5,333/s; 40/s is 0.75 %.
         assert!(
-            row(&text, "postgres: 10").contains("round trips per second ≤ 1 % of one per lease | 0.75 % (40/s vs 5\u{2009}333/s) | met |"),
+            row(&text, "postgres: 10").contains("round trips per second ≤ 1 % of one per lease | 0.75 % (40.0/s vs 5\u{2009}333/s) | met |"),
             "{text}"
         );
         // Local: calls, one per lease is 2,667/s; 80/s is 3 %.
         assert!(
-            row(&text, "local: 10").contains("refresh calls per second ≤ 1 % of one per lease | 3.00 % (80/s vs 2\u{2009}667/s) | **missed** |"),
+            row(&text, "local: 10").contains("refresh calls per second ≤ 1 % of one per lease | 3.00 % (80.0/s vs 2\u{2009}667/s) | **missed** |"),
             "{text}"
         );
         let cpu = |backend: &str| {
