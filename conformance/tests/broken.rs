@@ -108,6 +108,13 @@ async fn a_batch_refresh_matching_by_name_is_caught() {
         "{message}"
     );
     still_basically_works(Defect::BatchRefreshMatchesName).await;
+    let message = failure_of(
+        Defect::BatchAnswersReversed,
+        cases::refresh_many_answers_each_lease,
+    )
+    .await;
+    assert!(message.contains("answers another lock"), "{message}");
+    still_basically_works(Defect::BatchAnswersReversed).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

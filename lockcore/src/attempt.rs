@@ -19,8 +19,10 @@ use std::sync::{Arc, LazyLock, Mutex, PoisonError};
 use std::time::Duration;
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 
+use futures_util::FutureExt;
 use tokio::sync::Notify;
 use tokio::time::{Instant, timeout_at};
 
@@ -129,6 +131,9 @@ pub(crate) struct InFlight {
     /// When the request was handed to the backend, on the locker's clock: a grant's
     /// validity counts from here, never from the reply.
     pub(crate) sent: Instant,
+    /// The runtime the attempt started on, where [`Drop`] finishes it (the future may be
+    /// dropped outside any runtime).
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl std::fmt::Debug for InFlight {
@@ -156,15 +161,26 @@ impl InFlight {
         let backend = Arc::clone(backend);
         let request = request.clone();
         let sent = clock.now();
-        let work = Box::pin(async move {
+        let call = async move {
             let outcome = backend.acquire(&request).await;
             // From here the grant is `Unclaimed`: dropped unclaimed, it is released
             // before the slot is freed.
             outcome.map(|o| Attempted::new(o, &backend, slot, release_limit))
+        };
+        // A backend that panics fails this attempt (a temporary error the loop may retry),
+        // not the caller's task; the slot goes with the call when `work` is dropped.
+        let work = Box::pin(async move {
+            match AssertUnwindSafe(call).catch_unwind().await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(crate::Error::unavailable(
+                    "the backend panicked during an acquire attempt",
+                )),
+            }
         });
         Some(InFlight {
             work: Some(work),
             sent,
+            runtime: tokio::runtime::Handle::try_current().ok(),
         })
     }
 
@@ -192,11 +208,14 @@ impl Drop for InFlight {
         let Some(work) = self.work.take() else {
             return;
         };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(async move { drop(work.await) })),
-            // No runtime left to finish it: the request may still land, and then it
-            // expires by its TTL; dropping `work` frees the slot.
-            Err(_) => tracing::debug!("no runtime to finish an abandoned acquire attempt"),
+        let runtime = self.runtime.take();
+        match runtime.or_else(|| tokio::runtime::Handle::try_current().ok()) {
+            // On the attempt's own runtime, even when dropped outside it; a runtime that
+            // has shut down drops the task, as it drops every other.
+            Some(runtime) => drop(runtime.spawn(async move { drop(work.await) })),
+            // No runtime to finish it: the request may still land, and then it expires by
+            // its TTL; dropping `work` frees the slot.
+            None => tracing::debug!("no runtime to finish an abandoned acquire attempt"),
         }
     }
 }

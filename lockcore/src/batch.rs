@@ -3,11 +3,14 @@
 //!
 //! Each guard's refresher keeps its own timers, health and commands (see `driver.rs`); only
 //! the backend call is shared. When the backend takes batches
-//! ([`LockBackend::refresh_batch_limit`] > 1), two things change for a guard:
+//! ([`LockBackend::refresh_batch_limit`] > 1) and the guard refreshes at most every
+//! [`MIN_BATCHED_INTERVAL`], two things change for it:
 //! - **Its schedule snaps to a grid.** The next refresh is moved *earlier* to the last
 //!   multiple of a quarter of its refresh interval (counted from the grid's origin), so
 //!   guards with the same options fall due at the same instants however their
-//!   acquisitions were spread. A refresh comes up to a quarter interval early, never late.
+//!   acquisitions were spread. A refresh falls due up to a quarter interval early, never
+//!   late; the call itself may leave up to [`GATHER`] after that (its validity still counts
+//!   from when the guard asked).
 //! - **Its refresh is a job on a queue.** One task per locker collects the jobs that
 //!   arrive together (for at most [`GATHER`], less for short intervals), hands up to the
 //!   limit of them to one `refresh_many` call in a task of its own, and answers each job.
@@ -15,9 +18,11 @@
 //! Nothing about safety moves: a refresh's validity still counts from the moment its
 //! guard asked (before the gathering wait), each guard still races its job against its
 //! own validity deadline, refresh timeout and commands, and a job whose guard stopped
-//! waiting is dropped before the call. A locker whose queue task is gone (its runtime
-//! ended) refreshes each lease on its own.
+//! waiting is dropped before the call. Each runtime a locker's guards run on gets its own
+//! queue task, so a runtime nobody drives any more holds up only its own guards; a guard
+//! whose queue task is gone (its runtime shut down) refreshes its lease on its own.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -100,35 +105,45 @@ pub(crate) fn snap(origin: Instant, due: Instant, step: Duration) -> Instant {
     due - Duration::from_nanos(u64::try_from(back).unwrap_or(0))
 }
 
-/// A locker's batch queue, started with its first batched guard and shared by its clones.
+/// Guards refreshing more often than this refresh on their own: the gathering wait and
+/// the queue's task hops would eat most of their refresh timeout (the interval), and
+/// nobody holds thousands of leases that short.
+pub(crate) const MIN_BATCHED_INTERVAL: Duration = Duration::from_millis(100);
+
+/// A locker's batch queues, one per runtime its guards run on (a queue task lives on one
+/// runtime and is only as live as that runtime is driven), started with the first
+/// batched guard on that runtime and shared by the locker's clones.
 #[derive(Debug, Default)]
 pub(crate) struct Batches {
-    queue: Mutex<Option<(mpsc::UnboundedSender<Job>, Instant)>>,
+    queues: Mutex<HashMap<tokio::runtime::Id, (mpsc::UnboundedSender<Job>, Instant)>>,
 }
 
 impl Batches {
-    /// How guards of `backend` refresh: batched when it takes batches, with the queue
-    /// task started (or restarted, when its runtime ended) on the current runtime.
-    pub(crate) fn refresher(&self, backend: &Arc<dyn LockBackend>, now: Instant) -> Refresher {
+    /// How a guard of `backend` that refreshes every `interval` refreshes: batched when
+    /// the backend takes batches and the interval is not too short, through the queue of
+    /// the current runtime (started, or restarted when its task ended).
+    pub(crate) fn refresher(
+        &self,
+        backend: &Arc<dyn LockBackend>,
+        now: Instant,
+        interval: Duration,
+    ) -> Refresher {
         let limit = backend.refresh_batch_limit();
-        if limit <= 1 {
+        let runtime = tokio::runtime::Handle::try_current();
+        let (true, Ok(runtime)) = (limit > 1 && interval >= MIN_BATCHED_INTERVAL, runtime) else {
             return Refresher::Direct(Arc::clone(backend));
-        }
-        let mut queue = self.queue.lock().unwrap_or_else(PoisonError::into_inner);
-        let live = queue.as_ref().filter(|(tx, _)| !tx.is_closed());
-        let (tx, origin) = match live {
-            Some((tx, origin)) => (tx.clone(), *origin),
-            None => {
-                let (tx, rx) = mpsc::unbounded_channel();
-                tokio::spawn(collect(Arc::clone(backend), rx, limit));
-                *queue = Some((tx.clone(), now));
-                (tx, now)
-            }
         };
+        let mut queues = self.queues.lock().unwrap_or_else(PoisonError::into_inner);
+        queues.retain(|_, (tx, _)| !tx.is_closed());
+        let (tx, origin) = queues.entry(runtime.id()).or_insert_with(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            runtime.spawn(collect(Arc::clone(backend), rx, limit));
+            (tx, now)
+        });
         Refresher::Batched {
             backend: Arc::clone(backend),
-            queue: tx,
-            origin,
+            queue: tx.clone(),
+            origin: *origin,
         }
     }
 }

@@ -228,6 +228,27 @@ impl StdError for Error {
     }
 }
 
+/// A source shared by the copies [`Error::copies`] makes; it reads as the original.
+struct SharedSource(std::sync::Arc<dyn StdError + Send + Sync + 'static>);
+
+impl fmt::Debug for SharedSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&*self.0, f)
+    }
+}
+
+impl fmt::Display for SharedSource {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&*self.0, f)
+    }
+}
+
+impl StdError for SharedSource {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.0.source()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,26 +318,5 @@ mod tests {
             StdError::source(&err).map(|s| s.to_string()),
             Some("boom".into())
         );
-    }
-}
-
-/// A source shared by the copies [`Error::copies`] makes; it reads as the original.
-struct SharedSource(std::sync::Arc<dyn StdError + Send + Sync + 'static>);
-
-impl fmt::Debug for SharedSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(&*self.0, f)
-    }
-}
-
-impl fmt::Display for SharedSource {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&*self.0, f)
-    }
-}
-
-impl StdError for SharedSource {
-    fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.0.source()
     }
 }

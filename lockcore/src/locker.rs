@@ -359,8 +359,10 @@ impl Locker {
         let shared = Arc::new(Shared::new(lease, validity, self.clock.clone()));
         let (health_tx, health_rx) = watch::channel(Health::Healthy);
         let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
-        let refresher = self.batches.refresher(&self.backend, self.clock.now());
         let interval = options.refresh_interval();
+        let refresher = self
+            .batches
+            .refresher(&self.backend, self.clock.now(), interval);
         let first_refresh = refresher.schedule(sent + interval, interval);
         let driver = Driver {
             backend: Arc::clone(&self.backend),

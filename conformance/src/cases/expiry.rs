@@ -135,15 +135,25 @@ pub async fn refresh_many_answers_each_lease(h: &dyn Harness) -> Report {
     let backend = h.backend();
     let ttl = h.timing().ttl;
     let (stale, newer) = expired_and_taken_over(h, "batch-stale").await;
-    let live = grant(&*backend, &fresh("batch-live"), &Identity::unique(), ttl).await;
+    let first = grant(&*backend, &fresh("batch-first"), &Identity::unique(), ttl).await;
+    let second = grant(&*backend, &fresh("batch-second"), &Identity::unique(), ttl).await;
     let gone = grant(&*backend, &fresh("batch-gone"), &Identity::unique(), ttl).await;
     backend.release(&gone).await.expect("release");
     tokio::time::sleep(ttl / 2).await;
-    let leases = [live.clone(), gone.clone(), stale, live.clone()];
+    // Answers reversed or rotated would not read the same: first, gone, second, first,
+    // stale, second.
+    let leases = [
+        first.clone(),
+        gone.clone(),
+        second.clone(),
+        first.clone(),
+        stale,
+        second.clone(),
+    ];
     let results = backend.refresh_many(&leases).await;
-    assert_eq!(results.len(), 4, "one result per lease");
-    for at in [0, 3] {
-        let refreshed = results[at].as_ref().expect("the live lease refreshes");
+    assert_eq!(results.len(), leases.len(), "one result per lease");
+    for (at, live) in [(0, &first), (2, &second), (3, &first), (5, &second)] {
+        let refreshed = results[at].as_ref().expect("a live lease refreshes");
         assert_eq!(
             refreshed.name(),
             live.name(),
@@ -155,7 +165,7 @@ pub async fn refresh_many_answers_each_lease(h: &dyn Harness) -> Report {
             "result {at} changed the token"
         );
     }
-    for (at, what) in [(1, "released"), (2, "stale")] {
+    for (at, what) in [(1, "released"), (4, "stale")] {
         match &results[at] {
             Err(err) => assert_eq!(err.kind(), ErrorKind::Lost, "{what} lease: {err}"),
             Ok(_) => panic!("a batch refreshed a {what} lease"),
@@ -166,19 +176,31 @@ pub async fn refresh_many_answers_each_lease(h: &dyn Harness) -> Report {
         None,
         "a batch re-created a released lock"
     );
+    let successor = backend.inspect(newer.name()).await.expect("inspect");
+    let successor = successor.expect("the successor still holds its lock");
     assert_eq!(
-        holder_of(h, newer.name()).await.as_ref(),
-        Some(newer.lease().owner()),
+        successor.owner(),
+        newer.lease().owner(),
         "a batched stale refresh took the lock"
     );
-    // Past the live lease's first expiry: the batch extended it.
+    // The successor's own lease is 30 s long: a batch that extended it by name, with the
+    // stale lease's short TTL, cut it short.
+    if let Some(left) = successor.expires_in() {
+        assert!(
+            left > ttl * 2,
+            "a batched stale refresh changed the successor's expiry to {left:?}"
+        );
+    }
+    // Past the live leases' first expiry: the batch extended both.
     tokio::time::sleep(ttl * 3 / 4).await;
-    assert_eq!(
-        holder_of(h, live.name()).await.as_ref(),
-        Some(live.owner()),
-        "the batch did not extend the live lease"
-    );
-    backend.release(&live).await.expect("release");
+    for live in [&first, &second] {
+        assert_eq!(
+            holder_of(h, live.name()).await.as_ref(),
+            Some(live.owner()),
+            "the batch did not extend a live lease"
+        );
+        backend.release(live).await.expect("release");
+    }
     newer.release().await.expect("release");
     Report::new().metric("refresh_batch_limit", backend.refresh_batch_limit() as f64)
 }

@@ -37,6 +37,8 @@ pub enum Defect {
     /// `refresh_many` extends each lease's lock by name, whoever holds it, and answers
     /// every lease with success (a pipelined `PEXPIRE` without the owner check).
     BatchRefreshMatchesName,
+    /// `refresh_many` answers in reverse order.
+    BatchAnswersReversed,
     /// `acquire` checks, yields, then writes: two contenders can both win.
     RacyAcquire,
     /// `list` reports leases that expired but were not yet removed.
@@ -191,6 +193,9 @@ impl LockBackend for Broken {
             let mut results = Vec::with_capacity(leases.len());
             for lease in leases {
                 results.push(self.refresh(lease).await);
+            }
+            if self.defect == Defect::BatchAnswersReversed {
+                results.reverse();
             }
             return results;
         }

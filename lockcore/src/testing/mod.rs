@@ -174,6 +174,18 @@ impl LockBackend for FaultyBackend {
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
         self.run(Op::Refresh, self.inner.refresh(lease)).await
     }
+    /// One call: it draws one `Refresh` fault for the whole batch, as a cut connection
+    /// fails the whole batch; a failure fails every lease alike.
+    async fn refresh_many(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
+        let call = async { Ok(self.inner.refresh_many(leases).await) };
+        match self.run(Op::Refresh, call).await {
+            Ok(results) => results,
+            Err(err) => err.copies(leases.len()).into_iter().map(Err).collect(),
+        }
+    }
+    fn refresh_batch_limit(&self) -> usize {
+        self.inner.refresh_batch_limit()
+    }
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.run(Op::Release, self.inner.release(lease)).await
     }

@@ -237,3 +237,51 @@ async fn released_guards_are_left_out_of_later_batches_body() {
         "{after:?}"
     );
 }
+
+#[test]
+fn guards_with_short_intervals_refresh_on_their_own() {
+    crate::tests::bounded(guards_with_short_intervals_refresh_on_their_own_body);
+}
+
+/// TTL 80 ms, so a refresh every 10 ms: the gathering wait and the queue's hops would eat
+/// the refresh timeout (the interval), so these guards call `refresh` themselves.
+async fn guards_with_short_intervals_refresh_on_their_own_body() {
+    let backend = Counting::new(1000);
+    let locker = Locker::new(backend.clone()).with_options(LockOptions::new(ms(80)));
+    let guards = hold(&locker, (0..4).map(|i| format!("job-{i}")), 0).await;
+    tokio::time::sleep(ms(300)).await;
+    let batches = backend.batches().len();
+    assert_eq!(
+        batches, 0,
+        "{batches} refresh_many calls for short intervals"
+    );
+    assert!(*backend.single.lock().expect("lock") >= 4 * 25);
+    for guard in &guards {
+        assert_eq!(guard.state(), Health::Healthy);
+    }
+}
+
+/// A locker used on two runtimes: the first one, no longer driven, must not hold up the
+/// refreshes of guards on the second (each runtime has its own queue task).
+#[test]
+fn an_idle_runtime_does_not_hold_up_guards_on_another() {
+    let backend = Counting::new(100);
+    let locker = locker(&backend);
+    let idle = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let _held_on_idle = idle.block_on(locker.acquire("on-idle")).expect("free");
+    let busy = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    busy.block_on(async {
+        let guard = locker.acquire("on-busy").await.expect("free");
+        // 800 ms TTL: three failed refreshes (300 ms) would lose it.
+        tokio::time::sleep(ms(1000)).await;
+        assert_eq!(guard.state(), Health::Healthy);
+        guard.release().await.expect("released");
+    });
+}

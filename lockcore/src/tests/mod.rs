@@ -10,6 +10,7 @@ mod arithmetic;
 mod batch;
 mod clock;
 mod context;
+mod inline;
 mod leave;
 mod orphan;
 mod poll;
