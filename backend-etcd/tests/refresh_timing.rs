@@ -17,7 +17,7 @@ use lockcore::{Acquire, AcquireRequest, Identity, Lease, LockBackend, LockName, 
 
 const BATCH: usize = 512;
 const BATCHES: usize = 4;
-const ROUNDS: usize = 9;
+const ROUNDS: usize = 15;
 
 /// The shared cluster's leader and one follower, asked by etcd's maintenance `Status`.
 async fn leader_and_follower(endpoints: &[String]) -> (String, String) {
