@@ -34,8 +34,8 @@ pub(crate) use holder::parse_grant;
 pub(crate) const MAX_TXN_OPS: usize = 128;
 
 /// How many leases one `refresh_many` takes. etcd renews one stream's keep-alives one
-/// after another (on a follower, each is forwarded to the leader), so a batch is kept to
-/// what stays well inside the request timeout; its check Txns are 4.
+/// after another (on a follower, each is forwarded to the leader), 8 streams at once, so
+/// a batch is kept to what stays well inside the request timeout; its check Txns are 4.
 pub(crate) const REFRESH_BATCH_LIMIT: usize = 512;
 
 /// Locks in etcd, laid out like etcd's own `concurrency.Mutex` (see the crate docs).
@@ -233,8 +233,8 @@ impl LockBackend for EtcdBackend {
         self.refresh_leases(leases).await
     }
 
-    /// 512: etcd renews one stream's keep-alives one after another, so a batch stays
-    /// well inside the request timeout (4 check Txns).
+    /// 512: etcd renews one stream's keep-alives one after another (8 streams at once, see
+    /// `keepalive.rs`), so a batch stays well inside the request timeout (4 check Txns).
     fn refresh_batch_limit(&self) -> usize {
         REFRESH_BATCH_LIMIT
     }

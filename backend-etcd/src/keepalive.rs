@@ -85,7 +85,9 @@ pub(crate) fn stream_closed() -> RpcError {
 
 impl Keeper {
     fn slot(&self, slot: usize) -> MutexGuard<'_, Option<Arc<Live>>> {
-        self.slots[slot].lock().unwrap_or_else(PoisonError::into_inner)
+        self.slots[slot]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Sends a keep-alive for each of `ids`, each on its lease's stream of the pool to
