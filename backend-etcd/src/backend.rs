@@ -124,8 +124,9 @@ impl EtcdBackend {
 
     /// How many etcd RPCs this backend (and its clones) has started: for measuring what a
     /// lock operation costs, as etcd's `grpc_server_started_total` counts them. A watch
-    /// counts one when it is created; the shared keep-alive stream counts one when it is
-    /// opened (first use, and after it broke), and the keep-alives sent on it count none.
+    /// counts one when it is created; each of the shared keep-alive streams (up to 8)
+    /// counts one when it is opened (first use, and after it broke), and the keep-alives
+    /// sent on them count none.
     pub fn rpcs_sent(&self) -> u64 {
         self.client.rpcs()
     }
@@ -211,8 +212,9 @@ impl LockBackend for EtcdBackend {
         Ok(Some(QueueTicket::new(place, events)))
     }
 
-    /// A keep-alive on the shared keep-alive stream and a keys-only Range of our key in a
-    /// `Txn`, concurrently (one round trip; 1 RPC, 2 when the stream must be opened): a
+    /// A keep-alive on the lease's shared keep-alive stream and a keys-only Range of our
+    /// key in a `Txn`, concurrently (one round trip; 1 RPC, 2 when the stream must be
+    /// opened): a
     /// batch of one for [`refresh_many`](Self::refresh_many), so the two cannot differ.
     /// `Lost` when etcd answers the keep-alive with TTL 0 (the lease expired and took our
     /// key), or when our key is gone or is no longer ours (create revision and lease).
@@ -224,9 +226,9 @@ impl LockBackend for EtcdBackend {
     }
 
     /// As [`refresh`](Self::refresh) for every lease, in one round trip: one keep-alive
-    /// each, all on the shared stream, and the keys checked by one `Txn` of keys-only
-    /// Ranges per 128 leases (etcd's default `--max-txn-ops`), concurrently:
-    /// `ceil(n / 128)` RPCs (one more when the stream must be opened), against `2n` for
+    /// each, on the shared streams (each lease on its own of 8), and the keys checked by
+    /// one `Txn` of keys-only Ranges per 128 leases (etcd's default `--max-txn-ops`),
+    /// concurrently: `ceil(n / 128)` RPCs (one more per stream it opens), against `2n` for
     /// `n` single refreshes. A failed Txn or a broken stream fails the leases it carried
     /// with a temporary error, never `Lost`.
     async fn refresh_many(&self, leases: &[Lease]) -> Vec<Result<Lease>> {

@@ -33,9 +33,11 @@ use crate::grpc::{Connection, RpcError};
 /// does not exist), or why the stream ended first.
 type Reply = oneshot::Sender<Result<i64, RpcError>>;
 
-/// How many keep-alive streams a client keeps. 8: through a follower on loopback, 512
-/// leases renew in about a fifth of one stream's time and 2,048 in about a sixth (see
-/// docs/etcd.md), while each stream costs one gRPC stream on the member.
+/// How many keep-alive streams a client keeps. 8: measured through a follower on
+/// loopback, `refresh_many` of 2,048 leases takes 0.6x one stream's time, and 16 streams
+/// were no better there (bound by the members' CPU); where the round trip between
+/// members dominates, 8 streams renew 8 leases per round trip instead of 1 (see
+/// docs/etcd.md). Each stream costs one gRPC stream on the member.
 pub(crate) const STREAMS: usize = 8;
 
 /// The stream of the pool that keeps lease `id` alive. etcd's lease ids end in a counter;
