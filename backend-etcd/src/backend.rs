@@ -69,6 +69,10 @@ impl EtcdBackend {
     ///   the key prefix.
     /// - [`ErrorKind::Unavailable`] when no member answers within the connect timeout.
     ///
+    /// [`ErrorKind::Config`]: lockcore::ErrorKind::Config
+    /// [`ErrorKind::PermissionDenied`]: lockcore::ErrorKind::PermissionDenied
+    /// [`ErrorKind::Unavailable`]: lockcore::ErrorKind::Unavailable
+    ///
     /// # Cancel safety
     /// Cancel safe: dropping it drops the connections made so far.
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
@@ -90,6 +94,8 @@ impl EtcdBackend {
     ///
     /// # Errors
     /// [`ErrorKind::InvalidInput`] for a bad URL; as [`connect`](Self::connect) otherwise.
+    ///
+    /// [`ErrorKind::InvalidInput`]: lockcore::ErrorKind::InvalidInput
     ///
     /// # Cancel safety
     /// Cancel safe.
