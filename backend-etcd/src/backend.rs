@@ -34,8 +34,8 @@ pub(crate) use holder::parse_grant;
 pub(crate) const MAX_TXN_OPS: usize = 128;
 
 /// How many leases one `refresh_many` takes. etcd renews one stream's keep-alives one
-/// after another (on a follower, each is forwarded to the leader), so a batch is kept to
-/// what stays well inside the request timeout; its check Txns are 4.
+/// after another (on a follower, each is forwarded to the leader), 8 streams at once, so
+/// a batch is kept to what stays well inside the request timeout; its check Txns are 4.
 pub(crate) const REFRESH_BATCH_LIMIT: usize = 512;
 
 /// Locks in etcd, laid out like etcd's own `concurrency.Mutex` (see the crate docs).
@@ -69,6 +69,10 @@ impl EtcdBackend {
     ///   the key prefix.
     /// - [`ErrorKind::Unavailable`] when no member answers within the connect timeout.
     ///
+    /// [`ErrorKind::Config`]: lockcore::ErrorKind::Config
+    /// [`ErrorKind::PermissionDenied`]: lockcore::ErrorKind::PermissionDenied
+    /// [`ErrorKind::Unavailable`]: lockcore::ErrorKind::Unavailable
+    ///
     /// # Cancel safety
     /// Cancel safe: dropping it drops the connections made so far.
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
@@ -90,6 +94,8 @@ impl EtcdBackend {
     ///
     /// # Errors
     /// [`ErrorKind::InvalidInput`] for a bad URL; as [`connect`](Self::connect) otherwise.
+    ///
+    /// [`ErrorKind::InvalidInput`]: lockcore::ErrorKind::InvalidInput
     ///
     /// # Cancel safety
     /// Cancel safe.
@@ -124,8 +130,9 @@ impl EtcdBackend {
 
     /// How many etcd RPCs this backend (and its clones) has started: for measuring what a
     /// lock operation costs, as etcd's `grpc_server_started_total` counts them. A watch
-    /// counts one when it is created; the shared keep-alive stream counts one when it is
-    /// opened (first use, and after it broke), and the keep-alives sent on it count none.
+    /// counts one when it is created; each of the shared keep-alive streams (up to 8)
+    /// counts one when it is opened (first use, and after it broke), and the keep-alives
+    /// sent on them count none.
     pub fn rpcs_sent(&self) -> u64 {
         self.client.rpcs()
     }
@@ -211,8 +218,9 @@ impl LockBackend for EtcdBackend {
         Ok(Some(QueueTicket::new(place, events)))
     }
 
-    /// A keep-alive on the shared keep-alive stream and a keys-only Range of our key in a
-    /// `Txn`, concurrently (one round trip; 1 RPC, 2 when the stream must be opened): a
+    /// A keep-alive on the lease's shared keep-alive stream and a keys-only Range of our
+    /// key in a `Txn`, concurrently (one round trip; 1 RPC, 2 when the stream must be
+    /// opened): a
     /// batch of one for [`refresh_many`](Self::refresh_many), so the two cannot differ.
     /// `Lost` when etcd answers the keep-alive with TTL 0 (the lease expired and took our
     /// key), or when our key is gone or is no longer ours (create revision and lease).
@@ -224,17 +232,17 @@ impl LockBackend for EtcdBackend {
     }
 
     /// As [`refresh`](Self::refresh) for every lease, in one round trip: one keep-alive
-    /// each, all on the shared stream, and the keys checked by one `Txn` of keys-only
-    /// Ranges per 128 leases (etcd's default `--max-txn-ops`), concurrently:
-    /// `ceil(n / 128)` RPCs (one more when the stream must be opened), against `2n` for
+    /// each, on the shared streams (each lease on its own of 8), and the keys checked by
+    /// one `Txn` of keys-only Ranges per 128 leases (etcd's default `--max-txn-ops`),
+    /// concurrently: `ceil(n / 128)` RPCs (one more per stream it opens), against `2n` for
     /// `n` single refreshes. A failed Txn or a broken stream fails the leases it carried
     /// with a temporary error, never `Lost`.
     async fn refresh_many(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
         self.refresh_leases(leases).await
     }
 
-    /// 512: etcd renews one stream's keep-alives one after another, so a batch stays
-    /// well inside the request timeout (4 check Txns).
+    /// 512: etcd renews one stream's keep-alives one after another (8 streams at once, see
+    /// `keepalive.rs`), so a batch stays well inside the request timeout (4 check Txns).
     fn refresh_batch_limit(&self) -> usize {
         REFRESH_BATCH_LIMIT
     }

@@ -36,7 +36,7 @@ pub(crate) struct EtcdClient {
     timeout: Duration,
     connect_timeout: Duration,
     rpcs: AtomicU64,
-    /// The long-lived keep-alive stream every refresh shares.
+    /// The pool of long-lived keep-alive streams every refresh shares.
     keeper: crate::keepalive::Keeper,
     who: Who,
     prefix: String,
@@ -125,7 +125,7 @@ impl EtcdClient {
     }
 
     /// [`call`](Self::call) without counting an RPC: for calls that may not start one
-    /// (keep-alives on the long-lived stream count the streams they open instead).
+    /// (keep-alives on the long-lived streams count the streams they open instead).
     async fn run<R, T, F, Fut>(&self, op: Op, request: R, rpc: F) -> Result<T>
     where
         R: Clone,

@@ -1,7 +1,7 @@
 //! Refreshing many leases at once (`refresh_many`): per-lease results in order, the same
 //! as one `refresh` each, in a bounded number of RPCs (counted by etcd's own metrics on a
-//! private server), and the shared keep-alive stream coming back after the connection
-//! is cut.
+//! private server), and the shared pool of keep-alive streams coming back after the
+//! connection is cut.
 
 mod common;
 
@@ -16,6 +16,9 @@ use test_kit::proxy::{Fault, FaultProxy};
 use test_kit::servers::Etcd;
 
 const TTL: Duration = Duration::from_secs(30);
+
+/// How many keep-alive streams a backend keeps (`STREAMS` in `src/keepalive.rs`).
+const STREAMS: u64 = 8;
 
 fn name(s: &str) -> LockName {
     LockName::new(s).expect("valid name")
@@ -158,12 +161,13 @@ async fn etcd_counts(port: u16) -> (BTreeMap<String, u64>, u64) {
     (started, keep_alives)
 }
 
-/// A batch of 200 leases costs one keep-alive request each on one stream, opened once
-/// for the backend's life, and one Txn per 128 leases: 2 RPCs for the batch (3 when it
-/// opens the stream), not the 400 of 200 refreshes. Single refreshes reuse the stream.
-/// Counted by etcd's metrics on a private single-member server nobody else uses.
+/// A batch of 200 leases costs one keep-alive request each on the pool's streams, opened
+/// once for the backend's life (200 leases use all 8), and one Txn per 128 leases: 2 RPCs
+/// for the batch (10 when it opens the streams), not the 400 of 200 refreshes. Single
+/// refreshes reuse the streams. Counted by etcd's metrics on a private single-member
+/// server nobody else uses.
 #[tokio::test]
-async fn a_batch_of_200_costs_one_stream_and_a_txn_per_128_leases() {
+async fn a_batch_of_200_costs_the_pools_streams_and_a_txn_per_128_leases() {
     if common::shared_endpoints().is_none() {
         return;
     }
@@ -185,11 +189,11 @@ async fn a_batch_of_200_costs_one_stream_and_a_txn_per_128_leases() {
     let r1 = backend.rpcs_sent();
     assert_eq!(
         common::metric_diff(&m0, &m1),
-        calls(&[("LeaseKeepAlive", 1), ("Txn", 2)]),
-        "the first batch opens the keep-alive stream"
+        calls(&[("LeaseKeepAlive", STREAMS), ("Txn", 2)]),
+        "the first batch opens the keep-alive streams"
     );
     assert_eq!(k1 - k0, 200, "one keep-alive request per lease");
-    assert_eq!(r1 - r0, 3);
+    assert_eq!(r1 - r0, STREAMS + 2);
 
     let results = backend.refresh_many(&leases).await;
     assert!(results.iter().all(Result::is_ok), "{:?}", kinds(&results));
@@ -205,7 +209,7 @@ async fn a_batch_of_200_costs_one_stream_and_a_txn_per_128_leases() {
     assert_eq!(
         common::metric_diff(&m2, &m3),
         calls(&[("Txn", 3)]),
-        "single refreshes share the stream"
+        "single refreshes share the streams"
     );
     assert_eq!(k3 - k2, 3);
     for lease in &leases {
@@ -213,11 +217,12 @@ async fn a_batch_of_200_costs_one_stream_and_a_txn_per_128_leases() {
     }
 }
 
-/// The shared keep-alive stream dies with its connection: refreshes then fail with a
-/// temporary error (never Lost), and once the member is reachable again a new stream is
-/// opened and refreshes succeed and extend the lease.
+/// The pool's keep-alive streams die with their connection: refreshes then fail with a
+/// temporary error (never Lost), and once the member is reachable again every stream of
+/// the pool is opened anew: a batch of leases spread over all of them is refreshed (each
+/// lease's TTL extended on the server), and the next batch opens no stream.
 #[tokio::test]
-async fn the_keep_alive_stream_recovers_after_the_connection_is_cut() {
+async fn every_keep_alive_stream_recovers_after_the_connection_is_cut() {
     let Some(endpoints) = common::shared_endpoints() else {
         return;
     };
@@ -234,13 +239,24 @@ async fn the_keep_alive_stream_recovers_after_the_connection_is_cut() {
         .with_request_timeout(Duration::from_secs(1));
     let backend = EtcdBackend::connect(config).await.expect("connect");
     let mut raw = common::raw(&endpoints).await;
-    let lease = take(&backend, "job", &Identity::unique(), None).await;
-    backend.refresh(&lease).await.expect("the stream opens");
-    let opened = backend.rpcs_sent();
+    let me = Identity::unique();
+    // 100 leases: every stream of the pool carries some (as the count test shows for
+    // 200; 100 leave a slot empty with odds of about 1 in 10^5).
+    let mut leases = Vec::new();
+    for i in 0..100 {
+        leases.push(take(&backend, &format!("job-{i}"), &me, None).await);
+    }
+    let r0 = backend.rpcs_sent();
+    let results = backend.refresh_many(&leases).await;
+    assert!(results.iter().all(Result::is_ok), "{:?}", kinds(&results));
+    assert_eq!(
+        backend.rpcs_sent() - r0,
+        STREAMS + 1,
+        "the batch opens every stream of the pool, and one Txn"
+    );
 
     proxy.set_fault(Fault::Reset);
-    let batch = [lease.clone(), lease.clone()];
-    for result in backend.refresh_many(&batch).await {
+    for result in backend.refresh_many(&leases).await {
         let err = result.expect_err("no connection");
         assert!(err.is_temporary(), "{err}");
         assert_ne!(err.kind(), ErrorKind::Lost, "{err}");
@@ -250,23 +266,37 @@ async fn the_keep_alive_stream_recovers_after_the_connection_is_cut() {
     tokio::time::sleep(Duration::from_millis(2100)).await;
     let mut recovered = false;
     for _ in 0..50 {
-        match backend.refresh(&lease).await {
-            Ok(_) => {
-                recovered = true;
-                break;
-            }
-            Err(err) => {
+        let results = backend.refresh_many(&leases).await;
+        if results.iter().all(Result::is_ok) {
+            recovered = true;
+            break;
+        }
+        for result in results {
+            if let Err(err) = result {
                 assert!(err.is_temporary(), "{err}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                assert_ne!(err.kind(), ErrorKind::Lost, "{err}");
             }
         }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(recovered, "refreshes never came back");
-    let left = raw.lease_time_to_live(lease_id(&lease)).await.expect("ttl");
-    assert!(
-        left >= 29,
-        "the new stream did not keep the lease alive: {left} s"
+    for lease in &leases {
+        let left = raw.lease_time_to_live(lease_id(lease)).await.expect("ttl");
+        assert!(
+            left >= 29,
+            "{}: the new streams did not keep the lease alive: {left} s",
+            lease.grant()
+        );
+    }
+    let r1 = backend.rpcs_sent();
+    let results = backend.refresh_many(&leases).await;
+    assert!(results.iter().all(Result::is_ok), "{:?}", kinds(&results));
+    assert_eq!(
+        backend.rpcs_sent() - r1,
+        1,
+        "every stream of the pool was open again: only the Txn"
     );
-    assert!(backend.rpcs_sent() > opened, "no new stream was opened");
-    backend.release(&lease).await.expect("release");
+    for lease in &leases {
+        backend.release(lease).await.expect("release");
+    }
 }

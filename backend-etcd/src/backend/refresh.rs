@@ -1,8 +1,8 @@
 //! Refreshing leases, one or many through the same code: a keep-alive for every lease on
-//! the client's shared keep-alive stream, and, concurrently, a keys-only Range for every
-//! lease's key, in `Txn`s of at most `--max-txn-ops` Ranges. Any batch takes one round
-//! trip: 0 or 1 RPC for the keep-alives (1 only when the stream must be opened) and
-//! `ceil(n / 128)` Txns.
+//! the client's shared keep-alive streams (each lease always on the same one of 8), and,
+//! concurrently, a keys-only Range for every lease's key, in `Txn`s of at most
+//! `--max-txn-ops` Ranges. Any batch takes one round trip: 0 to 8 RPCs for the
+//! keep-alives (one per stream that must be opened) and `ceil(n / 128)` Txns.
 
 use std::sync::atomic::Ordering;
 
