@@ -61,8 +61,17 @@ async fn concurrent_full_batches_survive_the_node_timeout() {
     let leases = take_many(&setup, BATCHES * limit).await;
 
     let started = std::time::Instant::now();
-    let results = join_all(leases.chunks(limit).map(|batch| backend.refresh_many(batch))).await;
-    eprintln!("{} leases refreshed in {:?}", leases.len(), started.elapsed());
+    let results = join_all(
+        leases
+            .chunks(limit)
+            .map(|batch| backend.refresh_many(batch)),
+    )
+    .await;
+    eprintln!(
+        "{} leases refreshed in {:?}",
+        leases.len(),
+        started.elapsed()
+    );
     let failed: Vec<String> = (results.iter().flatten())
         .filter_map(|result| result.as_ref().err().map(ToString::to_string))
         .collect();
@@ -78,7 +87,11 @@ async fn concurrent_full_batches_survive_the_node_timeout() {
         for (lease, result) in batch.iter().zip(results) {
             let refreshed = result.as_ref().expect("refreshed");
             assert_eq!(refreshed.grant(), lease.grant());
-            assert!(refreshed.ttl().get() < TTL, "validity {:?}", refreshed.ttl());
+            assert!(
+                refreshed.ttl().get() < TTL,
+                "validity {:?}",
+                refreshed.ttl()
+            );
         }
     }
 

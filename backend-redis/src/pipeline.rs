@@ -1,0 +1,191 @@
+//! How long a script call may wait on a node's connection, and a pipeline of script calls
+//! with its `NOSCRIPT` retry (used by [`Node`](crate::client::Node) for batched refresh).
+//!
+//! Every call on a node shares one multiplexed connection to one single-threaded server,
+//! and every node of a backend shares the client thread that encodes the requests and
+//! reads the replies. A call sent along with full refresh batches (the `Locker` sends
+//! every batch due at once: 10,000 leases are 10 batches of 1,000 scripts to each of 5
+//! Redlock nodes) waits for much of that work first. A call's wait is therefore bounded by
+//! the per-call timeout plus an allowance per script in flight on the backend's
+//! connections, its own included ([`wait_limit`]).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use lockcore::Result;
+use redis::aio::ConnectionManager;
+use redis::{RedisError, RedisResult, Script, ScriptInvocation, Value};
+
+use crate::error::{Call, map_error, timed_out};
+
+/// The wait allowed per script in flight on a backend's connections, on top of the
+/// per-call timeout. A server spends 2.3–4 µs per refresh script; 5 full batches sent at
+/// once to 5 nodes (25,000 scripts) all came back within 180–230 ms on a busy 2-core machine
+/// (the 5 nodes, the client's debug build and other builds; `docs/redis.md`, "Batched
+/// refresh"): 7–9 µs per script in flight, so 25 µs leaves a margin of about 3. Safe
+/// however long: Redlock's validity subtracts the time a quorum took, and a single
+/// instance's lease is its TTL from the server's own expiry.
+pub(crate) const SCRIPT_ALLOWANCE: Duration = Duration::from_micros(25);
+
+/// How long a call may wait for its reply when `scripts` scripts (its own included) are
+/// in flight on the backend's connections: the per-call `timeout` plus [`SCRIPT_ALLOWANCE`] each.
+pub(crate) fn wait_limit(timeout: Duration, scripts: usize) -> Duration {
+    let scripts = u32::try_from(scripts).unwrap_or(u32::MAX);
+    timeout.saturating_add(SCRIPT_ALLOWANCE.saturating_mul(scripts))
+}
+
+/// The script calls sent on a backend's connections (every node's) and not yet answered
+/// or given up on; clones share the count.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Queue(Arc<AtomicUsize>);
+
+impl Queue {
+    /// Counts `scripts` more until the returned guard is dropped; how long they may wait:
+    /// [`wait_limit`] for them and every script in flight already.
+    pub(crate) fn enqueue(&self, timeout: Duration, scripts: usize) -> (Duration, Queued) {
+        let ahead = self.0.fetch_add(scripts, Ordering::Relaxed);
+        let queued = Queued {
+            queue: Arc::clone(&self.0),
+            scripts,
+        };
+        (wait_limit(timeout, ahead + scripts), queued)
+    }
+}
+
+/// Scripts counted in a [`Queue`] while their call waits; uncounted when it ends or is
+/// dropped.
+#[derive(Debug)]
+pub(crate) struct Queued {
+    queue: Arc<AtomicUsize>,
+    scripts: usize,
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.queue.fetch_sub(self.scripts, Ordering::Relaxed);
+    }
+}
+
+/// Sends `pipe` (every invocation of `script`, with `ignore_errors`), then the
+/// invocations answered `NOSCRIPT` again behind a `SCRIPT LOAD` in one more pipeline (a
+/// failed load is their error, as for [`ScriptInvocation::invoke_async`]), both within
+/// `limit`. Each invocation's reply, in order, errors mapped for `call` on node `label`:
+/// when the first pipeline fails as a whole (or does not answer once per call, or not in
+/// time) every invocation has its error; when the retry does, only the retried ones.
+pub(crate) async fn run_all(
+    conn: &mut ConnectionManager,
+    call: Call,
+    label: &str,
+    script: &Script,
+    invocations: &[ScriptInvocation<'_>],
+    pipe: &redis::Pipeline,
+    limit: Duration,
+) -> Vec<Result<Value>> {
+    let started = tokio::time::Instant::now();
+    let first = tokio::time::timeout(limit, pipelined(pipe, conn, invocations.len())).await;
+    let first = match first {
+        Ok(Ok(replies)) => replies,
+        Ok(Err(err)) => {
+            return (0..invocations.len())
+                .map(|_| Err(map_error(&err, call, label)))
+                .collect();
+        }
+        Err(_) => {
+            return (0..invocations.len())
+                .map(|_| Err(timed_out(call, label, limit)))
+                .collect();
+        }
+    };
+    let unloaded: Vec<usize> = (first.iter().enumerate())
+        .filter(|(_, reply)| matches!(reply, Err(err) if err.kind() == NO_SCRIPT))
+        .map(|(at, _)| at)
+        .collect();
+    let mapped = |reply: RedisResult<Value>| reply.map_err(|err| map_error(&err, call, label));
+    let mut replies: Vec<Result<Value>> = first.into_iter().map(mapped).collect();
+    if unloaded.is_empty() {
+        return replies;
+    }
+    let mut retry = redis::pipe();
+    retry.ignore_errors().load_script(script);
+    for &at in &unloaded {
+        retry.invoke_script(&invocations[at]);
+    }
+    let left = limit.saturating_sub(started.elapsed());
+    let retried = tokio::time::timeout(left, pipelined(&retry, conn, unloaded.len() + 1)).await;
+    let mut retried = match retried {
+        Ok(Ok(retried)) => retried,
+        // The first pipeline's answers stand: only the retried calls are in doubt.
+        Ok(Err(err)) => {
+            for at in unloaded {
+                replies[at] = Err(map_error(&err, call, label));
+            }
+            return replies;
+        }
+        Err(_) => {
+            for at in unloaded {
+                replies[at] = Err(timed_out(call, label, limit));
+            }
+            return replies;
+        }
+    };
+    let loaded = retried.remove(0);
+    for (at, reply) in unloaded.into_iter().zip(retried) {
+        replies[at] = mapped(match &loaded {
+            Ok(_) => reply,
+            Err(err) => Err(err.clone()),
+        });
+    }
+    replies
+}
+
+/// The server's answer to a script that is not loaded.
+const NO_SCRIPT: redis::ErrorKind = redis::ErrorKind::Server(redis::ServerErrorKind::NoScript);
+
+/// Sends `pipe` (built with `ignore_errors`) and checks it answered `expected` replies.
+async fn pipelined(
+    pipe: &redis::Pipeline,
+    conn: &mut ConnectionManager,
+    expected: usize,
+) -> RedisResult<Vec<RedisResult<Value>>> {
+    let replies: Vec<RedisResult<Value>> = pipe.query_async(conn).await?;
+    if replies.len() == expected {
+        return Ok(replies);
+    }
+    // Unreadable: the writes may have applied, like a reply lost with the connection.
+    let message = format!("{} replies to {expected} pipelined calls", replies.len());
+    Err(RedisError::from(std::io::Error::other(message)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wait_grows_with_the_scripts_queued() {
+        let timeout = Duration::from_millis(50);
+        assert_eq!(wait_limit(timeout, 1), Duration::from_micros(50_025));
+        assert_eq!(wait_limit(timeout, 25_000), Duration::from_millis(675));
+        assert_eq!(
+            wait_limit(timeout, usize::MAX),
+            wait_limit(timeout, u32::MAX as usize)
+        );
+    }
+
+    #[test]
+    fn a_queue_counts_scripts_until_their_call_ends() {
+        let queue = Queue::default();
+        let timeout = Duration::from_millis(50);
+        let (first, queued) = queue.enqueue(timeout, 1_000);
+        assert_eq!(first, wait_limit(timeout, 1_000));
+        let (behind, also) = queue.clone().enqueue(timeout, 1_000);
+        assert_eq!(
+            behind,
+            wait_limit(timeout, 2_000),
+            "waits for the batch ahead too"
+        );
+        drop(queued);
+        drop(also);
+        assert_eq!(queue.enqueue(timeout, 1).0, wait_limit(timeout, 1));
+    }
+}
