@@ -36,9 +36,9 @@ pub(crate) const SCAN_COUNT: usize = 500;
 /// 1,000 refresh calls are about 370 KB of request and 4.4 KB of reply, and take the
 /// server 2.3–4 ms (measured in `docs/redis.md`, "Batched refresh"), well inside
 /// Redlock's per-node timeout of 50 ms (batches sent together wait longer:
-/// [`wait_limit`](crate::pipeline::wait_limit)); 10,000 held leases then refresh in 10 round trips
-/// per interval (0.1 % of one per lease). Larger pipelines save little more and put more
-/// leases behind one timeout.
+/// [`wait_limit`](crate::pipeline::wait_limit)); 10,000 held leases then refresh in 10
+/// round trips per interval (0.1 % of one per lease). Larger pipelines save little more
+/// and put more leases behind one timeout.
 pub(crate) const REFRESH_BATCH_LIMIT: usize = 1000;
 
 /// One lease to extend: its keys, the value the lock key must still hold, the new TTL.

@@ -29,9 +29,10 @@ use crate::error::{Call, map_error, timed_out};
 pub(crate) const SCRIPT_ALLOWANCE: Duration = Duration::from_micros(25);
 
 /// How long a call may wait for its reply when `scripts` scripts (its own included) are
-/// in flight on the backend's connections: the per-call `timeout` plus [`SCRIPT_ALLOWANCE`] each.
+/// in flight on the backend's connections: the per-call `timeout`, which covers one
+/// script, plus [`SCRIPT_ALLOWANCE`] for each further one. A call alone waits `timeout`.
 pub(crate) fn wait_limit(timeout: Duration, scripts: usize) -> Duration {
-    let scripts = u32::try_from(scripts).unwrap_or(u32::MAX);
+    let scripts = u32::try_from(scripts.saturating_sub(1)).unwrap_or(u32::MAX);
     timeout.saturating_add(SCRIPT_ALLOWANCE.saturating_mul(scripts))
 }
 
@@ -164,12 +165,11 @@ mod tests {
     #[test]
     fn the_wait_grows_with_the_scripts_queued() {
         let timeout = Duration::from_millis(50);
-        assert_eq!(wait_limit(timeout, 1), Duration::from_micros(50_025));
-        assert_eq!(wait_limit(timeout, 25_000), Duration::from_millis(675));
-        assert_eq!(
-            wait_limit(timeout, usize::MAX),
-            wait_limit(timeout, u32::MAX as usize)
-        );
+        assert_eq!(wait_limit(timeout, 1), timeout, "a call alone");
+        assert_eq!(wait_limit(timeout, 1_000), Duration::from_micros(74_975));
+        assert_eq!(wait_limit(timeout, 25_001), Duration::from_millis(675));
+        let most = timeout + SCRIPT_ALLOWANCE * u32::MAX;
+        assert_eq!(wait_limit(timeout, usize::MAX), most);
     }
 
     #[test]
@@ -186,6 +186,6 @@ mod tests {
         );
         drop(queued);
         drop(also);
-        assert_eq!(queue.enqueue(timeout, 1).0, wait_limit(timeout, 1));
+        assert_eq!(queue.enqueue(timeout, 1).0, timeout, "alone again");
     }
 }
