@@ -308,10 +308,19 @@ impl Node {
         for invocation in &invocations {
             pipe.invoke_script(invocation);
         }
-        let (limit, _queued) = self.queue.enqueue(self.timeout, invocations.len());
+        let queued = self.queue.enqueue(invocations.len());
         let mut conn = self.manager.clone();
-        let (call, label) = (Call::Refresh, &*self.label);
-        let replies = run_all(&mut conn, call, label, &REFRESH, &invocations, &pipe, limit).await;
+        let (call, label, within) = (Call::Refresh, &*self.label, (&queued, self.timeout));
+        let replies = run_all(
+            &mut conn,
+            call,
+            label,
+            &REFRESH,
+            &invocations,
+            &pipe,
+            within,
+        )
+        .await;
         (replies.into_iter())
             .map(|reply| {
                 decode_refresh(reply?).ok_or_else(|| malformed(Call::Refresh, &self.label))
@@ -423,12 +432,12 @@ impl Node {
     /// burst of refresh batches waits for them too.
     async fn run(&self, call: Call, invocation: &ScriptInvocation<'_>) -> Result<Value> {
         let mut conn = self.manager.clone();
-        let (limit, _queued) = self.queue.enqueue(self.timeout, 1);
-        let reply = tokio::time::timeout(limit, invocation.invoke_async(&mut conn)).await;
-        match reply {
+        let queued = self.queue.enqueue(1);
+        let reply = queued.within(self.timeout, invocation.invoke_async(&mut conn));
+        match reply.await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => Err(map_error(&err, call, &self.label)),
-            Err(_) => Err(timed_out(call, &self.label, limit)),
+            Err(limit) => Err(timed_out(call, &self.label, limit)),
         }
     }
 }

@@ -9,6 +9,8 @@
 //! the per-call timeout plus an allowance per script in flight on the backend's
 //! connections, its own included ([`wait_limit`]).
 
+use std::future::Future;
+use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -16,6 +18,7 @@ use std::time::Duration;
 use lockcore::Result;
 use redis::aio::ConnectionManager;
 use redis::{RedisError, RedisResult, Script, ScriptInvocation, Value};
+use tokio::time::Instant;
 
 use crate::error::{Call, map_error, timed_out};
 
@@ -42,15 +45,14 @@ pub(crate) fn wait_limit(timeout: Duration, scripts: usize) -> Duration {
 pub(crate) struct Queue(Arc<AtomicUsize>);
 
 impl Queue {
-    /// Counts `scripts` more until the returned guard is dropped; how long they may wait:
-    /// [`wait_limit`] for them and every script in flight already.
-    pub(crate) fn enqueue(&self, timeout: Duration, scripts: usize) -> (Duration, Queued) {
-        let ahead = self.0.fetch_add(scripts, Ordering::Relaxed);
-        let queued = Queued {
+    /// Counts `scripts` more until the returned guard is dropped.
+    pub(crate) fn enqueue(&self, scripts: usize) -> Queued {
+        self.0.fetch_add(scripts, Ordering::Relaxed);
+        Queued {
             queue: Arc::clone(&self.0),
             scripts,
-        };
-        (wait_limit(timeout, ahead + scripts), queued)
+            started: Instant::now(),
+        }
     }
 }
 
@@ -60,6 +62,38 @@ impl Queue {
 pub(crate) struct Queued {
     queue: Arc<AtomicUsize>,
     scripts: usize,
+    started: Instant,
+}
+
+impl Queued {
+    /// How long these scripts may wait, from when they were counted: [`wait_limit`] for the
+    /// scripts in flight now (these included).
+    pub(crate) fn limit(&self, timeout: Duration) -> Duration {
+        let in_flight = self.queue.load(Ordering::Relaxed).max(self.scripts);
+        wait_limit(timeout, in_flight)
+    }
+
+    /// Waits for `call` until [`limit`](Self::limit) has passed since these scripts were
+    /// counted. The limit is read again when it runs out, so scripts sent after these
+    /// (whose encoding and replies take the same client thread and servers) extend it
+    /// while they are in flight. `Err` with the limit that ran out.
+    pub(crate) async fn within<F: Future>(
+        &self,
+        timeout: Duration,
+        call: F,
+    ) -> std::result::Result<F::Output, Duration> {
+        let mut call = pin!(call);
+        loop {
+            let limit = self.limit(timeout);
+            let deadline = self.started + limit;
+            if Instant::now() >= deadline {
+                return Err(limit);
+            }
+            if let Ok(output) = tokio::time::timeout_at(deadline, call.as_mut()).await {
+                return Ok(output);
+            }
+        }
+    }
 }
 
 impl Drop for Queued {
@@ -71,7 +105,7 @@ impl Drop for Queued {
 /// Sends `pipe` (every invocation of `script`, with `ignore_errors`), then the
 /// invocations answered `NOSCRIPT` again behind a `SCRIPT LOAD` in one more pipeline (a
 /// failed load is their error, as for [`ScriptInvocation::invoke_async`]), both within
-/// `limit`. Each invocation's reply, in order, errors mapped for `call` on node `label`:
+/// the limit of `queued` (these invocations, counted) for the per-call `timeout`. Each invocation's reply, in order, errors mapped for `call` on node `label`:
 /// when the first pipeline fails as a whole (or does not answer once per call, or not in
 /// time) every invocation has its error; when the retry does, only the retried ones.
 pub(crate) async fn run_all(
@@ -81,10 +115,10 @@ pub(crate) async fn run_all(
     script: &Script,
     invocations: &[ScriptInvocation<'_>],
     pipe: &redis::Pipeline,
-    limit: Duration,
+    (queued, timeout): (&Queued, Duration),
 ) -> Vec<Result<Value>> {
-    let started = tokio::time::Instant::now();
-    let first = tokio::time::timeout(limit, pipelined(pipe, conn, invocations.len())).await;
+    let first = queued.within(timeout, pipelined(pipe, conn, invocations.len()));
+    let first = first.await;
     let first = match first {
         Ok(Ok(replies)) => replies,
         Ok(Err(err)) => {
@@ -92,7 +126,7 @@ pub(crate) async fn run_all(
                 .map(|_| Err(map_error(&err, call, label)))
                 .collect();
         }
-        Err(_) => {
+        Err(limit) => {
             return (0..invocations.len())
                 .map(|_| Err(timed_out(call, label, limit)))
                 .collect();
@@ -112,8 +146,8 @@ pub(crate) async fn run_all(
     for &at in &unloaded {
         retry.invoke_script(&invocations[at]);
     }
-    let left = limit.saturating_sub(started.elapsed());
-    let retried = tokio::time::timeout(left, pipelined(&retry, conn, unloaded.len() + 1)).await;
+    let retried = queued.within(timeout, pipelined(&retry, conn, unloaded.len() + 1));
+    let retried = retried.await;
     let mut retried = match retried {
         Ok(Ok(retried)) => retried,
         // The first pipeline's answers stand: only the retried calls are in doubt.
@@ -123,7 +157,7 @@ pub(crate) async fn run_all(
             }
             return replies;
         }
-        Err(_) => {
+        Err(limit) => {
             for at in unloaded {
                 replies[at] = Err(timed_out(call, label, limit));
             }
@@ -176,16 +210,46 @@ mod tests {
     fn a_queue_counts_scripts_until_their_call_ends() {
         let queue = Queue::default();
         let timeout = Duration::from_millis(50);
-        let (first, queued) = queue.enqueue(timeout, 1_000);
-        assert_eq!(first, wait_limit(timeout, 1_000));
-        let (behind, also) = queue.clone().enqueue(timeout, 1_000);
+        let first = queue.enqueue(1_000);
+        assert_eq!(first.limit(timeout), wait_limit(timeout, 1_000));
+        let behind = queue.clone().enqueue(1_000);
         assert_eq!(
-            behind,
+            behind.limit(timeout),
             wait_limit(timeout, 2_000),
-            "waits for the batch ahead too"
+            "waits for the first"
         );
-        drop(queued);
-        drop(also);
-        assert_eq!(queue.enqueue(timeout, 1).0, timeout, "alone again");
+        assert_eq!(
+            first.limit(timeout),
+            wait_limit(timeout, 2_000),
+            "and the first for it"
+        );
+        drop(behind);
+        assert_eq!(first.limit(timeout), wait_limit(timeout, 1_000));
+        drop(first);
+        assert_eq!(queue.enqueue(1).limit(timeout), timeout, "alone again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_call_waits_longer_while_scripts_sent_after_it_are_in_flight() {
+        let queue = Queue::default();
+        let timeout = Duration::from_millis(50);
+        let alone = queue.enqueue(1);
+        let never = std::future::pending::<()>();
+        assert_eq!(alone.within(timeout, never).await, Err(timeout));
+        drop(alone);
+        let first = queue.enqueue(1);
+        let late = async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let later = queue.enqueue(4_000);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            drop(later);
+        };
+        // Would time out at 50 ms, but by then 4,000 scripts sent after it are in flight.
+        let done = tokio::time::sleep(Duration::from_millis(120));
+        let (waited, ()) = tokio::join!(first.within(timeout, done), late);
+        assert_eq!(waited, Ok(()));
+        let never = std::future::pending::<()>();
+        let late = first.within(timeout, never).await;
+        assert_eq!(late, Err(timeout), "the limit shrank with the queue");
     }
 }

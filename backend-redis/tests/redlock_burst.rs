@@ -14,7 +14,7 @@ use lockcore::{Acquire, AcquireRequest, Identity, Lease, LockBackend, Ttl};
 
 const TTL: Duration = Duration::from_secs(30);
 /// Full batches sent at once.
-const BATCHES: usize = 5;
+const BATCHES: usize = 10;
 
 async fn backend_on(urls: &[String], prefix: &str, node_timeout: Duration) -> RedlockBackend {
     let config = RedlockConfig::from_node_urls(urls)
@@ -44,10 +44,11 @@ async fn take_many(backend: &RedlockBackend, count: usize) -> Vec<Lease> {
         .await
 }
 
-/// 5 full batches (5,000 leases) at once with the default node timeout: every lease is
-/// extended. Every node then runs 5,000 refresh scripts queued on one connection, which
-/// takes longer than the 50 ms a single call gets; a batch's wait is bounded by the node
-/// timeout plus an allowance per script queued, so none of them times out.
+/// 10 full batches (10,000 leases) at once with the default node timeout: every lease is
+/// extended. Every node then runs 10,000 refresh scripts queued on one connection, and
+/// the one client thread encodes and reads 50,000, which takes longer than the 50 ms a
+/// single call gets; a call's wait is bounded by the node timeout plus an allowance per
+/// script in flight with it (sent before or after it), so none of them times out.
 #[tokio::test]
 async fn concurrent_full_batches_survive_the_node_timeout() {
     let Some(urls) = common::redlock_urls() else {
