@@ -23,12 +23,12 @@ use tokio::time::Instant;
 use crate::error::{Call, map_error, timed_out};
 
 /// The wait allowed per script in flight on a backend's connections, on top of the
-/// per-call timeout. A server spends 2.3–4 µs per refresh script; 5 full batches sent at
-/// once to 5 nodes (25,000 scripts) all came back within 180–230 ms on a busy 2-core machine
-/// (the 5 nodes, the client's debug build and other builds; `docs/redis.md`, "Batched
-/// refresh"): 7–9 µs per script in flight, so 25 µs leaves a margin of about 3. Safe
-/// however long: Redlock's validity subtracts the time a quorum took, and a single
-/// instance's lease is its TTL from the server's own expiry.
+/// per-call timeout. A server spends 2.3–4 µs per refresh script; 5 and 10 full batches
+/// sent at once to 5 nodes (25,000 and 50,000 scripts) all came back within 160–240 and
+/// 310–450 ms on a busy 2-core machine (the 5 nodes, the client's debug build and other
+/// builds; `docs/redis.md`, "Bursts"): 6–9 µs per script in flight, so 25 µs leaves a
+/// margin of about 3. Safe however long: Redlock's validity subtracts the time a quorum
+/// took, and a single instance's lease is its TTL from the server's own expiry.
 pub(crate) const SCRIPT_ALLOWANCE: Duration = Duration::from_micros(25);
 
 /// How long a call may wait for its reply when `scripts` scripts (its own included) are
