@@ -15,6 +15,7 @@ use crate::client::{Node, REFRESH_BATCH_LIMIT, RefreshItem};
 use crate::config::RedisConfig;
 use crate::eviction;
 use crate::keys::{self, Found, LockKeys, StoredValue};
+use crate::pipeline::Queue;
 use crate::replies::{AcquireReply, RefreshReply};
 
 const NOTES: &str = "One Redis node keeps the lock in memory: a crash or restart without \
@@ -109,7 +110,12 @@ impl RedisBackend {
     /// Cancel safe: it makes no network calls.
     pub async fn connect_lazy(config: RedisConfig) -> Result<Self> {
         config.validate()?;
-        let node = Node::lazy(config.node(), config.timeout(), config.connect_timeout())?;
+        let node = Node::lazy(
+            config.node(),
+            config.timeout(),
+            config.connect_timeout(),
+            Queue::default(),
+        )?;
         Ok(Self {
             inner: Arc::new(Inner { node, config }),
         })

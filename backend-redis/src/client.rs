@@ -14,12 +14,13 @@ use std::time::Duration;
 
 use lockcore::{ConnectionSecurity, LockName, ReleaseEvents, Result, TlsDetails, Transport};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, RedisResult, Script, ScriptInvocation, Value};
+use redis::{RedisError, ScriptInvocation, Value};
 
 use crate::error::{Call, Refusal, is_refusal, malformed, map_error, refusal_of, timed_out};
 use crate::keys::{self, Found, LockKeys};
 use crate::node_url::NodeUrl;
 use crate::notify::Notifier;
+use crate::pipeline::{Queue, run_all};
 use crate::replies::{
     AcquireReply, RefreshReply, decode_acquire, decode_found, decode_many, decode_refresh,
     time_from_reply,
@@ -34,9 +35,10 @@ pub(crate) const SCAN_COUNT: usize = 500;
 ///
 /// 1,000 refresh calls are about 370 KB of request and 4.4 KB of reply, and take the
 /// server 2.3–4 ms (measured in `docs/redis.md`, "Batched refresh"), well inside
-/// Redlock's per-node timeout of 50 ms; 10,000 held leases then refresh in 10 round trips
-/// per interval (0.1 % of one per lease). Larger pipelines save little more and put more
-/// leases behind one timeout.
+/// Redlock's per-node timeout of 50 ms (batches sent together wait longer:
+/// [`wait_limit`](crate::pipeline::wait_limit)); 10,000 held leases then refresh in 10
+/// round trips per interval (0.1 % of one per lease). Larger pipelines save little more
+/// and put more leases behind one timeout.
 pub(crate) const REFRESH_BATCH_LIMIT: usize = 1000;
 
 /// One lease to extend: its keys, the value the lock key must still hold, the new TTL.
@@ -57,6 +59,9 @@ pub(crate) struct Node {
     url: Arc<NodeUrl>,
     timeout: Duration,
     connect_timeout: Duration,
+    /// Script calls sent and not yet answered (or given up on) on the connections of
+    /// every node of one backend: they share one client thread and one machine.
+    queue: Queue,
 }
 
 impl fmt::Debug for Node {
@@ -70,12 +75,15 @@ impl fmt::Debug for Node {
 
 impl Node {
     /// A node that connects on first use. Each call waits at most `timeout` for its reply;
-    /// a broken connection is re-established once per failing call (no retry loop here).
-    /// Must run inside a Tokio runtime.
+    /// a script call longer while other scripts are in flight on `queue` (shared by the
+    /// backend's nodes; [`wait_limit`](crate::pipeline::wait_limit)). A broken connection
+    /// is re-established once per failing call (no retry loop here). Must run inside a
+    /// Tokio runtime.
     pub(crate) fn lazy(
         url: &NodeUrl,
         timeout: Duration,
         connect_timeout: Duration,
+        queue: Queue,
     ) -> Result<Self> {
         let label: Arc<str> = Arc::from(url.redacted());
         if url.is_tls() {
@@ -85,7 +93,10 @@ impl Node {
         let config = ConnectionManagerConfig::new()
             .set_number_of_retries(0)
             .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(timeout));
+            // None: every call bounds its own wait. redis-rs applies this timeout to a
+            // pipeline's whole request, so it would cut a batch (and every call sent with
+            // one) at the per-call timeout.
+            .set_response_timeout(None);
         let manager = ConnectionManager::new_lazy_with_config(client.clone(), config)
             .map_err(|err| map_error(&err, Call::Connect, &label))?;
         let notifier = Notifier::new(client, Arc::clone(&label), timeout, connect_timeout);
@@ -96,6 +107,7 @@ impl Node {
             url: Arc::new(url.clone()),
             timeout,
             connect_timeout,
+            queue,
         })
     }
 
@@ -265,13 +277,17 @@ impl Node {
     /// `EVALSHA` per item): `PEXPIRE` the lock and note keys where the lock key still holds
     /// the item's value. Items answered `NOSCRIPT` (after a `SCRIPT FLUSH` or a restart) are
     /// sent again behind a `SCRIPT LOAD` in a second pipeline, as a single call would load
-    /// and retry. The whole call is bounded by the per-call timeout.
+    /// and retry ([`run_all`]). Both together wait at most the per-call timeout plus an
+    /// allowance per script in flight on the backend's connections, this batch's included
+    /// ([`wait_limit`](crate::pipeline::wait_limit)): the per-call timeout alone fails full
+    /// batches sent together on a busy machine.
     ///
     /// One result per item, in order: a script call the server refused (a `WRONGTYPE` on a
     /// planted key) fails its item alone, decoded as one call would be; a failure of the
     /// whole call (connection, timeout, a reply count that does not match) fails every item
     /// with the error one call would get ([`Call::Refresh`] writes: `OutcomeUnknown` unless
-    /// the connection was refused), never `Lost`.
+    /// the connection was refused), never `Lost`. When only the `NOSCRIPT` retry fails, the
+    /// items the first pipeline answered keep their answers.
     pub(crate) async fn refresh_many(
         &self,
         items: &[RefreshItem<'_>],
@@ -286,28 +302,30 @@ impl Node {
                 invocation
             })
             .collect();
-        // Built before the clock starts: the timeout bounds the wait for the server.
+        // Built before the clock starts: the limit bounds the wait for the server.
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
         for invocation in &invocations {
             pipe.invoke_script(invocation);
         }
-        let sent = tokio::time::timeout(self.timeout, self.run_all(&REFRESH, &invocations, &pipe));
-        match sent.await {
-            Ok(Ok(replies)) => replies
-                .into_iter()
-                .map(|reply| {
-                    let value = reply.map_err(|err| map_error(&err, Call::Refresh, &self.label))?;
-                    decode_refresh(value).ok_or_else(|| malformed(Call::Refresh, &self.label))
-                })
-                .collect(),
-            Ok(Err(err)) => (items.iter())
-                .map(|_| Err(map_error(&err, Call::Refresh, &self.label)))
-                .collect(),
-            Err(_) => (items.iter())
-                .map(|_| Err(timed_out(Call::Refresh, &self.label, self.timeout)))
-                .collect(),
-        }
+        let queued = self.queue.enqueue(invocations.len());
+        let mut conn = self.manager.clone();
+        let (call, label, within) = (Call::Refresh, &*self.label, (&queued, self.timeout));
+        let replies = run_all(
+            &mut conn,
+            call,
+            label,
+            &REFRESH,
+            &invocations,
+            &pipe,
+            within,
+        )
+        .await;
+        (replies.into_iter())
+            .map(|reply| {
+                decode_refresh(reply?).ok_or_else(|| malformed(Call::Refresh, &self.label))
+            })
+            .collect()
     }
 
     /// Runs the release script; `true` when our key was deleted (and waiters notified).
@@ -408,70 +426,20 @@ impl Node {
         self.notifier.subscribe(keys.channel()).await
     }
 
-    /// One `EVALSHA` bounded by the per-call timeout (plus `SCRIPT LOAD` after `NOSCRIPT`).
+    /// One `EVALSHA` (plus `SCRIPT LOAD` after `NOSCRIPT`), bounded by the per-call timeout
+    /// plus the allowance for the scripts in flight with it
+    /// ([`wait_limit`](crate::pipeline::wait_limit)): an acquire or release sent during a
+    /// burst of refresh batches waits for them too.
     async fn run(&self, call: Call, invocation: &ScriptInvocation<'_>) -> Result<Value> {
         let mut conn = self.manager.clone();
-        let reply = tokio::time::timeout(self.timeout, invocation.invoke_async(&mut conn)).await;
-        match reply {
+        let queued = self.queue.enqueue(1);
+        let reply = queued.within(self.timeout, invocation.invoke_async(&mut conn));
+        match reply.await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(err)) => Err(map_error(&err, call, &self.label)),
-            Err(_) => Err(timed_out(call, &self.label, self.timeout)),
+            Err(limit) => Err(timed_out(call, &self.label, limit)),
         }
     }
-
-    /// Sends `pipe` (every invocation of `script`, with `ignore_errors`), then the
-    /// invocations answered `NOSCRIPT` again behind a `SCRIPT LOAD` in one more pipeline (a
-    /// failed load is their error, as for [`ScriptInvocation::invoke_async`]). Each
-    /// invocation's reply, in order; `Err` when a pipeline as a whole failed or did not
-    /// answer once per call.
-    async fn run_all(
-        &self,
-        script: &Script,
-        invocations: &[ScriptInvocation<'_>],
-        pipe: &redis::Pipeline,
-    ) -> RedisResult<Vec<RedisResult<Value>>> {
-        let mut conn = self.manager.clone();
-        let mut replies = pipelined(pipe, &mut conn, invocations.len()).await?;
-        let unloaded: Vec<usize> = (replies.iter().enumerate())
-            .filter(|(_, reply)| matches!(reply, Err(err) if err.kind() == NO_SCRIPT))
-            .map(|(at, _)| at)
-            .collect();
-        if unloaded.is_empty() {
-            return Ok(replies);
-        }
-        let mut retry = redis::pipe();
-        retry.ignore_errors().load_script(script);
-        for &at in &unloaded {
-            retry.invoke_script(&invocations[at]);
-        }
-        let mut retried = pipelined(&retry, &mut conn, unloaded.len() + 1).await?;
-        let loaded = retried.remove(0);
-        for (at, reply) in unloaded.into_iter().zip(retried) {
-            replies[at] = match &loaded {
-                Ok(_) => reply,
-                Err(err) => Err(err.clone()),
-            };
-        }
-        Ok(replies)
-    }
-}
-
-/// The server's answer to a script that is not loaded.
-const NO_SCRIPT: redis::ErrorKind = redis::ErrorKind::Server(redis::ServerErrorKind::NoScript);
-
-/// Sends `pipe` (built with `ignore_errors`) and checks it answered `expected` replies.
-async fn pipelined(
-    pipe: &redis::Pipeline,
-    conn: &mut ConnectionManager,
-    expected: usize,
-) -> RedisResult<Vec<RedisResult<Value>>> {
-    let replies: Vec<RedisResult<Value>> = pipe.query_async(conn).await?;
-    if replies.len() == expected {
-        return Ok(replies);
-    }
-    // Unreadable: the writes may have applied, like a reply lost with the connection.
-    let message = format!("{} replies to {expected} pipelined calls", replies.len());
-    Err(RedisError::from(std::io::Error::other(message)))
 }
 
 /// Makes ring the process's rustls provider unless the application chose one.

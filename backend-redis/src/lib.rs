@@ -94,6 +94,7 @@ mod eviction;
 mod keys;
 mod node_url;
 mod notify;
+mod pipeline;
 #[cfg(test)]
 mod prop_tests;
 mod redlock;

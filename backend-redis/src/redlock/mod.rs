@@ -28,6 +28,7 @@ use self::round::{acquire_vote, check_eviction, gather, quorum_holder, tally_fou
 use crate::backend::{note_arg, only};
 use crate::client::{Node, REFRESH_BATCH_LIMIT};
 use crate::keys::{self, Found, LockKeys};
+use crate::pipeline::Queue;
 
 const BACKEND: &str = "redlock";
 
@@ -170,10 +171,11 @@ impl RedlockBackend {
     /// Cancel safe: it makes no network calls.
     pub async fn connect_lazy(config: RedlockConfig) -> Result<Self> {
         config.validate()?;
-        let nodes = config
-            .node_urls()
-            .iter()
-            .map(|url| Node::lazy(url, config.node_timeout(), config.connect_timeout()))
+        // One count for every node: their replies are read by the same client.
+        let queue = Queue::default();
+        let (timeout, connect_timeout) = (config.node_timeout(), config.connect_timeout());
+        let nodes = (config.node_urls().iter())
+            .map(|url| Node::lazy(url, timeout, connect_timeout, queue.clone()))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             inner: Arc::new(Inner { nodes, config }),
