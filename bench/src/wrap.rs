@@ -258,15 +258,17 @@ mod tests {
         let inner: Arc<dyn LockBackend> =
             Arc::new(MemoryBackend::new().with_refresh_batch_limit(100));
         let observed = Arc::new(Observed::new(inner, false));
-        let options = LockOptions::new(Duration::from_millis(400));
+        // TTL 1 s: a refresh every 125 ms (guards refreshing more often than every 100 ms
+        // refresh alone, see lockcore's `batch.rs`).
+        let options = LockOptions::new(Duration::from_millis(1000));
         let locker = Locker::new(observed.clone()).with_options(options);
         let mut guards = Vec::new();
         for i in 0..20 {
             guards.push(locker.try_acquire(&format!("g{i}")).await.expect("acquire"));
         }
         let before = observed.refreshes();
-        // Two refreshes per guard (a refresh is due every 50 ms); the timeout only keeps a
-        // broken wrapper from hanging the test.
+        // Two refreshes per guard; the timeout only keeps a broken wrapper from hanging
+        // the test.
         let refreshed = async {
             while observed.refreshes().since(&before).leases() < 40 {
                 tokio::time::sleep(Duration::from_millis(20)).await;
