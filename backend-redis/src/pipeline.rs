@@ -105,7 +105,8 @@ impl Drop for Queued {
 /// Sends `pipe` (every invocation of `script`, with `ignore_errors`), then the
 /// invocations answered `NOSCRIPT` again behind a `SCRIPT LOAD` in one more pipeline (a
 /// failed load is their error, as for [`ScriptInvocation::invoke_async`]), both within
-/// the limit of `queued` (these invocations, counted) for the per-call `timeout`. Each invocation's reply, in order, errors mapped for `call` on node `label`:
+/// the limit of `queued` (these invocations, counted) for the per-call `timeout`. Each
+/// invocation's reply, in order, errors mapped for `call` on node `label`:
 /// when the first pipeline fails as a whole (or does not answer once per call, or not in
 /// time) every invocation has its error; when the retry does, only the retried ones.
 pub(crate) async fn run_all(
@@ -121,16 +122,8 @@ pub(crate) async fn run_all(
     let first = first.await;
     let first = match first {
         Ok(Ok(replies)) => replies,
-        Ok(Err(err)) => {
-            return (0..invocations.len())
-                .map(|_| Err(map_error(&err, call, label)))
-                .collect();
-        }
-        Err(limit) => {
-            return (0..invocations.len())
-                .map(|_| Err(timed_out(call, label, limit)))
-                .collect();
-        }
+        Ok(Err(err)) => return failed_all(map_error(&err, call, label), invocations.len()),
+        Err(limit) => return failed_all(timed_out(call, label, limit), invocations.len()),
     };
     let unloaded: Vec<usize> = (first.iter().enumerate())
         .filter(|(_, reply)| matches!(reply, Err(err) if err.kind() == NO_SCRIPT))
@@ -148,18 +141,18 @@ pub(crate) async fn run_all(
     }
     let retried = queued.within(timeout, pipelined(&retry, conn, unloaded.len() + 1));
     let retried = retried.await;
-    let mut retried = match retried {
-        Ok(Ok(retried)) => retried,
+    let retried = match retried {
+        Ok(Ok(retried)) => Ok(retried),
         // The first pipeline's answers stand: only the retried calls are in doubt.
-        Ok(Err(err)) => {
-            for at in unloaded {
-                replies[at] = Err(map_error(&err, call, label));
-            }
-            return replies;
-        }
-        Err(limit) => {
-            for at in unloaded {
-                replies[at] = Err(timed_out(call, label, limit));
+        Ok(Err(err)) => Err(map_error(&err, call, label)),
+        Err(limit) => Err(timed_out(call, label, limit)),
+    };
+    let mut retried = match retried {
+        Ok(retried) => retried,
+        Err(err) => {
+            let copies = err.copies(unloaded.len());
+            for (at, err) in unloaded.into_iter().zip(copies) {
+                replies[at] = Err(err);
             }
             return replies;
         }
@@ -172,6 +165,11 @@ pub(crate) async fn run_all(
         });
     }
     replies
+}
+
+/// `err` for each of `n` calls that failed together.
+fn failed_all(err: lockcore::Error, n: usize) -> Vec<Result<Value>> {
+    err.copies(n).into_iter().map(Err).collect()
 }
 
 /// The server's answer to a script that is not loaded.

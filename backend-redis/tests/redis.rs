@@ -10,7 +10,7 @@ use std::time::Duration;
 use backend_redis::{LockKeys, RedisBackend, RedisConfig};
 use futures_util::StreamExt;
 use lockcore::{
-    Acquire, AcquireRequest, Backoff, ErrorKind, Identity, Lease, LockBackend, LockOptions, Locker,
+    Acquire, AcquireRequest, Backoff, ErrorKind, Identity, LockBackend, LockOptions, Locker,
     LostReason, WaitMode,
 };
 use redis::aio::MultiplexedConnection;
@@ -22,13 +22,6 @@ async fn backend_on(url: &str, timeout: Duration) -> RedisBackend {
         .with_prefix(common::random_prefix("redis"))
         .with_timeout(timeout);
     RedisBackend::connect(config).await.expect("connect")
-}
-
-async fn take(backend: &RedisBackend, request: &AcquireRequest) -> Lease {
-    match backend.acquire(request).await.expect("acquire") {
-        Acquire::Acquired(lease) => lease,
-        Acquire::Held(holder) => panic!("held by {}", holder.owner()),
-    }
 }
 
 fn request(name: &str, owner: &Identity) -> AcquireRequest {
@@ -68,7 +61,7 @@ async fn each_operation_is_one_command_on_the_server() {
     let stats = &mut common::admin(&server.url()).await;
     let me = Identity::unique();
     // Warm up: connection handshake and the first NOSCRIPT/SCRIPT LOAD of every script.
-    let warm = take(&backend, &request("warm", &me)).await;
+    let warm = common::take(&backend, &request("warm", &me)).await;
     backend.refresh(&warm).await.expect("refresh");
     backend.inspect(warm.name()).await.expect("inspect");
     backend.list(warm.name().as_str()).await.expect("list");
@@ -80,7 +73,13 @@ async fn each_operation_is_one_command_on_the_server() {
     // counter and the lock: the first grant of a name and all later ones alike. Without a
     // note the note key is not touched.
     let acquire = [("evalsha", 1), ("get", 2), ("time", 1), ("set", 2)];
-    let first = assert_commands(stats, "first acquire", &acquire, take(&backend, &req)).await;
+    let first = assert_commands(
+        stats,
+        "first acquire",
+        &acquire,
+        common::take(&backend, &req),
+    )
+    .await;
     backend.release(&first).await.expect("release");
     // A note is written by the same script, with the grant's TTL.
     let noted_acquire = [
@@ -94,9 +93,15 @@ async fn each_operation_is_one_command_on_the_server() {
     let noted = req
         .clone()
         .with_note(Some(lockcore::Note::new("counted").expect("note")));
-    let lease = assert_commands(stats, "noted", &noted_acquire, take(&backend, &noted)).await;
+    let lease = assert_commands(
+        stats,
+        "noted",
+        &noted_acquire,
+        common::take(&backend, &noted),
+    )
+    .await;
     backend.release(&lease).await.expect("release");
-    let lease = assert_commands(stats, "acquire", &acquire, take(&backend, &req)).await;
+    let lease = assert_commands(stats, "acquire", &acquire, common::take(&backend, &req)).await;
     let refresh = [("evalsha", 1), ("get", 1), ("pexpire", 2)];
     let refreshed = assert_commands(stats, "refresh", &refresh, backend.refresh(&lease)).await;
     assert_eq!(refreshed.expect("refresh"), lease);
@@ -124,7 +129,7 @@ async fn each_operation_is_one_command_on_the_server() {
     // (`del` removes the lock key and the note key in one command.)
     let released = assert_commands(stats, "release", &release, backend.release(&lease)).await;
     released.expect("release");
-    take(&backend, &req).await;
+    common::take(&backend, &req).await;
     let broke = [
         ("evalsha", 1),
         ("get", 1),
@@ -148,7 +153,7 @@ async fn scripts_are_reloaded_after_script_flush() {
     let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
     let mut admin = common::admin(&server.url()).await;
     let me = Identity::unique();
-    let lease = take(&backend, &request("flush", &me)).await;
+    let lease = common::take(&backend, &request("flush", &me)).await;
     redis::cmd("SCRIPT")
         .arg("FLUSH")
         .query_async::<()>(&mut admin)
@@ -263,7 +268,7 @@ async fn lock_and_fence_keys_share_one_cluster_slot() {
             Identity::unique(),
             lockcore::Ttl::new(Duration::from_secs(30)).expect("valid TTL"),
         );
-        let lease = take(&backend, &req).await;
+        let lease = common::take(&backend, &req).await;
         assert!(common::exists(&mut admin, keys.lock()).await, "{name}");
         let counter: u64 = redis::cmd("GET")
             .arg(keys.fence())
@@ -330,7 +335,7 @@ async fn a_stalled_server_gives_timely_errors() {
     let limit = Duration::from_millis(300);
     let backend = backend_on(&server.url(), limit).await;
     let me = Identity::unique();
-    let lease = take(&backend, &request("stall", &me)).await;
+    let lease = common::take(&backend, &request("stall", &me)).await;
     server.stall();
     let bound = limit + Duration::from_secs(1);
     let start = Instant::now();
@@ -375,7 +380,7 @@ async fn waiters_share_one_subscription() {
     let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
     let mut admin = common::admin(&server.url()).await;
     let me = Identity::unique();
-    let lease = take(&backend, &request("shared", &me)).await;
+    let lease = common::take(&backend, &request("shared", &me)).await;
     let channel = backend.keys(lease.name()).channel().to_owned();
     let mut first = backend
         .subscribe(lease.name())
@@ -434,7 +439,7 @@ async fn a_dropped_notification_connection_ends_streams_and_reconnects() {
     let ended = timeout(Duration::from_secs(5), events.next()).await;
     assert_eq!(ended.expect("the stream did not end"), None);
     let mut again = backend.subscribe(&name).await.expect("ok").expect("some");
-    let lease = take(
+    let lease = common::take(
         &backend,
         &AcquireRequest::new(
             name.clone(),
@@ -516,7 +521,7 @@ async fn resp3_connections_work() {
     };
     let backend = backend_on(&format!("{url}?protocol=resp3"), Duration::from_secs(2)).await;
     let me = Identity::unique();
-    let lease = take(&backend, &request("resp3", &me)).await;
+    let lease = common::take(&backend, &request("resp3", &me)).await;
     let holder = backend.inspect(lease.name()).await.expect("inspect");
     assert_eq!(holder.map(|h| h.owner().clone()), Some(me.clone()));
     let mut events = backend
@@ -579,13 +584,13 @@ async fn fence_tokens_keep_rising_when_the_server_forgets_its_data() {
     let server = test_kit::servers::Redis::start().await;
     let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
     let me = Identity::unique();
-    let held = take(&backend, &request("forgotten", &me)).await;
+    let held = common::take(&backend, &request("forgotten", &me)).await;
     let mut admin = common::admin(&server.url()).await;
     redis::cmd("FLUSHALL")
         .query_async::<()>(&mut admin)
         .await
         .expect("FLUSHALL");
-    let after = take(&backend, &request("forgotten", &Identity::unique())).await;
+    let after = common::take(&backend, &request("forgotten", &Identity::unique())).await;
     assert!(
         after.token() > held.token(),
         "{:?} after {:?}: a stale holder's token would be accepted",
@@ -593,7 +598,7 @@ async fn fence_tokens_keep_rising_when_the_server_forgets_its_data() {
         held.token()
     );
     backend.release(&after).await.expect("release");
-    let next = take(&backend, &request("forgotten", &me)).await;
+    let next = common::take(&backend, &request("forgotten", &me)).await;
     assert!(next.token() > after.token(), "and keeps rising");
 }
 
@@ -608,7 +613,7 @@ async fn tls_connections_work() {
     let server = test_kit::servers::Redis::start_tls().await;
     let backend = backend_on(&server.url(), Duration::from_secs(2)).await;
     let me = Identity::unique();
-    let lease = take(&backend, &request("tls", &me)).await;
+    let lease = common::take(&backend, &request("tls", &me)).await;
     let mut events = backend
         .subscribe(lease.name())
         .await
@@ -726,7 +731,7 @@ async fn values_without_notes_still_parse_and_notes_never_change_the_value() {
         lockcore::Ttl::new(Duration::from_secs(30)).expect("valid TTL"),
     )
     .with_note(Some(note.clone()));
-    let lease = take(&backend, &request).await;
+    let lease = common::take(&backend, &request).await;
     let raw: String = redis::cmd("GET")
         .arg(keys.lock())
         .query_async(&mut admin)
@@ -801,7 +806,7 @@ async fn list_skips_keys_that_are_not_lock_keys() {
     let ttl = Duration::from_secs(30);
     let held = under("held");
     let note = lockcore::Note::new("listed").expect("note");
-    let lease = take(
+    let lease = common::take(
         &backend,
         &AcquireRequest::new(
             held.clone(),
@@ -899,7 +904,7 @@ async fn list_pages_through_many_locks() {
             Identity::unique(),
             lockcore::Ttl::new(Duration::from_secs(60)).expect("valid TTL"),
         );
-        leases.push(take(&backend, &req).await);
+        leases.push(common::take(&backend, &req).await);
     }
     let before = common::command_calls(stats).await;
     let listed = backend.list(base.as_str()).await.expect("list");
@@ -929,7 +934,7 @@ async fn a_refreshed_lease_keeps_its_note_past_the_first_ttl() {
         lockcore::Ttl::new(ttl).expect("valid TTL"),
     )
     .with_note(Some(note.clone()));
-    let lease = take(&backend, &req).await;
+    let lease = common::take(&backend, &req).await;
     tokio::time::sleep(ttl / 2).await;
     backend.refresh(&lease).await.expect("refresh");
     tokio::time::sleep(ttl * 3 / 4).await;
@@ -966,7 +971,7 @@ async fn list_prefixes_with_glob_characters_match_only_themselves() {
             Identity::unique(),
             lockcore::Ttl::new(ttl).expect("valid TTL"),
         );
-        leases.push(take(&backend, &req).await);
+        leases.push(common::take(&backend, &req).await);
     }
     for (prefix, only) in [
         ("k[ab]", "k[ab]1"),
@@ -1004,10 +1009,10 @@ async fn a_retake_without_a_note_leaves_no_note_behind() {
     let ttl = |secs| lockcore::Ttl::new(Duration::from_secs(secs)).expect("valid TTL");
     let noted = AcquireRequest::new(name.clone(), owner.clone(), ttl(60))
         .with_note(Some(lockcore::Note::new("long run").expect("note")));
-    take(&backend, &noted).await;
+    common::take(&backend, &noted).await;
     assert!(common::exists(&mut admin, keys.note()).await, "noted");
     let retake = AcquireRequest::new(name.clone(), owner.clone(), ttl(2));
-    let lease = take(&backend, &retake).await;
+    let lease = common::take(&backend, &retake).await;
     assert!(
         !common::exists(&mut admin, keys.note()).await,
         "the replaced grant's note outlives the retake"
@@ -1016,7 +1021,7 @@ async fn a_retake_without_a_note_leaves_no_note_behind() {
     assert!(!common::exists(&mut admin, keys.note()).await);
     backend.release(&lease).await.expect("release");
     let fresh = AcquireRequest::new(name.clone(), Identity::unique(), ttl(30));
-    let lease = take(&backend, &fresh).await;
+    let lease = common::take(&backend, &fresh).await;
     assert!(
         !common::exists(&mut admin, keys.note()).await,
         "a note key without a note"

@@ -8,9 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use backend_redis::{RedisBackend, RedisConfig};
-use lockcore::{
-    Acquire, AcquireRequest, ErrorKind, Identity, Lease, LockBackend, LockName, Note, Result,
-};
+use lockcore::{AcquireRequest, ErrorKind, Identity, Lease, LockBackend, LockName, Note, Result};
 use redis::aio::MultiplexedConnection;
 use test_kit::proxy::Fault;
 
@@ -32,13 +30,6 @@ fn request(name: &LockName, owner: &Identity) -> AcquireRequest {
         owner.clone(),
         lockcore::Ttl::new(TTL).expect("valid TTL"),
     )
-}
-
-async fn take(backend: &RedisBackend, request: &AcquireRequest) -> Lease {
-    match backend.acquire(request).await.expect("acquire") {
-        Acquire::Acquired(lease) => lease,
-        Acquire::Held(holder) => panic!("held by {}", holder.owner()),
-    }
 }
 
 async fn pttl(conn: &mut MultiplexedConnection, key: &str) -> i64 {
@@ -96,18 +87,18 @@ async fn a_mixed_batch_refreshes_each_lease_as_refresh_would() {
     let me = Identity::unique();
     let rival = Identity::unique();
 
-    let live = take(&backend, &request(&common::fresh_name("live"), &me)).await;
-    let released = take(&backend, &request(&common::fresh_name("released"), &me)).await;
+    let live = common::take(&backend, &request(&common::fresh_name("live"), &me)).await;
+    let released = common::take(&backend, &request(&common::fresh_name("released"), &me)).await;
     backend.release(&released).await.expect("release");
-    let stale = take(&backend, &request(&common::fresh_name("stale"), &me)).await;
+    let stale = common::take(&backend, &request(&common::fresh_name("stale"), &me)).await;
     // The stale lease's key expires (deleted here), and a rival takes the name.
     common::raw_del(&mut admin, backend.keys(stale.name()).lock()).await;
-    let rivals = take(&backend, &request(stale.name(), &rival)).await;
+    let rivals = common::take(&backend, &request(stale.name(), &rival)).await;
     let noted_request = request(&common::fresh_name("noted"), &me)
         .with_note(Some(Note::new("batch note").expect("valid note")));
-    let noted = take(&backend, &noted_request).await;
-    let abandoned = take(&backend, &request(&common::fresh_name("retaken"), &me)).await;
-    let retaken = take(&backend, &request(abandoned.name(), &me)).await;
+    let noted = common::take(&backend, &noted_request).await;
+    let abandoned = common::take(&backend, &request(&common::fresh_name("retaken"), &me)).await;
+    let retaken = common::take(&backend, &request(abandoned.name(), &me)).await;
     assert_ne!(
         abandoned.grant(),
         retaken.grant(),
@@ -208,7 +199,7 @@ async fn a_batch_of_leases_is_one_round_trip() {
     let me = Identity::unique();
     let mut leases = Vec::new();
     for _ in 0..LEASES {
-        leases.push(take(&backend, &request(&common::fresh_name("counted"), &me)).await);
+        leases.push(common::take(&backend, &request(&common::fresh_name("counted"), &me)).await);
     }
     assert_eq!(backend.refresh_batch_limit(), 1000);
     // Warm: the script is loaded by the first refresh, so the counted batch is steady.
@@ -260,7 +251,7 @@ async fn more_leases_than_the_batch_limit_all_get_their_result() {
     let count = backend.refresh_batch_limit() + 2;
     let mut leases = Vec::new();
     for _ in 0..count {
-        leases.push(take(&backend, &request(&common::fresh_name("many"), &me)).await);
+        leases.push(common::take(&backend, &request(&common::fresh_name("many"), &me)).await);
     }
     // The last lease, in the second pipeline, is released: only it is lost.
     backend.release(&leases[count - 1]).await.expect("release");
@@ -291,7 +282,7 @@ async fn a_script_error_in_the_pipeline_fails_only_its_lease() {
     let me = Identity::unique();
     let mut leases = Vec::new();
     for _ in 0..3 {
-        leases.push(take(&backend, &request(&common::fresh_name("planted"), &me)).await);
+        leases.push(common::take(&backend, &request(&common::fresh_name("planted"), &me)).await);
     }
     let planted = backend.keys(leases[1].name()).lock().to_owned();
     common::raw_del(&mut admin, &planted).await;
@@ -337,7 +328,7 @@ async fn a_silent_connection_fails_every_lease_temporarily() {
     let me = Identity::unique();
     let mut leases = Vec::new();
     for _ in 0..3 {
-        leases.push(take(&backend, &request(&common::fresh_name("silent"), &me)).await);
+        leases.push(common::take(&backend, &request(&common::fresh_name("silent"), &me)).await);
     }
     proxy.set_fault(Fault::Blackhole);
     let results = backend.refresh_many(&leases).await;
@@ -380,7 +371,7 @@ async fn a_batch_reloads_a_flushed_script_once() {
     let me = Identity::unique();
     let mut leases = Vec::new();
     for _ in 0..5 {
-        leases.push(take(&backend, &request(&common::fresh_name("flush"), &me)).await);
+        leases.push(common::take(&backend, &request(&common::fresh_name("flush"), &me)).await);
     }
     redis::cmd("SCRIPT")
         .arg("FLUSH")
@@ -430,7 +421,7 @@ async fn measure_a_full_batch() {
     let mut leases = Vec::new();
     for _ in 0..backend.refresh_batch_limit() {
         let name = common::fresh_name("measured-lock-name");
-        leases.push(take(&backend, &request(&name, &me)).await);
+        leases.push(common::take(&backend, &request(&name, &me)).await);
     }
     backend.refresh(&leases[0]).await.expect("warm");
     for round in 0..5 {

@@ -9,9 +9,7 @@ use std::time::Duration;
 
 use backend_redis::{RedlockBackend, RedlockConfig};
 use futures_util::future::join_all;
-use lockcore::{
-    Acquire, AcquireRequest, ErrorKind, Identity, Lease, LockBackend, LockName, Note, Result,
-};
+use lockcore::{AcquireRequest, ErrorKind, Identity, Lease, LockBackend, LockName, Note, Result};
 use redis::aio::MultiplexedConnection;
 use test_kit::proxy::{Fault, FaultProxy};
 
@@ -33,13 +31,6 @@ fn request(name: &LockName, owner: &Identity) -> AcquireRequest {
         owner.clone(),
         lockcore::Ttl::new(TTL).expect("valid TTL"),
     )
-}
-
-async fn take(backend: &RedlockBackend, request: &AcquireRequest) -> Lease {
-    match backend.acquire(request).await.expect("acquire") {
-        Acquire::Acquired(lease) => lease,
-        Acquire::Held(holder) => panic!("held by {}", holder.owner()),
-    }
 }
 
 /// `PTTL key` on every node (`-2`: no key).
@@ -118,19 +109,19 @@ async fn a_mixed_batch_is_decided_per_lease_by_quorum() {
     let me = Identity::unique();
     let rival = Identity::unique();
 
-    let live = take(&backend, &request(&common::fresh_name("live"), &me)).await;
-    let released = take(&backend, &request(&common::fresh_name("released"), &me)).await;
+    let live = common::take(&backend, &request(&common::fresh_name("live"), &me)).await;
+    let released = common::take(&backend, &request(&common::fresh_name("released"), &me)).await;
     backend.release(&released).await.expect("release");
-    let stale = take(&backend, &request(&common::fresh_name("stale"), &me)).await;
+    let stale = common::take(&backend, &request(&common::fresh_name("stale"), &me)).await;
     let stale_key = backend.keys(stale.name()).lock().to_owned();
     on_every_node(&admins, &stale_key).await;
     for admin in &admins {
         common::raw_del(&mut admin.clone(), &stale_key).await;
     }
-    let rivals = take(&backend, &request(stale.name(), &rival)).await;
+    let rivals = common::take(&backend, &request(stale.name(), &rival)).await;
     let noted_request = request(&common::fresh_name("noted"), &me)
         .with_note(Some(Note::new("batch note").expect("valid note")));
-    let noted = take(&backend, &noted_request).await;
+    let noted = common::take(&backend, &noted_request).await;
 
     let live_key = backend.keys(live.name()).lock().to_owned();
     let noted_keys = backend.keys(noted.name());
@@ -217,7 +208,7 @@ async fn one_silent_node_still_refreshes_by_quorum() {
     let me = Identity::unique();
     let mut leases = Vec::new();
     for what in ["kept", "majority", "minority"] {
-        leases.push(take(&backend, &request(&common::fresh_name(what), &me)).await);
+        leases.push(common::take(&backend, &request(&common::fresh_name(what), &me)).await);
     }
     let rival = stored_rival();
     for (lease, nodes) in [(&leases[1], 1..4), (&leases[2], 1..3)] {
@@ -273,7 +264,7 @@ async fn a_script_error_fails_only_its_lease_on_every_node() {
     let me = Identity::unique();
     let mut leases = Vec::new();
     for _ in 0..3 {
-        leases.push(take(&backend, &request(&common::fresh_name("planted"), &me)).await);
+        leases.push(common::take(&backend, &request(&common::fresh_name("planted"), &me)).await);
     }
     let planted = backend.keys(leases[1].name()).lock().to_owned();
     on_every_node(&admins, &planted).await;
@@ -336,7 +327,7 @@ async fn a_batch_is_one_pipeline_per_node() {
     let me = Identity::unique();
     let mut leases = Vec::new();
     for _ in 0..LEASES {
-        leases.push(take(&backend, &request(&common::fresh_name("counted"), &me)).await);
+        leases.push(common::take(&backend, &request(&common::fresh_name("counted"), &me)).await);
     }
     assert_eq!(backend.refresh_batch_limit(), 1000);
     backend.refresh(&leases[0]).await.expect("warm");
@@ -378,7 +369,7 @@ async fn measure_a_full_batch() {
     let mut leases = Vec::new();
     for _ in 0..backend.refresh_batch_limit() {
         let name = common::fresh_name("measured-lock-name");
-        leases.push(take(&backend, &request(&name, &me)).await);
+        leases.push(common::take(&backend, &request(&name, &me)).await);
     }
     let thread_cpu = || {
         let stat = std::fs::read_to_string("/proc/thread-self/schedstat").expect("schedstat");

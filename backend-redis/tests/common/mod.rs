@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use lockcore::{Identity, LockName};
+use lockcore::{Acquire, AcquireRequest, Identity, Lease, LockBackend, LockName};
 use redis::aio::MultiplexedConnection;
 use test_kit::env::{host_port, require};
 use test_kit::proxy::FaultProxy;
@@ -234,4 +234,12 @@ pub(crate) fn everything_shown(err: &lockcore::Error) -> String {
         source = cause.source();
     }
     shown
+}
+
+/// One attempt for `request` that must be granted.
+pub(crate) async fn take(backend: &dyn LockBackend, request: &AcquireRequest) -> Lease {
+    match backend.acquire(request).await.expect("acquire") {
+        Acquire::Acquired(lease) => lease,
+        Acquire::Held(holder) => panic!("held by {}", holder.owner()),
+    }
 }

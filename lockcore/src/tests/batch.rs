@@ -285,3 +285,38 @@ fn an_idle_runtime_does_not_hold_up_guards_on_another() {
         guard.release().await.expect("released");
     });
 }
+
+#[test]
+fn the_fault_injector_passes_batches_through_as_one_call() {
+    crate::tests::bounded(the_fault_injector_passes_batches_through_as_one_call_body);
+}
+
+/// `FaultyBackend` offers its inner backend's batches, so cuttable conformance cases run
+/// the batched path, and a fault fails the whole batch alike, as a cut connection would.
+async fn the_fault_injector_passes_batches_through_as_one_call_body() {
+    use crate::testing::{Fault, FaultyBackend, Op};
+    let memory = MemoryBackend::new().with_refresh_batch_limit(10);
+    let faulty = FaultyBackend::new(Arc::new(memory.clone()));
+    assert_eq!(faulty.refresh_batch_limit(), 10);
+    let mut leases = Vec::new();
+    for name in ["a", "b"] {
+        let request = AcquireRequest::new(
+            LockName::new(name).expect("valid"),
+            crate::Identity::unique(),
+            crate::Ttl::new(ms(800)).expect("valid"),
+        );
+        match faulty.acquire(&request).await.expect("acquire") {
+            Acquire::Acquired(lease) => leases.push(lease),
+            Acquire::Held(_) => panic!("free"),
+        }
+    }
+    assert!(faulty.refresh_many(&leases).await.iter().all(Result::is_ok));
+    faulty.set(Op::Refresh, Fault::Fail(crate::ErrorKind::Unavailable));
+    let failed = faulty.refresh_many(&leases).await;
+    assert_eq!(failed.len(), 2);
+    for result in &failed {
+        let err = result.as_ref().expect_err("injected");
+        assert_eq!(err.kind(), crate::ErrorKind::Unavailable);
+    }
+    assert_eq!(faulty.calls(Op::Refresh), 2, "one call per batch");
+}
