@@ -29,15 +29,15 @@
 mod attempt;
 mod backend;
 mod backoff;
-mod batch;
 mod clock;
-mod driver;
 mod duration;
 mod error;
 mod guarantees;
 mod guard;
+mod held;
 mod identity;
 mod invalid;
+mod keeper;
 mod kind;
 mod locker;
 mod memory;

@@ -11,6 +11,7 @@ mod batch;
 mod clock;
 mod context;
 mod inline;
+mod keeper;
 mod leave;
 mod orphan;
 mod poll;
