@@ -223,7 +223,7 @@ impl Locker {
     }
 
     /// Names this locker's backend and `name` on an error that does not name them yet: the
-    /// one place, with the guard's driver, that errors get their context.
+    /// one place, with the keeper and `held.rs`, that errors get their context.
     fn context<'a>(&'a self, name: &'a LockName) -> impl Fn(Error) -> Error + 'a {
         move |e| e.in_context(self.backend.backend_name(), name)
     }
