@@ -4,12 +4,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
 use crate::held::{self, Ending, Finishing, Held};
-use crate::keeper::Msg;
+use crate::mailbox::KeeperHandle;
 use crate::name::LockName;
 use crate::state::{Health, LostReason};
 use crate::types::{FenceToken, Lease};
@@ -38,14 +38,14 @@ pub struct LockGuard {
     token: Option<FenceToken>,
     shared: Arc<Held>,
     health: watch::Receiver<Health>,
-    /// The keeper refreshing this lease; closed once it stopped.
-    keeper: mpsc::UnboundedSender<Msg>,
+    /// The keeper refreshing this lease.
+    keeper: KeeperHandle,
     /// Released, left or handed over: nothing left for `Drop` to do.
     ended: bool,
 }
 
 impl LockGuard {
-    pub(crate) fn new(shared: Arc<Held>, keeper: mpsc::UnboundedSender<Msg>) -> Self {
+    pub(crate) fn new(shared: Arc<Held>, keeper: KeeperHandle) -> Self {
         let lease = shared.lease();
         Self {
             name: lease.name().clone(),
@@ -160,7 +160,7 @@ impl LockGuard {
     /// its own.
     pub async fn release(mut self) -> Result<()> {
         self.ended = true;
-        let keeper_gone = self.keeper.send(Msg::Forget(self.shared.id, None)).is_err();
+        let keeper_gone = !self.keeper.forget(self.shared.id);
         let shared = Arc::clone(&self.shared);
         Finishing::new(held::release(shared, Ending::Release, keeper_gone)).await
     }
@@ -229,13 +229,13 @@ impl LockGuard {
     async fn leave(mut self, ttl: Option<Duration>) -> Result<Lease> {
         self.ended = true;
         // Wait for a refresh the keeper has in flight: it must not land after ours.
-        let (settled, in_flight) = oneshot::channel();
-        let keeper_gone = (self.keeper)
-            .send(Msg::Forget(self.shared.id, Some(settled)))
-            .is_err();
+        let in_flight = self.keeper.leave(self.shared.id);
         let shared = Arc::clone(&self.shared);
         Finishing::new(async move {
-            let _ = in_flight.await;
+            let keeper_gone = match in_flight {
+                Some(in_flight) => in_flight.await.is_ok(),
+                None => true,
+            };
             held::leave(shared, ttl, keeper_gone).await
         })
         .await
@@ -253,11 +253,10 @@ impl Drop for LockGuard {
         let shared = Arc::clone(&self.shared);
         match tokio::runtime::Handle::try_current() {
             Ok(runtime) => {
-                let keeper_gone = self.keeper.send(Msg::Forget(shared.id, None)).is_err();
+                let keeper_gone = !self.keeper.forget(shared.id);
                 drop(runtime.spawn(held::release(shared, Ending::Abandon, keeper_gone)));
             }
-            // An unbounded send is synchronous and never blocks or panics.
-            Err(_) => drop(self.keeper.send(Msg::Abandon(shared))),
+            Err(_) => self.keeper.abandon(shared),
         }
     }
 }

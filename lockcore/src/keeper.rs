@@ -22,29 +22,31 @@
 //! was sent; an answer that arrives after the validity passed still loses the lease; a
 //! batch answered with the wrong number of results, or with another lock's lease, is an
 //! unknown outcome for each lease asked, never another guard's lease. Ending a lease
-//! (release, leave, drop) happens outside the keeper, in the task that asks (`held.rs`).
-//! Each runtime gets its own keeper, so a runtime nobody drives any more holds up only its
-//! own guards, and a keeper that stopped (its runtime shut down) shows in each of its
-//! guards as `Lost(RefresherStopped)`.
+//! happens in the task that asks (`held.rs`); guards reach the keeper through its
+//! `mailbox.rs`. Each runtime gets its own keeper: one nobody drives holds up only its own
+//! guards, which read `Lost(RefresherStopped)` once it stopped.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use futures_util::FutureExt;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{mpsc, oneshot};
+
+use crate::mailbox::{KeeperHandle, Mailbox, Msg, Post};
 use tokio::time::Instant;
 
 use crate::backend::LockBackend;
 use crate::clock::Clock;
 use crate::error::{Error, ErrorKind, Result};
 use crate::held::{Ending, Held, release};
-use crate::state::Event;
+use crate::state::{Event, Health, LostReason};
 use crate::types::Lease;
 
 /// Guards refreshing more often than this refresh on their own schedule, one call each:
@@ -52,45 +54,38 @@ use crate::types::Lease;
 /// and nobody holds thousands of leases that short.
 pub(crate) const MIN_BATCHED_INTERVAL: Duration = Duration::from_millis(100);
 
-/// What guards and the locker tell a keeper.
-#[derive(Debug)]
-pub(crate) enum Msg {
-    /// Keep this lease refreshed; its next refresh is due at the instant given.
-    Keep(Arc<Held>, Instant),
-    /// Stop refreshing this lease: its guard is ending it. With a sender: drop it once no
-    /// refresh of the lease is in flight any more (answered, or given up at its timeout),
-    /// so a refresh the keeper sent cannot land after the guard's own (`leave_for` sets a
-    /// TTL that an older refresh must not overwrite).
-    Forget(u64, Option<oneshot::Sender<()>>),
-    /// Its guard was dropped outside any runtime: release it from here.
-    Abandon(Arc<Held>),
-}
-
 /// A locker's keepers, one per runtime its guards were made on, started with the first
 /// guard on that runtime and shared by the locker's clones.
 #[derive(Debug, Default)]
 pub(crate) struct Keepers {
-    inboxes: Mutex<HashMap<tokio::runtime::Id, mpsc::UnboundedSender<Msg>>>,
+    handles: Mutex<HashMap<tokio::runtime::Id, KeeperHandle>>,
 }
 
 impl Keepers {
-    /// The inbox of the current runtime's keeper (started, or restarted when it ended).
+    /// The way to the current runtime's keeper (started, or restarted when it ended).
     /// Called from an acquire, which runs on a tokio runtime.
-    pub(crate) fn inbox(
-        &self,
-        backend: &Arc<dyn LockBackend>,
-        clock: &Clock,
-    ) -> mpsc::UnboundedSender<Msg> {
+    pub(crate) fn handle(&self, backend: &Arc<dyn LockBackend>, clock: &Clock) -> KeeperHandle {
         let runtime = tokio::runtime::Handle::current();
-        let mut inboxes = self.inboxes.lock().unwrap_or_else(PoisonError::into_inner);
-        inboxes.retain(|_, inbox| !inbox.is_closed());
-        let inbox = inboxes.entry(runtime.id()).or_insert_with(|| {
+        let mut handles = self.handles.lock().unwrap_or_else(PoisonError::into_inner);
+        handles.retain(|_, handle| !handle.is_closed());
+        let handle = handles.entry(runtime.id()).or_insert_with(|| {
             let (inbox, messages) = mpsc::unbounded_channel();
-            let keeper = Keeper::new(Arc::clone(backend), clock.clone());
-            drop(runtime.spawn(keeper.run(messages)));
-            inbox
+            let mailbox = Arc::new(Mailbox::new(clock.now()));
+            let keeper = Keeper::new(Arc::clone(backend), clock.clone(), messages, &mailbox);
+            drop(runtime.spawn(keeper.run()));
+            KeeperHandle { inbox, mailbox }
         });
-        inbox.clone()
+        handle.clone()
+    }
+
+    /// How many times this locker's keepers woke.
+    #[cfg(test)]
+    pub(crate) fn wakes(&self) -> u64 {
+        let handles = self.handles.lock().unwrap_or_else(PoisonError::into_inner);
+        let wakes = handles
+            .values()
+            .map(|h| h.mailbox.wakes.load(Ordering::Relaxed));
+        wakes.sum()
     }
 }
 
@@ -128,6 +123,8 @@ struct Answers {
 type Pending = Pin<Box<dyn Future<Output = Answers> + Send>>;
 
 struct Keeper {
+    inbox: mpsc::UnboundedReceiver<Msg>,
+    mailbox: Arc<Mailbox>,
     backend: Arc<dyn LockBackend>,
     clock: Clock,
     /// The backend's batch limit (1: no batches).
@@ -143,8 +140,15 @@ struct Keeper {
 }
 
 impl Keeper {
-    fn new(backend: Arc<dyn LockBackend>, clock: Clock) -> Self {
+    fn new(
+        backend: Arc<dyn LockBackend>,
+        clock: Clock,
+        inbox: mpsc::UnboundedReceiver<Msg>,
+        mailbox: &Arc<Mailbox>,
+    ) -> Self {
         Self {
+            inbox,
+            mailbox: Arc::clone(mailbox),
             limit: backend.refresh_batch_limit().max(1),
             origin: clock.now(),
             backend,
@@ -157,49 +161,65 @@ impl Keeper {
     }
 
     /// Runs until every guard and locker that could send it a lease is gone.
-    async fn run(mut self, mut inbox: mpsc::UnboundedReceiver<Msg>) {
+    async fn run(mut self) {
         loop {
+            self.collect();
+            self.on_due();
+            self.compact();
             let wake = self.timers.peek().map(|Reverse((at, ..))| *at);
+            self.mailbox.plan(wake);
+            // A lease added before the plan was published did not see it.
+            if self.mailbox.has_added() {
+                continue;
+            }
             tokio::select! {
                 biased;
-                msg = inbox.recv() => {
+                msg = self.inbox.recv() => {
                     let Some(msg) = msg else { return };
+                    self.collect();
                     self.on_msg(msg);
-                    while let Ok(msg) = inbox.try_recv() {
+                    while let Ok(msg) = self.inbox.try_recv() {
                         self.on_msg(msg);
                     }
                 }
+                () = self.mailbox.notify.notified() => {}
                 Some(answers) = self.calls.next(), if !self.calls.is_empty() => {
                     self.on_answers(answers);
                 }
                 () = sleep(&self.clock, wake) => {}
             }
-            self.on_due();
+            self.mailbox.wakes.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Reads the mailbox: new leases join the queue, forgotten ones leave it.
+    fn collect(&mut self) {
+        let Post { added, forgotten } = self.mailbox.take();
+        for (held, due) in added {
+            let interval = held.options.refresh_interval();
+            let batched = self.limit > 1 && interval >= MIN_BATCHED_INTERVAL;
+            let id = held.id;
+            let mut entry = Entry {
+                held,
+                batched,
+                next: due,
+                call: None,
+                timer: 0,
+                leaving: None,
+            };
+            entry.next = schedule(self.origin, &entry, due);
+            self.entries.insert(id, entry);
+            self.arm(id);
+        }
+        for id in forgotten {
+            self.entries.remove(&id);
         }
     }
 
     fn on_msg(&mut self, msg: Msg) {
         match msg {
-            Msg::Keep(held, due) => {
-                let interval = held.options.refresh_interval();
-                let batched = self.limit > 1 && interval >= MIN_BATCHED_INTERVAL;
-                let id = held.id;
-                let mut entry = Entry {
-                    held,
-                    batched,
-                    next: due,
-                    call: None,
-                    timer: 0,
-                    leaving: None,
-                };
-                entry.next = schedule(self.origin, &entry, due);
-                self.entries.insert(id, entry);
-                self.arm(id);
-            }
-            Msg::Forget(id, settled) => match self.entries.get_mut(&id) {
-                Some(entry) if entry.call.is_some() && settled.is_some() => {
-                    entry.leaving = settled;
-                }
+            Msg::Leave(id, settled) => match self.entries.get_mut(&id) {
+                Some(entry) if entry.call.is_some() => entry.leaving = Some(settled),
                 _ => drop(self.entries.remove(&id)),
             },
             Msg::Abandon(held) => {
@@ -207,6 +227,17 @@ impl Keeper {
                 drop(tokio::spawn(release(held, Ending::Abandon, false)));
             }
         }
+    }
+
+    /// Drops stale timers once they outnumber the live ones (leases released at a high
+    /// rate leave one each behind until it would have fired).
+    fn compact(&mut self) {
+        if self.timers.len() <= 2 * self.entries.len() + 1024 {
+            return;
+        }
+        let entries = &self.entries;
+        self.timers
+            .retain(|Reverse((_, id, number))| entries.get(id).is_some_and(|e| e.timer == *number));
     }
 
     /// Queues the entry's timer at the earlier of its validity and its next refresh (or
@@ -385,6 +416,34 @@ impl Keeper {
             && entry.leaving.is_none()
         {
             entry.held.cancel.cancel();
+        }
+    }
+}
+
+impl Drop for Keeper {
+    /// The keeper's runtime shut down (or it panicked): nothing refreshes these leases any
+    /// more. Their guards learn it at once, with `Lost(RefresherStopped)` and their
+    /// cancellation tokens, instead of at the validity deadline.
+    fn drop(&mut self) {
+        let mut held: Vec<Arc<Held>> = self.entries.drain().map(|(_, e)| e.held).collect();
+        // Leases handed over but not yet read (the runtime stopped before the keeper ran).
+        held.extend(
+            self.mailbox
+                .take()
+                .added
+                .into_iter()
+                .map(|(lease, _)| lease),
+        );
+        for held in held {
+            let stopped = Health::Lost(LostReason::RefresherStopped);
+            held.health.send_if_modified(|health| {
+                let live = !health.is_terminal();
+                if live {
+                    *health = stopped;
+                }
+                live
+            });
+            held.cancel.cancel();
         }
     }
 }

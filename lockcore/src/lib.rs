@@ -40,6 +40,7 @@ mod invalid;
 mod keeper;
 mod kind;
 mod locker;
+mod mailbox;
 mod memory;
 mod name;
 mod note;

@@ -13,7 +13,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::guard::LockGuard;
 use crate::held::Held;
 use crate::identity::Identity;
-use crate::keeper::{Keepers, Msg};
+use crate::keeper::Keepers;
 use crate::name::LockName;
 use crate::options::{LockOptions, WaitMode};
 use crate::types::HeldLock;
@@ -93,6 +93,12 @@ impl Locker {
         // Keepers follow one clock: a locker with another clock gets its own.
         self.keepers = Arc::default();
         self
+    }
+
+    /// How many times this locker's keepers woke (tests of the mailbox read it).
+    #[cfg(test)]
+    pub(crate) fn keeper_wakes(&self) -> u64 {
+        self.keepers.wakes()
     }
 
     /// The backend.
@@ -366,10 +372,9 @@ impl Locker {
             slot,
         );
         let held = Arc::new(held);
-        let keeper = self.keepers.inbox(&self.backend, &self.clock);
-        let due = sent + options.refresh_interval();
+        let keeper = self.keepers.handle(&self.backend, &self.clock);
         // A keeper that is gone already shows in the guard as `Lost(RefresherStopped)`.
-        let _ = keeper.send(Msg::Keep(Arc::clone(&held), due));
+        keeper.keep(Arc::clone(&held), sent + options.refresh_interval());
         Some(LockGuard::new(held, keeper))
     }
 }

@@ -21,6 +21,8 @@ struct Odd {
     memory: MemoryBackend,
     panics_on: Mutex<HashSet<String>>,
     slow_release: Mutex<Option<u64>>,
+    /// Acquire and release yield to the runtime once.
+    yields: Mutex<bool>,
     /// Refreshes with this TTL take 60 ms before they reach the lock table.
     slow_refresh_ttl: Mutex<Option<Duration>>,
     released_in: Mutex<Vec<Option<tokio::task::Id>>>,
@@ -53,6 +55,9 @@ impl LockBackend for Odd {
             .lock()
             .expect("lock")
             .push(tokio::task::try_id());
+        if *self.yields.lock().expect("lock") {
+            tokio::task::yield_now().await;
+        }
         let slow = *self.slow_release.lock().expect("lock");
         if let Some(slow) = slow {
             tokio::time::sleep(ms(slow)).await;
@@ -186,8 +191,12 @@ fn a_guard_whose_keeper_stopped_still_releases() {
     let odd = Arc::new(Odd::default());
     let first = runtime();
     let guard = first.block_on(locker(&odd).acquire("job")).expect("free");
+    let health = guard.health();
     drop(first);
     assert_eq!(guard.state(), Health::Lost(LostReason::RefresherStopped));
+    // Told, not only read: a watcher of the health sees it too.
+    assert_eq!(*health.borrow(), Health::Lost(LostReason::RefresherStopped));
+    assert!(guard.cancellation_token().is_cancelled());
     let second = runtime();
     let released = second.block_on(guard.release());
     let err = released.expect_err("lost");
@@ -224,4 +233,77 @@ async fn leaving_waits_for_the_refresh_in_flight_body() {
     tokio::time::sleep_until(start + ms(3_000)).await;
     let holder = odd.memory.inspect(&name("ci-step")).await.expect("ok");
     assert!(holder.is_some(), "held for the 10 s leave_for promised");
+}
+
+/// Acquire and release do not wake the keeper: a new lease is due an interval later, and a
+/// released one leaves the queue with the next mail. (The backend yields in each call, so
+/// a keeper that is woken gets to run.)
+#[test]
+fn a_cycle_leaves_the_keeper_asleep() {
+    crate::tests::bounded(a_cycle_leaves_the_keeper_asleep_body);
+}
+
+async fn a_cycle_leaves_the_keeper_asleep_body() {
+    let odd = Arc::new(Odd::default());
+    *odd.yields.lock().expect("lock") = true;
+    let locker = Locker::new(Arc::clone(&odd) as Arc<dyn LockBackend>)
+        .with_options(LockOptions::new(ms(30_000)));
+    let held = locker.acquire("held").await.expect("free");
+    let before = locker.keeper_wakes();
+    for i in 0..1_000 {
+        let guard = locker.acquire(format!("job-{i}")).await.expect("free");
+        guard.release().await.expect("released");
+    }
+    let wakes = locker.keeper_wakes() - before;
+    assert!(
+        wakes <= 20,
+        "the keeper woke {wakes} times for 1,000 cycles"
+    );
+    held.release().await.expect("released");
+}
+
+/// Released leases leave the keeper within one mailbox (128 pieces of mail) even while no
+/// lease is added: each holds the backend, its lease and its options until then.
+#[test]
+fn released_leases_leave_the_keeper_within_one_mailbox() {
+    crate::tests::bounded(released_leases_leave_the_keeper_within_one_mailbox_body);
+}
+
+async fn released_leases_leave_the_keeper_within_one_mailbox_body() {
+    let odd = Arc::new(Odd::default());
+    *odd.yields.lock().expect("lock") = true;
+    let backend = Arc::clone(&odd) as Arc<dyn LockBackend>;
+    let locker = Locker::new(Arc::clone(&backend)).with_options(LockOptions::new(ms(30_000)));
+    let mut guards = Vec::new();
+    for i in 0..1_000 {
+        guards.push(locker.acquire(format!("job-{i}")).await.expect("free"));
+    }
+    for guard in guards {
+        guard.release().await.expect("released");
+    }
+    tokio::task::yield_now().await;
+    // `backend`, the locker, and at most a mailbox of released leases.
+    let alive = Arc::strong_count(&backend);
+    assert!(alive <= 2 + 128, "{alive} references to the backend");
+}
+
+/// A lease due before the keeper's planned wake-up wakes it: a 1 s lease taken while the
+/// keeper sleeps until a 30 s lease's refresh is still refreshed every 125 ms.
+#[test]
+fn a_lease_due_sooner_wakes_the_keeper() {
+    crate::tests::bounded(a_lease_due_sooner_wakes_the_keeper_body);
+}
+
+async fn a_lease_due_sooner_wakes_the_keeper_body() {
+    let odd = Arc::new(Odd::default());
+    let locker = Locker::new(Arc::clone(&odd) as Arc<dyn LockBackend>)
+        .with_options(LockOptions::new(ms(30_000)));
+    let slow = locker.acquire("slow").await.expect("free");
+    tokio::time::sleep(ms(10)).await;
+    let options = LockOptions::new(ms(1_000)).with_refresh_interval(ms(125));
+    let fast = locker.acquire_with("fast", &options).await.expect("free");
+    tokio::time::sleep(ms(3_000)).await;
+    assert_eq!(fast.state(), Health::Healthy);
+    fast.release().await.expect("released");
+    slow.release().await.expect("released");
 }
