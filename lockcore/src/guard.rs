@@ -232,10 +232,11 @@ impl LockGuard {
         let in_flight = self.keeper.leave(self.shared.id);
         let shared = Arc::clone(&self.shared);
         Finishing::new(async move {
-            let keeper_gone = match in_flight {
-                Some(in_flight) => in_flight.await.is_ok(),
-                None => true,
-            };
+            let keeper_gone = in_flight.is_none();
+            if let Some(in_flight) = in_flight {
+                // The keeper drops the sender once nothing of this lease is in flight.
+                let _ = in_flight.await;
+            }
             held::leave(shared, ttl, keeper_gone).await
         })
         .await
