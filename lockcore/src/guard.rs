@@ -1,6 +1,7 @@
 //! [`LockGuard`]: a held lease, refreshed in the background, with its health.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,7 +51,7 @@ impl LockGuard {
         Self {
             name: lease.name().clone(),
             token: lease.token(),
-            health: shared.health.subscribe(),
+            health: shared.subscribe(),
             shared,
             keeper,
             ended: false,
@@ -162,7 +163,8 @@ impl LockGuard {
         self.ended = true;
         let keeper_gone = !self.keeper.forget(self.shared.id);
         let shared = Arc::clone(&self.shared);
-        Finishing::new(held::release(shared, Ending::Release, keeper_gone)).await
+        self.end(held::release(shared, Ending::Release, keeper_gone))
+            .await
     }
 
     /// Stops refreshing and leaves the lease to expire `ttl` from now, without releasing
@@ -231,7 +233,7 @@ impl LockGuard {
         // Wait for a refresh the keeper has in flight: it must not land after ours.
         let in_flight = self.keeper.leave(self.shared.id);
         let shared = Arc::clone(&self.shared);
-        Finishing::new(async move {
+        self.end(async move {
             let keeper_gone = in_flight.is_none();
             if let Some(in_flight) = in_flight {
                 // The keeper drops the sender once nothing of this lease is in flight.
@@ -241,23 +243,51 @@ impl LockGuard {
         })
         .await
     }
+
+    /// Runs `work`, which ends the lease, in this task (finished in a task of its own if
+    /// this future is dropped halfway). Awaited outside any tokio runtime (from another
+    /// executor), it runs on the keeper's runtime instead: its timeouts need tokio's timer.
+    async fn end<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Finishing::new(work).await;
+        }
+        match self.keeper.runtime.spawn(work).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::lost(format!(
+                "the lease was lost before it ended: {}",
+                LostReason::RefresherStopped
+            ))
+            .with_lock(&self.name)),
+        }
+    }
 }
 
 impl Drop for LockGuard {
-    /// Releases best-effort in a task on the current runtime; outside any runtime, the
-    /// keeper's runtime does it. Never blocks or panics; with no runtime left at all the
-    /// lease expires by its TTL.
+    /// Releases best-effort in a task on the keeper's runtime (the current one if the
+    /// keeper's is gone). Never blocks or panics; with no runtime left at all the lease
+    /// expires by its TTL.
     fn drop(&mut self) {
         if self.ended {
             return;
         }
         let shared = Arc::clone(&self.shared);
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                let keeper_gone = !self.keeper.forget(shared.id);
-                drop(runtime.spawn(held::release(shared, Ending::Abandon, keeper_gone)));
+        let keeper_gone = !self.keeper.forget(shared.id);
+        // On the keeper's runtime, which outlives a short-lived one the guard may be
+        // dropped on; with the keeper gone, on the current one.
+        let runtime = match keeper_gone {
+            false => Some(self.keeper.runtime.clone()),
+            true => tokio::runtime::Handle::try_current().ok(),
+        };
+        match runtime {
+            Some(runtime) => {
+                drop(runtime.spawn(held::release(shared, Ending::Abandon, keeper_gone)))
             }
-            Err(_) => self.keeper.abandon(shared),
+            None => {
+                tracing::debug!(lock = %self.name, "no runtime to release a dropped guard; it expires by its TTL")
+            }
         }
     }
 }

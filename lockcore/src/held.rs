@@ -9,12 +9,14 @@
 //! is given and never re-creates a lock, so that refresh finds nothing and changes nothing.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures_util::FutureExt;
 use tokio::sync::watch;
 use tokio::time::{Instant, timeout};
 use tokio_util::sync::CancellationToken;
@@ -39,7 +41,11 @@ pub(crate) struct Held {
     state: Mutex<(Lease, Instant)>,
     pub(crate) clock: Clock,
     pub(crate) cancel: CancellationToken,
-    pub(crate) health: watch::Sender<Health>,
+    /// The health's sender, dropped once the lease has ended (so watchers see the
+    /// channel close, as they did when each guard had a task of its own).
+    health: Mutex<Option<watch::Sender<Health>>>,
+    /// The health, readable after the sender is gone.
+    watch: watch::Receiver<Health>,
     pub(crate) backend: Arc<dyn LockBackend>,
     pub(crate) options: LockOptions,
     /// The owner's slot for this lock: while it lives, no other attempt by this owner for
@@ -57,12 +63,14 @@ impl Held {
         options: LockOptions,
         slot: Slot,
     ) -> Self {
+        let (health, watch) = watch::channel(Health::Healthy);
         Self {
             id: NEXT_ID.fetch_add(1, Ordering::Relaxed),
             state: Mutex::new((lease, validity)),
             clock,
             cancel: CancellationToken::new(),
-            health: watch::Sender::new(Health::Healthy),
+            health: Mutex::new(Some(health)),
+            watch,
             backend,
             options,
             slot: Mutex::new(Some(slot)),
@@ -86,15 +94,24 @@ impl Held {
     }
 
     pub(crate) fn current(&self) -> Health {
-        self.health.borrow().clone()
+        self.watch.borrow().clone()
+    }
+
+    /// A watch of the health.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Health> {
+        self.watch.clone()
     }
 
     /// Applies `event` to the health; returns the health it had before. Atomic, so the
     /// keeper and the guard's caller never overwrite each other's terminal state.
     pub(crate) fn apply(&self, event: Event) -> Health {
-        let mut before = Health::Healthy;
+        let mut before = self.current();
         let max = self.options.max_refresh_failures();
-        self.health.send_if_modified(|health| {
+        let sender = self.health.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(sender) = sender.as_ref() else {
+            return before;
+        };
+        sender.send_if_modified(|health| {
             before = health.clone();
             let next = transition(health, event, max);
             if next == *health {
@@ -109,6 +126,40 @@ impl Held {
         before
     }
 
+    /// Nothing refreshes this lease any more (its keeper stopped): `Lost(RefresherStopped)`
+    /// unless it already ended, and the cancellation token fires.
+    pub(crate) fn stopped(&self) {
+        let sender = self.health.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(sender) = sender.as_ref() {
+            sender.send_if_modified(|health| {
+                let live = !health.is_terminal();
+                if live {
+                    *health = Health::Lost(LostReason::RefresherStopped);
+                }
+                live
+            });
+        }
+        drop(sender);
+        self.cancel.cancel();
+    }
+
+    /// The lease has ended for this process: its health watch closes and the owner's slot
+    /// is free.
+    fn ended(&self) {
+        drop(
+            self.health
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        drop(
+            self.slot
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+    }
+
     /// Validity from a grant or refresh `lease` sent at `sent`.
     pub(crate) fn validity_from(&self, sent: Instant, lease: &Lease) -> Instant {
         let ttl = lease.ttl().get().min(self.options.ttl());
@@ -120,16 +171,6 @@ impl Held {
     /// `err` named with this lease's backend and lock.
     fn context(&self, err: Error) -> Error {
         err.in_context(self.backend.backend_name(), self.lease().name())
-    }
-
-    /// Frees the owner's slot: the lease is over as far as this process is concerned.
-    fn free_slot(&self) {
-        drop(
-            self.slot
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .take(),
-        );
     }
 }
 
@@ -146,7 +187,7 @@ pub(crate) enum Ending {
 /// lost). `keeper_gone`: the keeper stopped (its runtime shut down) before the lease ended.
 pub(crate) async fn release(held: Arc<Held>, ending: Ending, keeper_gone: bool) -> Result<()> {
     let result = release_once(&held, keeper_gone).await;
-    held.free_slot();
+    held.ended();
     if matches!(ending, Ending::Abandon)
         && let Err(err) = &result
     {
@@ -205,7 +246,7 @@ fn lost(held: &Held, reason: &LostReason, before: &str) -> Error {
 async fn release_bounded(held: &Held) -> Result<()> {
     let limit = held.options.acquire_timeout().min(Duration::from_secs(30));
     let lease = held.lease();
-    match timeout(limit, held.backend.release(&lease)).await {
+    match timeout(limit, unwound(held.backend.release(&lease), "release")).await {
         Ok(result) => result.map_err(|e| held.context(e)),
         Err(_) => Err(held.context(Error::new(
             ErrorKind::OutcomeUnknown,
@@ -229,7 +270,7 @@ pub(crate) async fn leave(
         held.apply(Event::Released);
     }
     held.cancel.cancel();
-    held.free_slot();
+    held.ended();
     result
 }
 
@@ -250,7 +291,8 @@ async fn leave_once(held: &Held, ttl: Option<Duration>, keeper_gone: bool) -> Re
         Some(ttl) => refresh_with(held, ttl).await?,
         None => held.lease(),
     };
-    let detach = timeout(held.options.refresh_timeout(), held.backend.detach(&lease)).await;
+    let detach = unwound(held.backend.detach(&lease), "detach");
+    let detach = timeout(held.options.refresh_timeout(), detach).await;
     match detach {
         Ok(result) => result.map(|()| lease),
         Err(_) => Err(Error::new(
@@ -273,7 +315,7 @@ async fn refresh_with(held: &Held, ttl: Duration) -> Result<Lease> {
             "the lease was lost while leaving it: {}",
             LostReason::ValidityExpired
         ))),
-        result = held.backend.refresh(&asked) => result,
+        result = unwound(held.backend.refresh(&asked), "refresh") => result,
         () = clock.sleep_until(limit) => Err(Error::new(
             ErrorKind::OutcomeUnknown,
             format!("refresh got no reply within {:?}", held.options.refresh_timeout()),
@@ -313,6 +355,17 @@ async fn refresh_with(held: &Held, ttl: Duration) -> Result<Lease> {
     Ok(lease)
 }
 
+/// `call`'s result, or a temporary error if the backend panicked in it: a backend bug fails
+/// the call, never the caller's task.
+async fn unwound<T>(call: impl Future<Output = Result<T>>, what: &str) -> Result<T> {
+    match AssertUnwindSafe(call).catch_unwind().await {
+        Ok(result) => result,
+        Err(_) => Err(Error::unavailable(format!(
+            "the backend panicked during {what}"
+        ))),
+    }
+}
+
 /// Work that must finish once begun: it runs in the awaiting task, and if that task drops
 /// it before it is done, the rest runs in a task of its own (on the runtime it began on,
 /// else the current one; with neither, it is dropped and the lease expires by its TTL).
@@ -334,12 +387,15 @@ impl<T: Send + 'static> Future for Finishing<T> {
     type Output = T;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<T> {
-        let Some(work) = self.work.as_mut() else {
+        // Out of `self` while it runs: if it panics, `Drop` finds nothing to finish.
+        let Some(mut work) = self.work.take() else {
             return Poll::Pending;
         };
-        let output = std::task::ready!(work.as_mut().poll(cx));
-        self.work = None;
-        Poll::Ready(output)
+        let poll = work.as_mut().poll(cx);
+        if poll.is_pending() {
+            self.work = Some(work);
+        }
+        poll
     }
 }
 

@@ -45,8 +45,9 @@ use tokio::time::Instant;
 use crate::backend::LockBackend;
 use crate::clock::Clock;
 use crate::error::{Error, ErrorKind, Result};
-use crate::held::{Ending, Held, release};
-use crate::state::{Event, Health, LostReason};
+use crate::grid::{failed, same_grant, snap};
+use crate::held::Held;
+use crate::state::Event;
 use crate::types::Lease;
 
 /// Guards refreshing more often than this refresh on their own schedule, one call each:
@@ -73,7 +74,11 @@ impl Keepers {
             let mailbox = Arc::new(Mailbox::new(clock.now()));
             let keeper = Keeper::new(Arc::clone(backend), clock.clone(), messages, &mailbox);
             drop(runtime.spawn(keeper.run()));
-            KeeperHandle { inbox, mailbox }
+            KeeperHandle {
+                inbox,
+                mailbox,
+                runtime: runtime.clone(),
+            }
         });
         handle.clone()
     }
@@ -99,6 +104,9 @@ struct Entry {
     call: Option<Call>,
     /// The number of this entry's latest timer; older ones still queued are stale.
     timer: u64,
+    /// Backend calls with this lease still running (one given up at its timeout on the
+    /// locker's clock may still be running, and may still land).
+    running: u32,
     /// Its guard is leaving it: dropped (which tells the guard) when its refresh in
     /// flight has settled; no refresh is sent after it.
     leaving: Option<oneshot::Sender<()>>,
@@ -205,6 +213,7 @@ impl Keeper {
                 next: due,
                 call: None,
                 timer: 0,
+                running: 0,
                 leaving: None,
             };
             entry.next = schedule(self.origin, &entry, due);
@@ -219,13 +228,12 @@ impl Keeper {
     fn on_msg(&mut self, msg: Msg) {
         match msg {
             Msg::Leave(id, settled) => match self.entries.get_mut(&id) {
-                Some(entry) if entry.call.is_some() => entry.leaving = Some(settled),
+                Some(entry) if entry.running > 0 => {
+                    entry.leaving = Some(settled);
+                    self.arm(id);
+                }
                 _ => drop(self.entries.remove(&id)),
             },
-            Msg::Abandon(held) => {
-                self.entries.remove(&held.id);
-                drop(tokio::spawn(release(held, Ending::Abandon, false)));
-            }
         }
     }
 
@@ -246,7 +254,12 @@ impl Keeper {
         let Some(entry) = self.entries.get_mut(&id) else {
             return;
         };
-        let due = entry.call.map_or(entry.next, |call| call.limit);
+        let due = match (&entry.leaving, entry.call) {
+            // Only its validity still matters: no refresh is sent for a leaving lease.
+            (Some(_), _) => entry.held.validity(),
+            (None, Some(call)) => call.limit,
+            (None, None) => entry.next,
+        };
         let at = due.min(entry.held.validity());
         self.numbers += 1;
         entry.timer = self.numbers;
@@ -283,10 +296,11 @@ impl Keeper {
                     );
                     self.on_refreshed(id, call.sent, Err(err));
                 }
-                None if now >= entry.next => {
+                None if now >= entry.next && entry.leaving.is_none() => {
                     let waited = held.options.refresh_timeout();
                     self.numbers += 1;
                     let number = self.numbers;
+                    entry.running += 1;
                     entry.call = Some(Call {
                         number,
                         sent: now,
@@ -356,12 +370,18 @@ impl Keeper {
             );
         }
         for ((id, number, lease), result) in asked.into_iter().zip(results) {
-            let Some(call) = self.entries.get(&id).and_then(|entry| entry.call) else {
+            let Some(entry) = self.entries.get_mut(&id) else {
                 continue;
             };
-            if call.number == number {
-                let result = result.and_then(|refreshed| same_grant(&lease, refreshed));
-                self.on_refreshed(id, call.sent, result);
+            entry.running = entry.running.saturating_sub(1);
+            match entry.call {
+                Some(call) if call.number == number => {
+                    let result = result.and_then(|refreshed| same_grant(&lease, refreshed));
+                    self.on_refreshed(id, call.sent, result);
+                }
+                // A call given up earlier has ended: a leaving guard may go on.
+                _ if entry.leaving.is_some() && entry.running == 0 => self.end(id),
+                _ => {}
             }
         }
     }
@@ -397,9 +417,15 @@ impl Keeper {
             }
         };
         held.apply(event);
-        let leaving = self.entries.get(&id).is_some_and(|e| e.leaving.is_some());
-        if held.current().is_terminal() || leaving {
+        let Some(entry) = self.entries.get(&id) else {
+            return;
+        };
+        if held.current().is_terminal() || (entry.leaving.is_some() && entry.running == 0) {
             return self.end(id);
+        }
+        if entry.leaving.is_some() {
+            // Its call was given up but is still running: wait for it to end.
+            return self.arm(id);
         }
         let due = sent + held.options.refresh_interval();
         let (origin, entries) = (self.origin, &mut self.entries);
@@ -425,25 +451,16 @@ impl Drop for Keeper {
     /// more. Their guards learn it at once, with `Lost(RefresherStopped)` and their
     /// cancellation tokens, instead of at the validity deadline.
     fn drop(&mut self) {
+        // Closed first: a lease posted after the last look below sees the keeper gone
+        // (`KeeperHandle::keep`).
+        self.inbox.close();
         let mut held: Vec<Arc<Held>> = self.entries.drain().map(|(_, e)| e.held).collect();
         // Leases handed over but not yet read (the runtime stopped before the keeper ran).
-        held.extend(
-            self.mailbox
-                .take()
-                .added
-                .into_iter()
-                .map(|(lease, _)| lease),
-        );
+        let Post { added, forgotten } = self.mailbox.take();
+        let added = added.into_iter().map(|(lease, _)| lease);
+        held.extend(added.filter(|lease| !forgotten.contains(&lease.id)));
         for held in held {
-            let stopped = Health::Lost(LostReason::RefresherStopped);
-            held.health.send_if_modified(|health| {
-                let live = !health.is_terminal();
-                if live {
-                    *health = stopped;
-                }
-                live
-            });
-            held.cancel.cancel();
+            held.stopped();
         }
     }
 }
@@ -457,44 +474,10 @@ fn schedule(origin: Instant, entry: &Entry, due: Instant) -> Instant {
     snap(origin, due, entry.held.options.refresh_interval() / 4)
 }
 
-/// `err` as the result of each of `n` leases.
-fn failed(err: Error, n: usize) -> Vec<Result<Lease>> {
-    err.copies(n).into_iter().map(Err).collect()
-}
-
 /// Sleeps until `wake` on `clock`, or for ever.
 async fn sleep(clock: &Clock, wake: Option<Instant>) {
     match wake {
         Some(at) => clock.sleep_until(at).await,
         None => std::future::pending().await,
     }
-}
-
-/// The last multiple of `step` after `origin` that is not after `due`; `due` when the grid
-/// does not reach it (a step under a millisecond, or `due` before the origin).
-pub(crate) fn snap(origin: Instant, due: Instant, step: Duration) -> Instant {
-    let step_ns = step.as_nanos();
-    if step < Duration::from_millis(1) || due < origin {
-        return due;
-    }
-    let since = (due - origin).as_nanos();
-    let back = since % step_ns;
-    // `back < step`, which fits a `Duration`.
-    due - Duration::from_nanos(u64::try_from(back).unwrap_or(0))
-}
-
-/// `refreshed` when it answers for `asked` (same lock, same owner): a backend that mixed up
-/// its answers must not hand one guard another's lease.
-fn same_grant(asked: &Lease, refreshed: Lease) -> Result<Lease> {
-    if refreshed.name() == asked.name() && refreshed.owner() == asked.owner() {
-        return Ok(refreshed);
-    }
-    Err(Error::new(
-        ErrorKind::OutcomeUnknown,
-        format!(
-            "the backend answered the refresh of lock {:?} with a lease of lock {:?}",
-            asked.name().as_str(),
-            refreshed.name().as_str()
-        ),
-    ))
 }

@@ -32,6 +32,7 @@ mod backoff;
 mod clock;
 mod duration;
 mod error;
+mod grid;
 mod guarantees;
 mod guard;
 mod held;

@@ -6,11 +6,10 @@
 //! it must be: a lease due before the keeper's planned wake-up, or a full mailbox (which
 //! bounds what a forgotten lease keeps alive). A lease that was forgotten is never
 //! refreshed again: the keeper reads the mailbox before it sends anything. What must be
-//! answered (`leave_for` waits for the refresh in flight) or needs a runtime (a guard
-//! dropped outside any) goes through the keeper's channel, which also tells a guard that
-//! its keeper stopped.
+//! answered (`leave_for` waits for the refresh in flight) goes through the keeper's
+//! channel, which also tells a guard that its keeper stopped.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -28,8 +27,6 @@ pub(crate) enum Msg {
     /// refresh of it is in flight any more (answered, or given up at its timeout), so a
     /// refresh the keeper sent cannot land after the guard's own and undo its TTL.
     Leave(u64, oneshot::Sender<()>),
-    /// Its guard was dropped outside any runtime: release it from here.
-    Abandon(Arc<Held>),
 }
 
 /// Leases handed to the keeper and leases to forget, read when it wakes.
@@ -44,9 +41,9 @@ pub(crate) struct Post {
 pub(crate) struct Mailbox {
     post: Mutex<Post>,
     pub(crate) notify: Notify,
-    /// When the keeper will wake next, in nanoseconds after `base` on the locker's clock;
-    /// `u64::MAX` when it has nothing planned.
-    planned: AtomicU64,
+    /// When the keeper will wake next, in nanoseconds from `base` on the locker's clock
+    /// (negative before it: the clock can be set back); `i64::MAX` when nothing is planned.
+    planned: AtomicI64,
     base: Instant,
     /// How many times the keeper woke (tests read it).
     pub(crate) wakes: AtomicU64,
@@ -57,7 +54,7 @@ impl Mailbox {
         Self {
             post: Mutex::default(),
             notify: Notify::new(),
-            planned: AtomicU64::new(u64::MAX),
+            planned: AtomicI64::new(i64::MAX),
             base,
             wakes: AtomicU64::new(0),
         }
@@ -81,22 +78,28 @@ impl Mailbox {
     /// the keeper looks at the mailbox a last time and sleeps: a lease added after that
     /// look sees this plan and wakes the keeper if it is due earlier.
     pub(crate) fn plan(&self, at: Option<Instant>) {
-        let at = at.map_or(u64::MAX, |at| self.nanos(at));
+        let at = at.map_or(i64::MAX, |at| self.nanos(at));
         self.planned.store(at, Ordering::SeqCst);
     }
 
-    fn nanos(&self, at: Instant) -> u64 {
-        let since = at.saturating_duration_since(self.base).as_nanos();
-        u64::try_from(since).unwrap_or(u64::MAX - 1)
+    /// `at` in nanoseconds from `base`, below `i64::MAX` (which means "not planned").
+    fn nanos(&self, at: Instant) -> i64 {
+        let far = i64::MAX - 1;
+        match at.checked_duration_since(self.base) {
+            Some(after) => i64::try_from(after.as_nanos()).unwrap_or(far),
+            None => -i64::try_from((self.base - at).as_nanos()).unwrap_or(far),
+        }
     }
 
-    fn add(&self, held: Arc<Held>, due: Instant) {
+    /// Posts `held`; the keeper must look at it by `by` (its first refresh, or its
+    /// validity if that ends sooner).
+    fn add(&self, held: Arc<Held>, due: Instant, by: Instant) {
         let waiting = {
             let mut post = self.post();
             post.added.push((held, due));
             post.added.len()
         };
-        if waiting >= BUNDLE || self.nanos(due) < self.planned.load(Ordering::SeqCst) {
+        if waiting >= BUNDLE || self.nanos(by) < self.planned.load(Ordering::SeqCst) {
             self.notify.notify_one();
         }
     }
@@ -118,12 +121,20 @@ impl Mailbox {
 pub(crate) struct KeeperHandle {
     pub(crate) inbox: mpsc::UnboundedSender<Msg>,
     pub(crate) mailbox: Arc<Mailbox>,
+    /// The keeper's runtime, where a dropped guard's release runs.
+    pub(crate) runtime: tokio::runtime::Handle,
 }
 
 impl KeeperHandle {
     /// Hands a new lease to the keeper; its first refresh is due at `due`.
     pub(crate) fn keep(&self, held: Arc<Held>, due: Instant) {
-        self.mailbox.add(held, due);
+        let by = due.min(held.validity());
+        self.mailbox.add(Arc::clone(&held), due, by);
+        // The keeper closes its channel before its last look at the mailbox: either it
+        // saw this lease, or this sees it gone.
+        if self.inbox.is_closed() {
+            held.stopped();
+        }
     }
 
     /// The keeper stops refreshing lease `id`. `false` if the keeper has stopped.
@@ -138,13 +149,6 @@ impl KeeperHandle {
         let (settled, in_flight) = oneshot::channel();
         self.inbox.send(Msg::Leave(id, settled)).ok()?;
         Some(in_flight)
-    }
-
-    /// The keeper releases `held` (its guard was dropped outside any runtime).
-    pub(crate) fn abandon(&self, held: Arc<Held>) {
-        // An unbounded send is synchronous and never blocks or panics; with the keeper
-        // gone, the lease expires by its TTL.
-        let _ = self.inbox.send(Msg::Abandon(held));
     }
 
     /// The keeper has stopped (its runtime shut down).

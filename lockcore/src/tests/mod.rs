@@ -12,6 +12,7 @@ mod clock;
 mod context;
 mod inline;
 mod keeper;
+mod keeper_edges;
 mod leave;
 mod orphan;
 mod poll;
