@@ -310,7 +310,7 @@ impl Keeper {
                     if entry.batched {
                         batch.push((asked, waited));
                     } else {
-                        let call = self.call(vec![asked], waited);
+                        let call = self.call(vec![asked], waited, false);
                         self.calls.push(call);
                     }
                     self.arm(id);
@@ -321,20 +321,20 @@ impl Keeper {
         for chunk in batch.chunks(self.limit) {
             let waited = chunk.iter().map(|(_, t)| *t).max().unwrap_or_default();
             let asked = chunk.iter().map(|(asked, _)| asked.clone()).collect();
-            self.calls.push(self.call(asked, waited));
+            self.calls.push(self.call(asked, waited, true));
         }
     }
 
-    /// One backend call for `asked` (`refresh` for one lease, `refresh_many` for more),
-    /// dropped after `waited` (each lease has timed out by then) and kept from unwinding
-    /// into the keeper.
-    fn call(&self, asked: Vec<(u64, u64, Lease)>, waited: Duration) -> Pending {
+    /// One backend call for `asked` (`refresh_many` for a batch, even of one; `refresh`
+    /// otherwise), dropped after `waited` (each lease has timed out by then) and kept from
+    /// unwinding into the keeper.
+    fn call(&self, asked: Vec<(u64, u64, Lease)>, waited: Duration, batch: bool) -> Pending {
         let backend = Arc::clone(&self.backend);
         Box::pin(async move {
             let leases: Vec<Lease> = asked.iter().map(|(.., lease)| lease.clone()).collect();
             let work = async {
                 match leases.as_slice() {
-                    [lease] => vec![backend.refresh(lease).await],
+                    [lease] if !batch => vec![backend.refresh(lease).await],
                     leases => backend.refresh_many(leases).await,
                 }
             };
