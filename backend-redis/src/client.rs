@@ -264,7 +264,10 @@ impl Node {
         note: &str,
     ) -> Result<AcquireReply> {
         let mut invocation = ACQUIRE.prepare_invoke();
-        invocation.key(keys.lock()).key(keys.note());
+        invocation
+            .key(keys.lock())
+            .key(keys.note())
+            .key(keys.wait());
         if fenced {
             invocation.key(keys.fence());
         }
@@ -328,12 +331,14 @@ impl Node {
             .collect()
     }
 
-    /// Runs the release script; `true` when our key was deleted (and waiters notified).
+    /// Runs the release script; `true` when our key was deleted (and waiters notified, if
+    /// a refusal marked the lock as waited for).
     pub(crate) async fn release(&self, keys: &LockKeys, value: &str) -> Result<bool> {
         let mut invocation = RELEASE.prepare_invoke();
         invocation
             .key(keys.lock())
             .key(keys.note())
+            .key(keys.wait())
             .arg(value)
             .arg(keys.channel());
         match self.run(Call::Release, &invocation).await? {
@@ -357,6 +362,7 @@ impl Node {
         invocation
             .key(keys.lock())
             .key(keys.note())
+            .key(keys.wait())
             .arg(keys.channel());
         let reply = self.run(Call::Break, &invocation).await?;
         decode_found(reply).ok_or_else(|| malformed(Call::Break, &self.label))
