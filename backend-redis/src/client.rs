@@ -264,10 +264,7 @@ impl Node {
         note: &str,
     ) -> Result<AcquireReply> {
         let mut invocation = ACQUIRE.prepare_invoke();
-        invocation
-            .key(keys.lock())
-            .key(keys.note())
-            .key(keys.wait());
+        invocation.key(keys.lock()).key(keys.note());
         if fenced {
             invocation.key(keys.fence());
         }
@@ -331,14 +328,12 @@ impl Node {
             .collect()
     }
 
-    /// Runs the release script; `true` when our key was deleted (and waiters notified, if
-    /// a refusal marked the lock as waited for).
+    /// Runs the release script; `true` when our key was deleted (and waiters notified).
     pub(crate) async fn release(&self, keys: &LockKeys, value: &str) -> Result<bool> {
         let mut invocation = RELEASE.prepare_invoke();
         invocation
             .key(keys.lock())
             .key(keys.note())
-            .key(keys.wait())
             .arg(value)
             .arg(keys.channel());
         match self.run(Call::Release, &invocation).await? {
@@ -362,7 +357,6 @@ impl Node {
         invocation
             .key(keys.lock())
             .key(keys.note())
-            .key(keys.wait())
             .arg(keys.channel());
         let reply = self.run(Call::Break, &invocation).await?;
         decode_found(reply).ok_or_else(|| malformed(Call::Break, &self.label))

@@ -7,7 +7,6 @@
 //! | lock key | `{anylock:deploy}:lock` | `PX` = the lease TTL; deleted on release |
 //! | fence counter | `{anylock:deploy}:fence` | never deleted (single instance only) |
 //! | note | `{anylock:deploy}:note` | a hash written with a grant that has a note; `PX` = the lease TTL |
-//! | wait mark | `{anylock:deploy}:waiting` | `1`, set by a refused acquire; `PX` = the holder's remaining TTL; deleted on release |
 //! | release channel | `{anylock:deploy}:released` | pub/sub, no storage |
 //!
 //! The keys share the hash tag `{anylock:deploy}`, so a Redis Cluster keeps them in one
@@ -28,15 +27,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use lockcore::{FenceToken, HolderInfo, Identity, LockName, Note};
 
-/// The Redis names of one lock: lock key, fence counter key, note key, wait mark and
-/// release channel.
+/// The Redis names of one lock: lock key, fence counter key, note key and release channel.
 ///
 /// ```
 /// use backend_redis::LockKeys;
 /// let keys = LockKeys::new("anylock", &lockcore::LockName::new("deploy")?);
 /// assert_eq!(keys.lock(), "{anylock:deploy}:lock");
 /// assert_eq!(keys.fence(), "{anylock:deploy}:fence");
-/// assert_eq!(keys.wait(), "{anylock:deploy}:waiting");
 /// assert_eq!(keys.hash_tag(), "anylock:deploy");
 /// # Ok::<(), lockcore::Error>(())
 /// ```
@@ -45,7 +42,6 @@ pub struct LockKeys {
     lock: String,
     fence: String,
     note: String,
-    wait: String,
     channel: String,
 }
 
@@ -57,7 +53,6 @@ impl LockKeys {
             lock: format!("{tag}:lock"),
             fence: format!("{tag}:fence"),
             note: format!("{tag}:note"),
-            wait: format!("{tag}:waiting"),
             channel: format!("{tag}:released"),
         }
     }
@@ -77,13 +72,7 @@ impl LockKeys {
         &self.note
     }
 
-    /// The wait mark: set (with the holder's remaining TTL) when an acquire is refused, so
-    /// the holder's release knows someone may wait and publishes on [`channel`](Self::channel).
-    pub fn wait(&self) -> &str {
-        &self.wait
-    }
-
-    /// The pub/sub channel a release publishes on (when someone may be waiting).
+    /// The pub/sub channel a release publishes on.
     pub fn channel(&self) -> &str {
         &self.channel
     }

@@ -288,7 +288,6 @@ proptest! {
         prop_assert_eq!(name_of_lock_key("p:x", &head, keys.lock().as_bytes()), Some(lock_name));
         prop_assert_eq!(name_of_lock_key("p:x", "", keys.fence().as_bytes()), None);
         prop_assert_eq!(name_of_lock_key("p:x", "", keys.note().as_bytes()), None);
-        prop_assert_eq!(name_of_lock_key("p:x", "", keys.wait().as_bytes()), None);
         let escaped = glob_escape(&name);
         let unescaped: String = escaped.replace("\\\\", "\u{0}").replace('\\', "").replace('\u{0}', "\\");
         prop_assert_eq!(unescaped, name);

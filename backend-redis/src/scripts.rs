@@ -30,13 +30,6 @@ use redis::Script;
 /// before the script runs, so one `SET lock value NX PX ttl GET` (Redis ≥ 7.0; older
 /// servers get the `GET` first) both takes a free lock and reads a held one.
 ///
-/// A refusal (someone else holds the lock) marks the lock as waited for: the wait key is
-/// set with the holder's remaining `PTTL`, so a release knows to `PUBLISH`. A waiter
-/// retries no later than the holder's expiry it was told, and each refusal sets the mark
-/// again with the current `PTTL`; a holder without a TTL (an operator's plain `SET`) is
-/// not marked (only a break, which always publishes, can end it). Best effort: a mark the
-/// ACL refuses is skipped, and such a waiter is woken by its backoff cap.
-///
 /// A grant with a note writes the note key in the same script (both fields, so nothing of
 /// an older note is left), bound to the new value and with the same `PX`. A fresh grant
 /// without a note leaves the key alone: the lock key was gone, and the note key of this
@@ -46,19 +39,17 @@ use redis::Script;
 /// release and break delete it. A refusal returns the holder's note, when it is bound to
 /// the holder's value.
 pub(crate) const ACQUIRE_LUA: &str = r"
--- KEYS[1] lock key; KEYS[2] note key; KEYS[3] wait key; KEYS[4] fence counter (single
--- instance only). ARGV[1] TTL in ms; ARGV[2] owner; ARGV[3] value suffix
+-- KEYS[1] lock key; KEYS[2] note key; KEYS[3] fence counter (single instance only)
+-- ARGV[1] TTL in ms; ARGV[2] owner; ARGV[3] value suffix
 -- ':<unix ms>:<nonce>:<owner>'; ARGV[4] the note ('' for none)
 local current
-local early = not KEYS[4] and ARGV[4] == ''
-if early then
+if not KEYS[3] and ARGV[4] == '' then
   current = redis.pcall('SET', KEYS[1], '0' .. ARGV[3], 'NX', 'PX', ARGV[1], 'GET')
   if not current then
     return {1, '0' .. ARGV[3]}
   end
   if type(current) == 'table' then
     -- A server before 7.0 refuses NX with GET (nothing written): read first.
-    early = false
     current = redis.call('GET', KEYS[1])
   end
 else
@@ -68,30 +59,26 @@ if current and string.match(current, '^%d+:%d+:%x+:(.*)$') ~= ARGV[2] then
   local bound = redis.pcall('HMGET', KEYS[2], 'grant', 'note')
   local note = ''
   if bound[1] == current and type(bound[2]) == 'string' then note = bound[2] end
-  local pttl = redis.call('PTTL', KEYS[1])
-  if pttl > 0 then
-    redis.pcall('SET', KEYS[3], '1', 'PX', pttl)
-  end
-  return {0, current, pttl, note}
+  return {0, current, redis.call('PTTL', KEYS[1]), note}
 end
 local token = 0
-if KEYS[4] then
+if KEYS[3] then
   local now = redis.call('TIME')
   token = tonumber(now[1]) * 1000000 + tonumber(now[2])
   local clock = string.format('%d', token)
-  local raw = redis.pcall('SET', KEYS[4], clock, 'GET')
+  local raw = redis.pcall('SET', KEYS[3], clock, 'GET')
   local wrote = type(raw) ~= 'table'
   if not wrote then
     -- A server before 6.2 refuses the GET option (nothing written); a key that is not a
     -- string fails again here, as it did before.
-    raw = redis.call('GET', KEYS[4])
+    raw = redis.call('GET', KEYS[3])
   end
   local last = tonumber(raw)
   if last and last >= 9007199254740991 then
     if wrote then
-      redis.call('SET', KEYS[4], raw)
+      redis.call('SET', KEYS[3], raw)
     end
-    return redis.error_reply('ANYLOCK fence counter ' .. KEYS[4] .. ' holds ' .. raw ..
+    return redis.error_reply('ANYLOCK fence counter ' .. KEYS[3] .. ' holds ' .. raw ..
       ', not an integer below 2^53-1: tokens could repeat; nothing was written')
   end
   if last and last >= token then
@@ -99,7 +86,7 @@ if KEYS[4] then
     wrote = false
   end
   if not wrote then
-    redis.call('SET', KEYS[4], string.format('%d', token))
+    redis.call('SET', KEYS[3], string.format('%d', token))
   end
 end
 local value = string.format('%d', token) .. ARGV[3]
@@ -141,30 +128,22 @@ return 0
 ";
 
 /// Deletes the lock (and its note) only if it still holds exactly our value, and wakes
-/// waiters: `PUBLISH` only when the lock was marked as waited for (a refusal set the wait
-/// key, see [`ACQUIRE_LUA`]) or had a note key. One `DEL` removes the three keys and says
-/// how many existed: the lock key (known to exist) plus the note key or the wait key makes
-/// 2 or more. A grant with a note therefore always publishes, as every release did before.
-/// The check and the publish are in this one script, and a waiter's refusal sets the mark
-/// in its own script: a refusal that ran before this release left its mark for it, and an
-/// attempt after it finds the lock free.
+/// waiters.
 pub(crate) const RELEASE_LUA: &str = r"
--- KEYS[1] lock key; KEYS[2] note key; KEYS[3] wait key; ARGV[1] our value;
--- ARGV[2] release channel
+-- KEYS[1] lock key; KEYS[2] note key; ARGV[1] our value; ARGV[2] release channel
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  if redis.call('DEL', KEYS[1], KEYS[2], KEYS[3]) > 1 then
-    redis.call('PUBLISH', ARGV[2], 'released')
-  end
+  redis.call('DEL', KEYS[1], KEYS[2])
+  redis.call('PUBLISH', ARGV[2], 'released')
   return 1
 end
 return 0
 ";
 
-/// An operator's break: deletes whatever grant holds the lock (its note and wait mark too)
-/// and wakes waiters (always: the holder may not be one of ours); returns the removed value, its `PTTL` and its note. The fence counter is
+/// An operator's break: deletes whatever grant holds the lock (and its note) and wakes
+/// waiters; returns the removed value, its `PTTL` and its note. The fence counter is
 /// untouched, so tokens keep rising.
 pub(crate) const BREAK_LUA: &str = r"
--- KEYS[1] lock key; KEYS[2] note key; KEYS[3] wait key; ARGV[1] release channel
+-- KEYS[1] lock key; KEYS[2] note key; ARGV[1] release channel
 local current = redis.call('GET', KEYS[1])
 if not current then
   return false
@@ -173,7 +152,7 @@ local pttl = redis.call('PTTL', KEYS[1])
 local bound = redis.pcall('HMGET', KEYS[2], 'grant', 'note')
 local note = ''
 if bound[1] == current and type(bound[2]) == 'string' then note = bound[2] end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('PUBLISH', ARGV[1], 'released')
 return {current, pttl, note}
 ";
