@@ -296,25 +296,6 @@ impl Client {
         extend_on(&self.pool, claim, token).await
     }
 
-    /// [`extend`](Self::extend) for each `(claim, token)`, in order, in one transaction
-    /// (`BEGIN IMMEDIATE`: the write lock is taken first, so no statement of the batch
-    /// waits for it halfway): one commit, and so one sync to disk, for the whole batch.
-    /// Any failure, the commit's included, fails the whole batch and changes nothing.
-    pub(crate) async fn extend_many(&self, batch: &[(Claim<'_>, i64)]) -> Result<Vec<bool>, Error> {
-        use sqlx::Connection as _;
-        let mut conn = self.pool.acquire().await.map_err(map_error)?;
-        let mut tx = conn
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(map_error)?;
-        let mut extended = Vec::with_capacity(batch.len());
-        for (claim, token) in batch {
-            extended.push(extend_on(&mut *tx, claim, *token).await?);
-        }
-        tx.commit().await.map_err(map_error)?;
-        Ok(extended)
-    }
-
     /// Forgets the liveness file of this grant if it is still live; `true` when it was.
     pub(crate) async fn detach(&self, claim: &Claim<'_>, token: i64) -> Result<bool, Error> {
         let row = sqlx::query(DETACH)
@@ -355,6 +336,11 @@ impl Client {
         Ok(())
     }
 
+    /// The pool, for the statements of other modules (`batch.rs`).
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
     /// Closes the pool.
     pub(crate) async fn close(&self) {
         self.pool.close().await;
@@ -362,6 +348,7 @@ impl Client {
 }
 
 /// The one refresh statement ([`EXTEND`]) on `executor`; `true` when it extended the grant.
+/// `batch.rs` extends many leases under the same condition.
 async fn extend_on<'c>(
     executor: impl sqlx::SqliteExecutor<'c>,
     claim: &Claim<'_>,
