@@ -140,10 +140,20 @@ impl Claim<'_> {
     }
 }
 
-/// A pool on the lock database.
+/// Two pools on the lock database.
 #[derive(Debug, Clone)]
 pub(crate) struct Client {
+    /// `synchronous = FULL`: each commit is synced to disk before it returns, so a token
+    /// handed out survives power loss.
     pool: SqlitePool,
+    /// `synchronous = NORMAL`, for the release alone: its commit is written to the WAL but
+    /// not synced, so it needs no sync of its own and the next holder's grant comes a
+    /// sync sooner. Only power loss (or a kernel crash) can undo it, and after one the
+    /// machine boots anew: every lease of the earlier boot is expired whatever its row
+    /// says (off Linux, its holder's kernel lock is gone and a contender takes it over).
+    /// An undone release can only make a lock look held longer, never held twice; it
+    /// changes no token; and the next synced commit (any grant) syncs it too, in order.
+    unsynced: SqlitePool,
 }
 
 impl Client {
@@ -186,12 +196,13 @@ impl Client {
             // FULL: a committed grant survives power loss, so fence tokens never go back.
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(config.busy_timeout());
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(config.busy_timeout() + Duration::from_secs(1))
-            .connect_with(options)
-            .await
-            .map_err(map_error)?;
+        let pools = || {
+            SqlitePoolOptions::new()
+                .max_connections(4)
+                .acquire_timeout(config.busy_timeout() + Duration::from_secs(1))
+        };
+        let unsynced = options.clone().synchronous(SqliteSynchronous::Normal);
+        let pool = pools().connect_with(options).await.map_err(map_error)?;
         sqlx::query(SCHEMA)
             .execute(&pool)
             .await
@@ -199,7 +210,9 @@ impl Client {
         for (column, add) in ADDED_COLUMNS {
             add_column(&pool, column, add).await?;
         }
-        Ok(Self { pool })
+        // Opened once the table exists.
+        let unsynced = pools().connect_with(unsynced).await.map_err(map_error)?;
+        Ok(Self { pool, unsynced })
     }
 
     /// One atomic upsert; `Some(token)` when granted.
@@ -310,13 +323,14 @@ impl Client {
         Ok(row.is_some())
     }
 
-    /// Clears the owner if it is still exactly this grant; `true` when it was.
+    /// Clears the owner if it is still exactly this grant; `true` when it was. Committed
+    /// without a sync of its own (see `Client::unsynced`).
     pub(crate) async fn clear(&self, name: &str, owner: &str, token: i64) -> Result<bool, Error> {
         let done = sqlx::query(CLEAR)
             .bind(name)
             .bind(owner)
             .bind(token)
-            .execute(&self.pool)
+            .execute(&self.unsynced)
             .await
             .map_err(map_error)?;
         Ok(done.rows_affected() > 0)
@@ -343,6 +357,7 @@ impl Client {
 
     /// Closes the pool.
     pub(crate) async fn close(&self) {
+        self.unsynced.close().await;
         self.pool.close().await;
     }
 }
