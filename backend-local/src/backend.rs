@@ -240,7 +240,11 @@ impl LocalBackend {
         let outcomes: Vec<Result<bool>> = if sent.is_empty() {
             Vec::new()
         } else {
-            match self.client.extend_many(&sent, now_ms, host::boot_id()).await {
+            match self
+                .client
+                .extend_many(&sent, now_ms, host::boot_id())
+                .await
+            {
                 Ok(extended) => extended.into_iter().map(Ok).collect(),
                 Err(err) => err.copies(sent.len()).into_iter().map(Err).collect(),
             }

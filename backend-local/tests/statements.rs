@@ -101,7 +101,13 @@ async fn a_batch_is_one_statement_whatever_its_size() {
     assert_eq!(ran.len(), 1, "a full batch: {} statements", ran.len());
 
     let (results, ran) = statements_of(backend.refresh_many(&leases)).await;
-    assert_eq!(ran.len(), 3, "{} leases: {} statements", leases.len(), ran.len());
+    assert_eq!(
+        ran.len(),
+        3,
+        "{} leases: {} statements",
+        leases.len(),
+        ran.len()
+    );
     for (i, result) in results.iter().enumerate() {
         match result {
             Err(err) if i == gone => assert_eq!(err.kind(), lockcore::ErrorKind::Lost),
