@@ -2,7 +2,7 @@
 //! the batch's size, counted from sqlx's own log of every statement it runs (the
 //! `sqlx::query` events), not from anything this crate reports about itself.
 //!
-//! One test in this binary: the counter is the process's tracing subscriber.
+//! The counter is the process's tracing subscriber; the tests take turns (`SERIAL`).
 
 mod common;
 
@@ -17,6 +17,17 @@ use tracing::{Event, Metadata, Subscriber};
 
 /// The summaries (first words) of the statements sqlx ran, in order.
 static STATEMENTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// Held by each test while it counts.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Installs the counter (once) and takes this test's turn.
+async fn counting() -> tokio::sync::MutexGuard<'static, ()> {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        tracing::subscriber::set_global_default(Statements).expect("the only subscriber");
+    });
+    SERIAL.lock().await
+}
 
 /// Records every `sqlx::query` event and nothing else.
 struct Statements;
@@ -81,7 +92,7 @@ async fn grant(backend: &impl LockBackend, name: &str) -> Lease {
 /// is `Lost`, alone).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_is_one_statement_whatever_its_size() {
-    tracing::subscriber::set_global_default(Statements).expect("the only subscriber");
+    let _turn = counting().await;
     let db = TempDb::new();
     let backend = db.open().await;
     let limit = backend.refresh_batch_limit();
@@ -116,4 +127,37 @@ async fn a_batch_is_one_statement_whatever_its_size() {
         }
     }
     assert!(ran.iter().all(|s| s.starts_with("UPDATE")), "{ran:?}");
+}
+
+/// A notified handoff costs two statements from the release on: the release's `UPDATE`
+/// and the waiter's grant. The waiter, woken by its holder's file going, does not read the
+/// row first (its attempt does), and the wake-up is the holder's file, not a poll.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notified_handoff_is_two_statements() {
+    use lockcore::{Backoff, Jitter, LockOptions, Locker, WaitMode};
+    let _turn = counting().await;
+    let db = TempDb::new();
+    let minute = Duration::from_secs(60);
+    let holder = Locker::new(std::sync::Arc::new(db.open().await));
+    let waiter = Locker::new(std::sync::Arc::new(db.open().await)).with_options(
+        LockOptions::new(Duration::from_secs(30))
+            .with_backoff(Backoff::new(minute, minute).with_jitter(Jitter::None))
+            .with_wait(WaitMode::Timeout(Duration::from_secs(120))),
+    );
+    let guard = holder.acquire("handoff").await.expect("free");
+    let task = tokio::spawn(async move { waiter.acquire("handoff").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (next, ran) = statements_of(async {
+        guard.release().await.expect("release");
+        tokio::time::timeout(Duration::from_secs(10), task)
+            .await
+            .expect("woken (the backoff is a minute)")
+            .expect("join")
+            .expect("acquired")
+    })
+    .await;
+    assert_eq!(ran.len(), 2, "{ran:?}");
+    assert!(ran[0].starts_with("UPDATE") && ran[1].starts_with("INSERT"), "{ran:?}");
+    next.release().await.expect("release");
 }
