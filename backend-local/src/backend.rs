@@ -10,16 +10,17 @@ use lockcore::{
     Identity, Lease, LockBackend, LockName, Note, ReleaseEvents, Result, Ttl,
 };
 
+use crate::batch::Extension;
 use crate::client::{Claim, Client, Row};
 use crate::config::LocalConfig;
 use crate::host::{self, Clocks, SystemClocks};
 use crate::liveness::{Held, HolderDir, Probe};
 
-/// The most leases one refresh transaction carries
-/// ([`LockBackend::refresh_batch_limit`]): the transaction holds the database's write lock
-/// while its statements run, so every other process's acquire and release waits for it;
-/// 250 leases hold it for a few milliseconds (`docs/local.md`), and one commit (one sync
-/// to disk) then serves 250 refreshes instead of one.
+/// The most leases one refresh statement carries ([`LockBackend::refresh_batch_limit`]):
+/// the statement holds the database's write lock while it runs, so every other process's
+/// acquire and release waits for it; 250 leases hold it well under a millisecond
+/// (`docs/local.md`), and one commit (one sync to disk) then serves 250 refreshes instead
+/// of one.
 pub(crate) const BATCH: usize = 250;
 
 /// Cross-process locks on one machine, with no server: a lease table in a SQLite file.
@@ -214,24 +215,36 @@ impl LocalBackend {
         ))
     }
 
-    /// One transaction for `leases` (at most [`BATCH`]), each claim made (and the clock
-    /// read) before it, as a single refresh makes its claim before its statement. A lease this backend did not issue fails alone; a failed
-    /// transaction fails every lease it carried, with a temporary error for a busy or
-    /// unavailable database, and forgets no liveness file.
+    /// One statement for `leases` (at most [`BATCH`]), their claims made (and the clock
+    /// read) before it, as a single refresh makes its claim before its statement. A lease
+    /// this backend did not issue fails alone; a failed statement fails every lease it
+    /// carried, with a temporary error for a busy or unavailable database, and forgets no
+    /// liveness file.
     async fn refresh_chunk(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
         let tokens: Vec<Result<i64>> = leases.iter().map(token_of).collect();
-        let sent: Vec<(Claim<'_>, i64)> = leases
+        let now_ms = self.now_ms();
+        let sent: Vec<Extension<'_>> = leases
             .iter()
             .zip(&tokens)
             .filter_map(|(lease, token)| {
-                let claim = self.claim(lease.name(), lease.owner(), lease.ttl(), None, None);
-                token.as_ref().ok().map(|&token| (claim, token))
+                let token = *token.as_ref().ok()?;
+                let ttl = i64::try_from(lease.ttl().as_millis()).unwrap_or(i64::MAX);
+                Some(Extension {
+                    name: lease.name().as_str(),
+                    owner: lease.owner().as_str(),
+                    token,
+                    expires_ms: now_ms.saturating_add(ttl),
+                })
             })
             .collect();
         let outcomes: Vec<Result<bool>> = if sent.is_empty() {
             Vec::new()
         } else {
-            match self.client.extend_many(&sent).await {
+            match self
+                .client
+                .extend_many(&sent, now_ms, host::boot_id())
+                .await
+            {
                 Ok(extended) => extended.into_iter().map(Ok).collect(),
                 Err(err) => err.copies(sent.len()).into_iter().map(Err).collect(),
             }
@@ -373,9 +386,9 @@ impl LockBackend for LocalBackend {
         self.refreshed(lease, token, extended)
     }
 
-    /// One transaction (one commit, one sync to disk) per 250 leases
-    /// (`refresh_batch_limit`), each lease refreshed by the statement and judged by the
-    /// rule a single refresh uses.
+    /// One statement (one commit, one sync to disk) per 250 leases
+    /// (`refresh_batch_limit`), each lease refreshed under the condition a single refresh
+    /// uses and judged by the rule a single refresh uses.
     async fn refresh_many(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
         let mut results = Vec::with_capacity(leases.len());
         for chunk in leases.chunks(BATCH) {

@@ -140,10 +140,20 @@ impl Claim<'_> {
     }
 }
 
-/// A pool on the lock database.
+/// Two pools on the lock database.
 #[derive(Debug, Clone)]
 pub(crate) struct Client {
+    /// `synchronous = FULL`: each commit is synced to disk before it returns, so a token
+    /// handed out survives power loss.
     pool: SqlitePool,
+    /// `synchronous = NORMAL`, for the release alone: its commit is written to the WAL but
+    /// not synced, so it needs no sync of its own and the next holder's grant comes a
+    /// sync sooner. Only power loss (or a kernel crash) can undo it, and after one the
+    /// machine boots anew: every lease of the earlier boot is expired whatever its row
+    /// says (off Linux, its holder's kernel lock is gone and a contender takes it over).
+    /// An undone release can only make a lock look held longer, never held twice; it
+    /// changes no token; and the next synced commit (any grant) syncs it too, in order.
+    unsynced: SqlitePool,
 }
 
 impl Client {
@@ -186,12 +196,13 @@ impl Client {
             // FULL: a committed grant survives power loss, so fence tokens never go back.
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(config.busy_timeout());
-        let pool = SqlitePoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(config.busy_timeout() + Duration::from_secs(1))
-            .connect_with(options)
-            .await
-            .map_err(map_error)?;
+        let pools = || {
+            SqlitePoolOptions::new()
+                .max_connections(4)
+                .acquire_timeout(config.busy_timeout() + Duration::from_secs(1))
+        };
+        let unsynced = options.clone().synchronous(SqliteSynchronous::Normal);
+        let pool = pools().connect_with(options).await.map_err(map_error)?;
         sqlx::query(SCHEMA)
             .execute(&pool)
             .await
@@ -199,7 +210,9 @@ impl Client {
         for (column, add) in ADDED_COLUMNS {
             add_column(&pool, column, add).await?;
         }
-        Ok(Self { pool })
+        // Opened once the table exists.
+        let unsynced = pools().connect_with(unsynced).await.map_err(map_error)?;
+        Ok(Self { pool, unsynced })
     }
 
     /// One atomic upsert; `Some(token)` when granted.
@@ -296,25 +309,6 @@ impl Client {
         extend_on(&self.pool, claim, token).await
     }
 
-    /// [`extend`](Self::extend) for each `(claim, token)`, in order, in one transaction
-    /// (`BEGIN IMMEDIATE`: the write lock is taken first, so no statement of the batch
-    /// waits for it halfway): one commit, and so one sync to disk, for the whole batch.
-    /// Any failure, the commit's included, fails the whole batch and changes nothing.
-    pub(crate) async fn extend_many(&self, batch: &[(Claim<'_>, i64)]) -> Result<Vec<bool>, Error> {
-        use sqlx::Connection as _;
-        let mut conn = self.pool.acquire().await.map_err(map_error)?;
-        let mut tx = conn
-            .begin_with("BEGIN IMMEDIATE")
-            .await
-            .map_err(map_error)?;
-        let mut extended = Vec::with_capacity(batch.len());
-        for (claim, token) in batch {
-            extended.push(extend_on(&mut *tx, claim, *token).await?);
-        }
-        tx.commit().await.map_err(map_error)?;
-        Ok(extended)
-    }
-
     /// Forgets the liveness file of this grant if it is still live; `true` when it was.
     pub(crate) async fn detach(&self, claim: &Claim<'_>, token: i64) -> Result<bool, Error> {
         let row = sqlx::query(DETACH)
@@ -329,13 +323,14 @@ impl Client {
         Ok(row.is_some())
     }
 
-    /// Clears the owner if it is still exactly this grant; `true` when it was.
+    /// Clears the owner if it is still exactly this grant; `true` when it was. Committed
+    /// without a sync of its own (see `Client::unsynced`).
     pub(crate) async fn clear(&self, name: &str, owner: &str, token: i64) -> Result<bool, Error> {
         let done = sqlx::query(CLEAR)
             .bind(name)
             .bind(owner)
             .bind(token)
-            .execute(&self.pool)
+            .execute(&self.unsynced)
             .await
             .map_err(map_error)?;
         Ok(done.rows_affected() > 0)
@@ -355,13 +350,20 @@ impl Client {
         Ok(())
     }
 
+    /// The pool, for the statements of other modules (`batch.rs`).
+    pub(crate) fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
     /// Closes the pool.
     pub(crate) async fn close(&self) {
+        self.unsynced.close().await;
         self.pool.close().await;
     }
 }
 
 /// The one refresh statement ([`EXTEND`]) on `executor`; `true` when it extended the grant.
+/// `batch.rs` extends many leases under the same condition.
 async fn extend_on<'c>(
     executor: impl sqlx::SqliteExecutor<'c>,
     claim: &Claim<'_>,

@@ -22,6 +22,7 @@
 //! ```
 
 mod backend;
+mod batch;
 mod client;
 mod config;
 mod error;

@@ -10,8 +10,10 @@
 //! never opens a watch.
 //!
 //! Each waiter's stream remembers the liveness key of its lock's holder; when that key's
-//! file goes (or events were missed) it reads the row again and wakes the waiter only if
-//! the lock is free now.
+//! file goes it wakes the waiter at once (the row was cleared before the file went, unless
+//! the lease was taken over or detached: then the waiter's attempt finds it held); when
+//! events were missed, or the row named no file, it reads the row again and wakes the
+//! waiter only if the lock is free now.
 //! Deletions of other files (other locks' holders, and the file a contender creates and
 //! removes on every refused attempt) never wake it, so waiters cannot wake each other in a
 //! loop. A holder that dies leaves its file behind (only its kernel lock goes): the next
@@ -106,9 +108,15 @@ impl Watcher {
                 match (&key, gone) {
                     // Another file: not our holder's.
                     (Some(k), Some(file)) if file.as_os_str() != k.as_str() => {}
-                    // Our holder's file went (released, broken, taken over, detached), no
-                    // key to watch for, or events were missed: read again; only a free lock
-                    // wakes the waiter (a takeover or a detach leaves it held).
+                    // Our holder's file went: its lease ended (a release or a break clears
+                    // the row before it removes the file), or, rarely, the row names it no
+                    // more (a takeover, a detach). Wake the waiter without reading the row
+                    // first: its attempt reads and decides, a statement sooner; after a
+                    // takeover or a detach it finds the lock held and waits again, and this
+                    // stream then reads the new holder.
+                    (Some(_), Some(_)) => return Some(((), state)),
+                    // No key to watch for, or events were missed: read again; only a free
+                    // lock wakes the waiter.
                     _ => match reader.holder(name).await {
                         Some(Holder::Free) => return Some(((), state)),
                         Some(Holder::Held(now)) => key = now,

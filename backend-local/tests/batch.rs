@@ -242,3 +242,62 @@ async fn a_busy_database_fails_every_lease_temporarily() {
         .collect();
     assert_eq!(ok, [true, true, false]);
 }
+
+/// Each part of the single refresh's condition holds in a batch: a lease whose row
+/// expired (not re-taken), one whose row is from an earlier boot, and one with the right
+/// name and token but another owner are `Lost`, as alone, and their rows keep their
+/// expiry; a live lease beside them is extended.
+#[tokio::test]
+async fn a_batch_keeps_every_part_of_the_refresh_condition() {
+    let db = TempDb::new();
+    let backend = db.open().await;
+    let mut conn = conn(&db).await;
+    let live = grant(&backend, "live", None).await;
+    let expired = grant(&backend, "expired", None).await;
+    shift_expiry(&mut conn, expired.name(), -61_000).await;
+    let rebooted = grant(&backend, "rebooted", None).await;
+    sqlx::query("UPDATE anylock_leases SET boot_id = 'an-earlier-boot' WHERE name = ?1")
+        .bind(rebooted.name().as_str())
+        .execute(&mut conn)
+        .await
+        .expect("age the boot");
+    let real = grant(&backend, "forged", None).await;
+    let forged = Lease::new(
+        real.name().clone(),
+        Identity::unique(),
+        real.ttl(),
+        real.grant(),
+    );
+    let before: Vec<Option<Stored>> = {
+        let mut rows = Vec::new();
+        for lease in [&expired, &rebooted, &real] {
+            rows.push(stored(&mut conn, lease.name()).await);
+        }
+        rows
+    };
+
+    let batch = [
+        live.clone(),
+        expired.clone(),
+        rebooted.clone(),
+        forged.clone(),
+    ];
+    let results = backend.refresh_many(&batch).await;
+    assert!(results[0].is_ok(), "{:?}", results[0]);
+    for (i, result) in results.iter().enumerate().skip(1) {
+        let err = result.as_ref().expect_err("not ours any more");
+        assert_eq!(err.kind(), ErrorKind::Lost, "lease {i}: {err}");
+    }
+    for (lease, before) in [&expired, &rebooted, &real].into_iter().zip(before) {
+        assert_eq!(
+            stored(&mut conn, lease.name()).await,
+            before,
+            "{} untouched",
+            lease.name()
+        );
+    }
+    for lease in &batch[1..] {
+        let alone = backend.refresh(lease).await.expect_err("lost alone too");
+        assert_eq!(alone.kind(), ErrorKind::Lost);
+    }
+}

@@ -1,0 +1,136 @@
+//! The batched refresh: one `UPDATE` statement extends every lease of a batch
+//! ([`LockBackend::refresh_many`](lockcore::LockBackend::refresh_many)).
+//!
+//! The batch goes to SQLite as one JSON array bound to one parameter, so the statement's
+//! text never changes (it is prepared once per connection and cached) and its cost is one
+//! trip to sqlx's worker thread and one commit, whatever the batch's size. `json_each`
+//! turns the array into rows, and each row finds its lease row through the primary key,
+//! under exactly the condition of the single refresh (`EXTEND` in `client.rs`).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+
+use lockcore::Error;
+use sqlx::Row as _;
+
+use crate::client::Client;
+use crate::error::map_error;
+
+/// Extends every lease of `?1` (a JSON array of `[name, owner, token, expires_ms]`) that is
+/// still ours and unexpired at `?2` on this boot (`?3`), in one statement: the `WHERE` of
+/// the single refresh, row by row. It returns the extended rows, which the caller matches
+/// to its leases (a `RETURNING` clause may name only the updated table's columns).
+const EXTEND_MANY: &str = "UPDATE anylock_leases SET expires_ms = batch.expires_ms
+    FROM (SELECT value ->> 0 AS name, value ->> 1 AS owner, value ->> 2 AS token,
+                 value ->> 3 AS expires_ms
+          FROM json_each(?1)) AS batch
+    WHERE anylock_leases.name = batch.name AND anylock_leases.owner = batch.owner
+      AND anylock_leases.token = batch.token AND anylock_leases.boot_id = ?3
+      AND anylock_leases.expires_ms > ?2
+    RETURNING name, owner, token";
+
+/// One lease of a batched refresh.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Extension<'a> {
+    pub(crate) name: &'a str,
+    pub(crate) owner: &'a str,
+    pub(crate) token: i64,
+    /// The new expiry, on the expiry clock.
+    pub(crate) expires_ms: i64,
+}
+
+impl Client {
+    /// Extends each lease of `batch` that is still ours and unexpired at `now_ms` on the
+    /// boot `boot_id`, in one statement (one commit, so one sync to disk); `true` for each
+    /// lease extended, in order. A failure fails the whole batch and changes nothing.
+    pub(crate) async fn extend_many(
+        &self,
+        batch: &[Extension<'_>],
+        now_ms: i64,
+        boot_id: &str,
+    ) -> Result<Vec<bool>, Error> {
+        let rows = sqlx::query(EXTEND_MANY)
+            .bind(encode(batch))
+            .bind(now_ms)
+            .bind(boot_id)
+            .fetch_all(self.pool())
+            .await
+            .map_err(map_error)?;
+        // One row per name (the primary key): the grant (owner, token) it now holds.
+        let mut extended: HashMap<String, (String, i64)> = HashMap::with_capacity(rows.len());
+        for row in rows {
+            let name: String = row.try_get(0).map_err(map_error)?;
+            let owner: String = row.try_get(1).map_err(map_error)?;
+            let token: i64 = row.try_get(2).map_err(map_error)?;
+            extended.insert(name, (owner, token));
+        }
+        Ok(batch
+            .iter()
+            .map(|lease| {
+                extended
+                    .get(lease.name)
+                    .is_some_and(|(owner, token)| owner == lease.owner && *token == lease.token)
+            })
+            .collect())
+    }
+}
+
+/// `batch` as a JSON array of `[name, owner, token, expires_ms]`.
+fn encode(batch: &[Extension<'_>]) -> String {
+    let size: usize = batch
+        .iter()
+        .map(|e| e.name.len() + e.owner.len() + 48)
+        .sum();
+    let mut json = String::with_capacity(size + 2);
+    json.push('[');
+    for (i, lease) in batch.iter().enumerate() {
+        if i > 0 {
+            json.push(',');
+        }
+        json.push('[');
+        push_string(&mut json, lease.name);
+        json.push(',');
+        push_string(&mut json, lease.owner);
+        // Writing to a String cannot fail.
+        let _ = write!(json, ",{},{}]", lease.token, lease.expires_ms);
+    }
+    json.push(']');
+    json
+}
+
+/// `text` as a JSON string: quotes, backslashes and control characters escaped, the rest
+/// (any Unicode) as is.
+fn push_string(json: &mut String, text: &str) {
+    json.push('"');
+    for ch in text.chars() {
+        match ch {
+            '"' => json.push_str("\\\""),
+            '\\' => json.push_str("\\\\"),
+            ch if u32::from(ch) < 0x20 => {
+                let _ = write!(json, "\\u{:04x}", u32::from(ch));
+            }
+            ch => json.push(ch),
+        }
+    }
+    json.push('"');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strings_are_escaped_as_json() {
+        let lease = Extension {
+            name: "a\"b\\c\u{1}d é 🔒",
+            owner: "host/1",
+            token: 7,
+            expires_ms: -3,
+        };
+        assert_eq!(
+            encode(&[lease, lease]),
+            r#"[["a\"b\\c\u0001d é 🔒","host/1",7,-3],["a\"b\\c\u0001d é 🔒","host/1",7,-3]]"#
+        );
+        assert_eq!(encode(&[]), "[]");
+    }
+}
