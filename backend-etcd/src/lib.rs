@@ -30,7 +30,7 @@
 //!   old. When held: + `LeaseTimeToLive` of the holder. A key is only ever created when it
 //!   owns the lock, so a failed attempt leaves nothing behind.
 //! - refresh: a keep-alive of the lease on the backend's shared `LeaseKeepAlive` streams
-//!   + a keys-only `Range` of our key in a `Txn`, concurrently: a key deleted by an
+//!   and a keys-only `Range` of our key in a `Txn`, concurrently: a key deleted by an
 //!   operator (or released) turns the guard Lost even while the session lives.
 //!   `refresh_many` does the same for up to 512 leases in one round trip: one keep-alive
 //!   per distinct etcd lease on the streams, and one `Txn` of Ranges per 128 keys.
