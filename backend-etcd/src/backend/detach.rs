@@ -22,8 +22,10 @@ impl EtcdBackend {
     /// nothing now); a session is left alone.
     ///
     /// # Errors
-    /// `Lost` when the key is gone or no longer this grant's; as `LeaseGrant` and `Txn`
-    /// otherwise (the new lease is then revoked in the background).
+    /// `Lost` when the key is gone or no longer this grant's (the new lease is then
+    /// revoked in the background); as `LeaseGrant` and `Txn` otherwise (the new lease is
+    /// left to expire by its TTL: after a `Txn` whose outcome is unknown it may hold the
+    /// key, and leaving never releases).
     pub(super) async fn move_key(&self, lease: &Lease, grant: &Grant, ttl: Ttl) -> Result<Lease> {
         let (id, granted) = self.client.grant(ttl.as_secs()).await?;
         let key = grant.key(&self.layout, lease.name());
@@ -37,10 +39,9 @@ impl EtcdBackend {
                 self.revoke_in_background(id);
                 return Err(Error::lost("our lock key was deleted or replaced"));
             }
-            Err(err) => {
-                self.revoke_in_background(id);
-                return Err(err);
-            }
+            // The outcome may be unknown: the key may be on the new lease now, and
+            // revoking it would delete the lock. It expires by its TTL either way.
+            Err(err) => return Err(err),
         }
         if !grant.session {
             self.revoke_in_background(grant.lease);
