@@ -16,10 +16,9 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use lockcore::{Error, Result};
-use tokio::time::Instant;
 
 use crate::client::EtcdClient;
 

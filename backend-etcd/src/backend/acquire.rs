@@ -2,11 +2,10 @@
 //! the session lease of its TTL, created only if the lock is free), the same-owner retake,
 //! and cleaning up after a grant whose outcome is unknown.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anylock_etcd_proto::mvccpb::KeyValue;
 use lockcore::{Acquire, AcquireRequest, Error, ErrorKind, FenceToken, Lease, Result, Ttl};
-use tokio::time::Instant;
 
 use super::EtcdBackend;
 use super::grant::Grant;

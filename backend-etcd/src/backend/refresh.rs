@@ -9,12 +9,11 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use anylock_etcd_proto::mvccpb::KeyValue;
 use futures_util::future::join_all;
 use lockcore::{Error, ErrorKind, Lease, Result, RetryStatus, Ttl};
-use tokio::time::Instant;
 
 use super::EtcdBackend;
 use super::grant::{Grant, parse_grant};
