@@ -48,12 +48,24 @@ pub struct LockKeys {
 impl LockKeys {
     /// The names for `name` under `prefix`.
     pub fn new(prefix: &str, name: &LockName) -> Self {
-        let tag = format!("{{{prefix}:{name}}}", name = name.as_str());
+        // Built on every lock call: four exact-size strings, no formatting machinery.
+        let name = name.as_str();
+        let tag_len = prefix.len() + name.len() + 3;
+        let key = |suffix: &str| {
+            let mut key = String::with_capacity(tag_len + suffix.len());
+            key.push('{');
+            key.push_str(prefix);
+            key.push(':');
+            key.push_str(name);
+            key.push('}');
+            key.push_str(suffix);
+            key
+        };
         Self {
-            lock: format!("{tag}:lock"),
-            fence: format!("{tag}:fence"),
-            note: format!("{tag}:note"),
-            channel: format!("{tag}:released"),
+            lock: key(":lock"),
+            fence: key(":fence"),
+            note: key(":note"),
+            channel: key(":released"),
         }
     }
 

@@ -33,6 +33,15 @@ pub(crate) fn time_from_reply(secs: u64, micros: u64) -> Option<std::time::Syste
         .checked_add(Duration::from_micros(micros))
 }
 
+/// A string reply taken by value: its bytes become the `String` without a copy.
+pub(crate) fn into_text(value: Value) -> Option<String> {
+    match value {
+        Value::BulkString(bytes) => String::from_utf8(bytes).ok(),
+        Value::SimpleString(s) => Some(s),
+        _ => None,
+    }
+}
+
 pub(crate) fn text(value: &Value) -> Option<String> {
     match value {
         Value::BulkString(bytes) => String::from_utf8(bytes.clone()).ok(),
@@ -91,21 +100,29 @@ pub(crate) fn decode_refresh(reply: Value) -> Option<RefreshReply> {
     match reply {
         Value::Int(1) => Some(RefreshReply::Extended),
         Value::Int(0) => Some(RefreshReply::Missing),
-        other => text(&other).map(RefreshReply::Changed),
+        other => into_text(other).map(RefreshReply::Changed),
     }
 }
 
+/// `{1, value}` granted; `{0, value, pttl, note?}` held. The value is moved out of the
+/// reply, not copied (this runs on every acquire).
 pub(crate) fn decode_acquire(reply: Value) -> Option<AcquireReply> {
     let Value::Array(items) = reply else {
         return None;
     };
-    match items.as_slice() {
-        [Value::Int(1), value] => Some(AcquireReply::Granted(text(value)?)),
-        [Value::Int(0), value, Value::Int(pttl), rest @ ..] => {
+    let mut items = items.into_iter();
+    let (status, value) = (items.next()?, items.next()?);
+    match status {
+        Value::Int(1) if items.len() == 0 => Some(AcquireReply::Granted(into_text(value)?)),
+        Value::Int(0) => {
+            let Value::Int(pttl) = items.next()? else {
+                return None;
+            };
+            let note = items.next().as_ref().map(note_text).unwrap_or_default();
             Some(AcquireReply::Held(Found::new(
-                text(value)?,
-                *pttl,
-                rest.first().map(note_text).unwrap_or_default(),
+                into_text(value)?,
+                pttl,
+                note,
             )))
         }
         _ => None,

@@ -15,9 +15,20 @@ use redis::Script;
 /// latest grants. Counting from the stored counter alone repeated the tokens handed out
 /// after the snapshot. Redlock passes no counter key: token `0`.
 ///
+/// The counter is read and bumped by one `SET counter <now> GET` (Redis ≥ 6.2): the reply
+/// is the old counter, and only when it is at or above the clock (a clock stepped back,
+/// two grants in one microsecond) does a second `SET` write `counter + 1`. A server that
+/// refuses the `GET` option gets the `GET` and `SET` of older versions. The counter is only
+/// touched once the lock is known to be free or ours, so a refusal writes nothing to it.
+///
 /// Lua numbers are doubles: a counter at or above 2^53 - 1 (corrupted, or written by
 /// something else) would make `counter + 1` round back to itself, and `1e20` formats as a
-/// negative `%d`; such a counter is refused with an error before anything is written.
+/// negative `%d`; such a counter is refused with an error, the counter put back as it was
+/// (its value) and nothing else written.
+///
+/// Without a counter key and without a note (Redlock's usual call) the value is known
+/// before the script runs, so one `SET lock value NX PX ttl GET` (Redis ≥ 7.0; older
+/// servers get the `GET` first) both takes a free lock and reads a held one.
 ///
 /// A grant with a note writes the note key in the same script (both fields, so nothing of
 /// an older note is left), bound to the new value and with the same `PX`. A fresh grant
@@ -29,9 +40,21 @@ use redis::Script;
 /// the holder's value.
 pub(crate) const ACQUIRE_LUA: &str = r"
 -- KEYS[1] lock key; KEYS[2] note key; KEYS[3] fence counter (single instance only)
--- ARGV[1] TTL in ms; ARGV[2] owner; ARGV[3] value suffix ':<unix ms>:<nonce>:<owner>';
--- ARGV[4] the note ('' for none)
-local current = redis.call('GET', KEYS[1])
+-- ARGV[1] TTL in ms; ARGV[2] owner; ARGV[3] value suffix
+-- ':<unix ms>:<nonce>:<owner>'; ARGV[4] the note ('' for none)
+local current
+if not KEYS[3] and ARGV[4] == '' then
+  current = redis.pcall('SET', KEYS[1], '0' .. ARGV[3], 'NX', 'PX', ARGV[1], 'GET')
+  if not current then
+    return {1, '0' .. ARGV[3]}
+  end
+  if type(current) == 'table' then
+    -- A server before 7.0 refuses NX with GET (nothing written): read first.
+    current = redis.call('GET', KEYS[1])
+  end
+else
+  current = redis.call('GET', KEYS[1])
+end
 if current and string.match(current, '^%d+:%d+:%x+:(.*)$') ~= ARGV[2] then
   local bound = redis.pcall('HMGET', KEYS[2], 'grant', 'note')
   local note = ''
@@ -42,29 +65,40 @@ local token = 0
 if KEYS[3] then
   local now = redis.call('TIME')
   token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local raw = redis.call('GET', KEYS[3])
+  local clock = string.format('%d', token)
+  local raw = redis.pcall('SET', KEYS[3], clock, 'GET')
+  local wrote = type(raw) ~= 'table'
+  if not wrote then
+    -- A server before 6.2 refuses the GET option (nothing written); a key that is not a
+    -- string fails again here, as it did before.
+    raw = redis.call('GET', KEYS[3])
+  end
   local last = tonumber(raw)
   if last and last >= 9007199254740991 then
+    if wrote then
+      redis.call('SET', KEYS[3], raw)
+    end
     return redis.error_reply('ANYLOCK fence counter ' .. KEYS[3] .. ' holds ' .. raw ..
       ', not an integer below 2^53-1: tokens could repeat; nothing was written')
   end
   if last and last >= token then
     token = last + 1
+    wrote = false
+  end
+  if not wrote then
+    redis.call('SET', KEYS[3], string.format('%d', token))
   end
 end
 local value = string.format('%d', token) .. ARGV[3]
--- The note first: a user whose ACL lacks HSET fails here, before anything is granted.
--- A retake without a note drops the note of the grant it replaces, which could otherwise
--- outlive it (a shorter TTL) and be kept alive by the next holder's refreshes.
+-- The note before the lock: a user whose ACL lacks HSET fails here, before anything is
+-- granted. A retake without a note drops the note of the grant it replaces, which could
+-- otherwise outlive it (a shorter TTL) and be kept alive by the next holder's refreshes.
 if current and ARGV[4] == '' then
   redis.call('DEL', KEYS[2])
 end
 if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[2], 'grant', value, 'note', ARGV[4])
   redis.call('PEXPIRE', KEYS[2], ARGV[1])
-end
-if KEYS[3] then
-  redis.call('SET', KEYS[3], string.format('%d', token))
 end
 if current then
   redis.call('SET', KEYS[1], value, 'PX', ARGV[1])

@@ -259,7 +259,7 @@ mod tests {
             Arc::new(MemoryBackend::new().with_refresh_batch_limit(100));
         let observed = Arc::new(Observed::new(inner, false));
         // TTL 1 s: a refresh every 125 ms (guards refreshing more often than every 100 ms
-        // refresh alone, see lockcore's `batch.rs`).
+        // refresh alone, see lockcore's `keeper.rs`).
         let options = LockOptions::new(Duration::from_millis(1000));
         let locker = Locker::new(observed.clone()).with_options(options);
         let mut guards = Vec::new();

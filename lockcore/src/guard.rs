@@ -1,20 +1,23 @@
 //! [`LockGuard`]: a held lease, refreshed in the background, with its health.
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::driver::{Command, Shared};
 use crate::error::{Error, Result};
+use crate::held::{self, Ending, Finishing, Held};
+use crate::mailbox::KeeperHandle;
 use crate::name::LockName;
 use crate::state::{Health, LostReason};
 use crate::types::{FenceToken, Lease};
 
-/// A held lock. A background task refreshes the lease every refresh interval and tracks its
-/// [`Health`]; check it between steps of your critical section (Lai's GCS locking post,
+/// A held lock. Its locker's keeper (one background task per locker and runtime, for all
+/// its guards) refreshes the lease every refresh interval and tracks its [`Health`]; check
+/// it between steps of your critical section (Lai's GCS locking post,
 /// "Lock usage").
 ///
 /// Dropping the guard releases the lease best-effort in the background; it never blocks
@@ -34,26 +37,24 @@ use crate::types::{FenceToken, Lease};
 pub struct LockGuard {
     name: LockName,
     token: Option<FenceToken>,
-    shared: Arc<Shared>,
+    shared: Arc<Held>,
     health: watch::Receiver<Health>,
-    commands: mpsc::UnboundedSender<Command>,
-    released: bool,
+    /// The keeper refreshing this lease.
+    keeper: KeeperHandle,
+    /// Released, left or handed over: nothing left for `Drop` to do.
+    ended: bool,
 }
 
 impl LockGuard {
-    pub(crate) fn new(
-        shared: Arc<Shared>,
-        health: watch::Receiver<Health>,
-        commands: mpsc::UnboundedSender<Command>,
-    ) -> Self {
+    pub(crate) fn new(shared: Arc<Held>, keeper: KeeperHandle) -> Self {
         let lease = shared.lease();
         Self {
             name: lease.name().clone(),
             token: lease.token(),
+            health: shared.subscribe(),
             shared,
-            health,
-            commands,
-            released: false,
+            keeper,
+            ended: false,
         }
     }
 
@@ -80,18 +81,18 @@ impl LockGuard {
 
     /// The health right now, honest even when the refresher task cannot run: a live state
     /// reads as `Lost(ValidityExpired)` once the local validity deadline has passed (the
-    /// refresher may be starved by blocking work on the runtime), and as
-    /// `Lost(RefresherStopped)` if the refresher has stopped (its runtime shut down).
+    /// keeper may be starved by blocking work on the runtime), and as
+    /// `Lost(RefresherStopped)` if the keeper has stopped (its runtime shut down).
     pub fn state(&self) -> Health {
         let health = self.health.borrow().clone();
         if !health.is_held() {
             return health;
         }
-        if self.health.has_changed().is_err() {
+        if self.keeper.is_closed() {
             return Health::Lost(LostReason::RefresherStopped);
         }
         if self.shared.clock.now() >= self.shared.validity() {
-            // Tell sub-tasks holding the cancellation token too; the refresher will catch up.
+            // Tell sub-tasks holding the cancellation token too; the keeper will catch up.
             self.shared.cancel.cancel();
             return Health::Lost(LostReason::ValidityExpired);
         }
@@ -128,8 +129,13 @@ impl LockGuard {
             if let Health::Lost(reason) = &*rx.borrow_and_update() {
                 return reason.clone();
             }
-            if rx.changed().await.is_err() {
-                return LostReason::RefresherStopped;
+            tokio::select! {
+                changed = rx.changed() => {
+                    if changed.is_err() {
+                        return LostReason::RefresherStopped;
+                    }
+                }
+                () = self.keeper.closed() => return LostReason::RefresherStopped,
             }
         }
     }
@@ -147,16 +153,18 @@ impl LockGuard {
     /// critical section was not protected to the end); the backend's error when the
     /// release call failed (the lease then expires by its TTL).
     ///
+    /// The release runs in the calling task (the keeper only stops refreshing), so it
+    /// costs one backend call and no hand-off between tasks.
+    ///
     /// # Cancel safety
-    /// Dropping the future does not stop the release: it is already handed to the
-    /// refresher task.
+    /// Dropping the future does not stop the release: the rest of it moves to a task of
+    /// its own.
     pub async fn release(mut self) -> Result<()> {
-        self.released = true;
-        let (reply, outcome) = oneshot::channel();
-        if self.commands.send(Command::Release(reply)).is_err() {
-            return Err(self.stopped());
-        }
-        outcome.await.unwrap_or_else(|_| Err(self.stopped()))
+        self.ended = true;
+        let keeper_gone = !self.keeper.forget(self.shared.id);
+        let shared = Arc::clone(&self.shared);
+        self.end(held::release(shared, Ending::Release, keeper_gone))
+            .await
     }
 
     /// Stops refreshing and leaves the lease to expire `ttl` from now, without releasing
@@ -188,7 +196,7 @@ impl LockGuard {
     /// when either got no reply within the refresh timeout.
     ///
     /// # Cancel safety
-    /// Dropping the future does not stop it: the work is handed to the refresher task.
+    /// Dropping the future does not stop it: the rest of it moves to a task of its own.
     pub async fn leave_for(self, ttl: Duration) -> Result<Lease> {
         if ttl > crate::MAX_TTL {
             // Dropping `self` now releases the lease best-effort, as any dropped guard.
@@ -221,29 +229,65 @@ impl LockGuard {
     }
 
     async fn leave(mut self, ttl: Option<Duration>) -> Result<Lease> {
-        self.released = true;
-        let (reply, outcome) = oneshot::channel();
-        if self.commands.send(Command::Leave(ttl, reply)).is_err() {
-            return Err(self.stopped());
-        }
-        outcome.await.unwrap_or_else(|_| Err(self.stopped()))
+        self.ended = true;
+        // Wait for a refresh the keeper has in flight: it must not land after ours.
+        let in_flight = self.keeper.leave(self.shared.id);
+        let shared = Arc::clone(&self.shared);
+        self.end(async move {
+            let keeper_gone = in_flight.is_none();
+            if let Some(in_flight) = in_flight {
+                // The keeper drops the sender once nothing of this lease is in flight.
+                let _ = in_flight.await;
+            }
+            held::leave(shared, ttl, keeper_gone).await
+        })
+        .await
     }
 
-    fn stopped(&self) -> Error {
-        Error::lost(format!(
-            "the lease was lost before release: {}",
-            LostReason::RefresherStopped
-        ))
-        .with_lock(&self.name)
+    /// Runs `work`, which ends the lease, in this task (finished in a task of its own if
+    /// this future is dropped halfway). Awaited outside any tokio runtime (from another
+    /// executor), it runs on the keeper's runtime instead: its timeouts need tokio's timer.
+    async fn end<T: Send + 'static>(
+        &self,
+        work: impl Future<Output = Result<T>> + Send + 'static,
+    ) -> Result<T> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Finishing::new(work).await;
+        }
+        match self.keeper.runtime.spawn(work).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::lost(format!(
+                "the lease was lost before it ended: {}",
+                LostReason::RefresherStopped
+            ))
+            .with_lock(&self.name)),
+        }
     }
 }
 
 impl Drop for LockGuard {
+    /// Releases best-effort in a task on the keeper's runtime (the current one if the
+    /// keeper's is gone). Never blocks or panics; with no runtime left at all the lease
+    /// expires by its TTL.
     fn drop(&mut self) {
-        if !self.released {
-            // An unbounded send is synchronous and never blocks or panics; if the refresher
-            // is gone (runtime shut down) the lease simply expires by its TTL.
-            let _ = self.commands.send(Command::Abandon);
+        if self.ended {
+            return;
+        }
+        let shared = Arc::clone(&self.shared);
+        let keeper_gone = !self.keeper.forget(shared.id);
+        // On the keeper's runtime, which outlives a short-lived one the guard may be
+        // dropped on; with the keeper gone, on the current one.
+        let runtime = match keeper_gone {
+            false => Some(self.keeper.runtime.clone()),
+            true => tokio::runtime::Handle::try_current().ok(),
+        };
+        match runtime {
+            Some(runtime) => {
+                drop(runtime.spawn(held::release(shared, Ending::Abandon, keeper_gone)))
+            }
+            None => {
+                tracing::debug!(lock = %self.name, "no runtime to release a dropped guard; it expires by its TTL")
+            }
         }
     }
 }

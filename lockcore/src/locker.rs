@@ -3,21 +3,19 @@
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 
 use crate::attempt::{Attempted, InFlight, Unclaimed};
 use crate::backend::LockBackend;
 use crate::backoff::JitterRng;
-use crate::batch::Batches;
 use crate::clock::Clock;
-use crate::driver::{Driver, Shared};
 use crate::error::{Error, ErrorKind, Result};
 use crate::guard::LockGuard;
+use crate::held::Held;
 use crate::identity::Identity;
+use crate::keeper::Keepers;
 use crate::name::LockName;
 use crate::options::{LockOptions, WaitMode};
-use crate::state::Health;
 use crate::types::HeldLock;
 use crate::types::{AcquireRequest, HolderInfo};
 use crate::wait::{Wait, held_error};
@@ -44,8 +42,8 @@ pub struct Locker {
     options: LockOptions,
     rng: Arc<Mutex<JitterRng>>,
     clock: Clock,
-    /// The queue that groups guards' refreshes, when the backend takes batches.
-    batches: Arc<Batches>,
+    /// The tasks that refresh this locker's leases, one per runtime.
+    keepers: Arc<Keepers>,
 }
 
 impl Locker {
@@ -58,7 +56,7 @@ impl Locker {
             options: LockOptions::default(),
             rng: Arc::new(Mutex::new(JitterRng::from_entropy())),
             clock: Clock::system(),
-            batches: Arc::default(),
+            keepers: Arc::default(),
         }
     }
 
@@ -92,7 +90,15 @@ impl Locker {
     /// adjustable clock replays client clock faults; see [`Clock`].
     pub fn with_clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
+        // Keepers follow one clock: a locker with another clock gets its own.
+        self.keepers = Arc::default();
         self
+    }
+
+    /// How many times this locker's keepers woke (tests of the mailbox read it).
+    #[cfg(test)]
+    pub(crate) fn keeper_wakes(&self) -> u64 {
+        self.keepers.wakes()
     }
 
     /// The backend.
@@ -223,7 +229,7 @@ impl Locker {
     }
 
     /// Names this locker's backend and `name` on an error that does not name them yet: the
-    /// one place, with the guard's driver, that errors get their context.
+    /// one place, with the keeper and `held.rs`, that errors get their context.
     fn context<'a>(&'a self, name: &'a LockName) -> impl Fn(Error) -> Error + 'a {
         move |e| e.in_context(self.backend.backend_name(), name)
     }
@@ -356,25 +362,20 @@ impl Locker {
             return None;
         }
         let (lease, slot) = grant.claim();
-        let shared = Arc::new(Shared::new(lease, validity, self.clock.clone()));
-        let (health_tx, health_rx) = watch::channel(Health::Healthy);
-        let (cmd_tx, cmd_rx) = mpsc::unbounded_channel();
-        let interval = options.refresh_interval();
-        let refresher = self
-            .batches
-            .refresher(&self.backend, self.clock.now(), interval);
-        let first_refresh = refresher.schedule(sent + interval, interval);
-        let driver = Driver {
-            backend: Arc::clone(&self.backend),
-            refresher,
-            shared: Arc::clone(&shared),
-            options: options.clone(),
-            health: health_tx,
-            commands: cmd_rx,
-            _slot: slot,
-        };
-        tokio::spawn(driver.run(first_refresh));
-        Some(LockGuard::new(shared, health_rx, cmd_tx))
+        let backend = Arc::clone(&self.backend);
+        let held = Held::new(
+            lease,
+            validity,
+            self.clock.clone(),
+            backend,
+            options.clone(),
+            slot,
+        );
+        let held = Arc::new(held);
+        let keeper = self.keepers.handle(&self.backend, &self.clock);
+        // A keeper that is gone already shows in the guard as `Lost(RefresherStopped)`.
+        keeper.keep(Arc::clone(&held), sent + options.refresh_interval());
+        Some(LockGuard::new(held, keeper))
     }
 }
 

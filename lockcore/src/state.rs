@@ -10,7 +10,7 @@
 //! - the local validity deadline passing is `Lost`, whatever the backend says or doesn't;
 //! - [`Health::Lost`] and [`Health::Released`] are terminal.
 //!
-//! The driver (`driver.rs`) turns timers and backend replies into [`Event`]s.
+//! The keeper (`keeper.rs`) and `held.rs` turn timers and backend replies into [`Event`]s.
 
 use std::fmt;
 

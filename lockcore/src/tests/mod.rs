@@ -11,6 +11,8 @@ mod batch;
 mod clock;
 mod context;
 mod inline;
+mod keeper;
+mod keeper_edges;
 mod leave;
 mod orphan;
 mod poll;
