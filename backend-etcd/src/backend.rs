@@ -21,14 +21,18 @@ use crate::client::EtcdClient;
 use crate::config::EtcdConfig;
 use crate::keys::Layout;
 use crate::queue::{Claim, Queue};
+use crate::session::Sessions;
 
 mod acquire;
+mod detach;
+mod grant;
 mod holder;
 mod inspect;
 mod refresh;
 
+#[cfg(test)]
+pub(crate) use grant::{Grant, parse_grant};
 use holder::holder_info;
-pub(crate) use holder::parse_grant;
 
 /// etcd's default `--max-txn-ops`: the most Ranges one refresh check Txn carries.
 pub(crate) const MAX_TXN_OPS: usize = 128;
@@ -48,6 +52,8 @@ pub struct EtcdBackend {
     config: Arc<EtcdConfig>,
     material: Arc<anylock_tls::TlsMaterial>,
     pub(crate) queue: Arc<Queue>,
+    /// The session leases, one per TTL (see `session.rs`).
+    sessions: Arc<Sessions>,
     /// How many Ranges a refresh's check Txn carries (see `backend/refresh.rs`).
     txn_ops: Arc<AtomicUsize>,
 }
@@ -82,6 +88,7 @@ impl EtcdBackend {
         let layout = Layout::new(config.prefix());
         Ok(Self {
             queue: Arc::new(Queue::new(Arc::clone(&client), layout.clone())),
+            sessions: Arc::new(Sessions::new(Arc::clone(&client))),
             client,
             layout,
             config: Arc::new(config),
@@ -166,6 +173,9 @@ pub fn guarantees() -> Guarantees {
     .with_durability(Durability::SurvivesRestart)
     .with_notes(
         "Leases expire on the etcd leader's clock (whole seconds, at least ~2 s); the \
+         locks one backend takes with one TTL share one session lease (Go's Session \
+         model): a crashed process's locks expire with it one TTL after its last refresh, \
+         and a session that expires or is revoked loses every lock on it. The \
          fence token is the key's create revision (cluster-wide, so tokens jump). FIFO: \
          a waiting acquire keeps a queue key (its create revision is its place) for the \
          whole wait, in one queue shared with etcdctl/Go waiters; a waiter whose queue key \
@@ -182,14 +192,18 @@ impl LockBackend for EtcdBackend {
 
     /// For a queued waiter (see [`enqueue`](Self::enqueue)): one Txn that turns our queue
     /// key into the grant if it is first, plus a keep-alive (2 RPCs); else the head's TTL
-    /// (2 RPCs). Otherwise LeaseGrant, then one Txn that creates our key only if the lock
-    /// has no key at all (2 RPCs); when held, revoke the unused lease and read the
-    /// holder's TTL (2 more, concurrently). Never creates a key it does not own, so a
-    /// try-once attempt leaves nothing behind, and newcomers queue behind waiters.
+    /// (2 RPCs). Otherwise one Txn that creates our key on the session lease of the
+    /// request's TTL only if the lock has no key at all (1 RPC; a `LeaseGrant` first when
+    /// there is no live session, a keep-alive first when an eighth of its TTL has passed);
+    /// when held, the holder's TTL (1 more). Never creates a key it does not own, so a
+    /// try-once attempt leaves nothing behind, and newcomers queue behind waiters. The
+    /// lease reports at most what the session has left from the start of the call.
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         match self.queue.claim(request).await? {
             Claim::Won(place) => {
-                self.lease_for(request, place.lease, place.granted_ttl, place.revision)
+                let granted = u64::try_from(place.granted_ttl).unwrap_or(0);
+                let grant = grant::Grant::own(place.lease, place.revision);
+                self.lease_for(request, &grant, Duration::from_secs(granted))
             }
             Claim::Behind(head) => {
                 let remaining = self.remaining(&head).await.ok().flatten();
@@ -247,12 +261,22 @@ impl LockBackend for EtcdBackend {
         REFRESH_BATCH_LIMIT
     }
 
-    /// LeaseRevoke (1 RPC): etcd deletes the keys bound to our lease, which is exactly our
-    /// lock key, so this is a compare-and-delete on the lease id. A lease already gone
-    /// (expired, revoked) is `Ok`.
+    /// A lock on the session lease: one `Txn` that deletes our key if it still has its
+    /// create revision (a compare-and-delete on the grant; the session lives on for the
+    /// backend's other locks and is never revoked). A lock on a lease of its own (a queued
+    /// waiter's grant, a detached lock): `LeaseRevoke`, which deletes exactly its key.
+    /// Either is 1 RPC; a grant already gone (expired, released, taken over) is `Ok`.
     async fn release(&self, lease: &Lease) -> Result<()> {
-        let (id, _) = parse_grant(lease)?;
-        self.client.revoke(id).await
+        self.release_lease(lease).await
+    }
+
+    /// A lock on the session lease moves to a lease of its own (`LeaseGrant` + `Txn`: the
+    /// same key, value and create revision, so the same fence token), which nothing keeps
+    /// alive: it ends by its TTL even while the backend's other locks keep the session
+    /// alive. A lock on a lease of its own needs nothing (`Ok`, no RPC). `Lost` when the
+    /// key is gone or no longer this grant's.
+    async fn detach(&self, lease: &Lease) -> Result<()> {
+        self.detach_lease(lease).await
     }
 
     /// A Range for the owner key, then its lease's TTL (2 RPCs).

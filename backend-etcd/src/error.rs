@@ -20,6 +20,8 @@ pub(crate) enum Op {
     Enqueue,
     Claim,
     LeaseRevoke,
+    Release,
+    Detach,
     Delete,
     KeepAlive,
     CheckKeys,
@@ -39,6 +41,8 @@ impl Op {
             Self::Enqueue => "Txn (join the queue)",
             Self::Claim => "Txn (claim a queue place)",
             Self::LeaseRevoke => "LeaseRevoke",
+            Self::Release => "Txn (delete our key)",
+            Self::Detach => "Txn (move our key to a lease of its own)",
             Self::Delete => "DeleteRange",
             Self::KeepAlive => "LeaseKeepAlive",
             Self::CheckKeys => "Txn (check our keys)",
@@ -59,6 +63,8 @@ impl Op {
                 | Self::Enqueue
                 | Self::Claim
                 | Self::LeaseRevoke
+                | Self::Release
+                | Self::Detach
                 | Self::Delete
         )
     }

@@ -40,8 +40,14 @@ impl Layout {
 
     /// The contender key of `name` bound to `lease`.
     pub(crate) fn key(&self, name: &LockName, lease: i64) -> Vec<u8> {
+        self.key_named(name, &format!("{lease:x}"))
+    }
+
+    /// The contender key of `name` whose last part is `suffix` (normally its lease id in
+    /// hex; see `backend/grant.rs` for when it is not).
+    pub(crate) fn key_named(&self, name: &LockName, suffix: &str) -> Vec<u8> {
         let mut key = self.lock_prefix(name);
-        key.extend_from_slice(format!("{lease:x}").as_bytes());
+        key.extend_from_slice(suffix.as_bytes());
         key
     }
 }

@@ -9,7 +9,7 @@ use lockcore::{ErrorKind, Identity, Lease, LockName, Ttl};
 use proptest::prelude::*;
 
 use crate::EtcdConfig;
-use crate::backend::parse_grant;
+use crate::backend::{Grant, parse_grant};
 use crate::keys::{Layout, decode_value, is_owned_by, range_end};
 
 /// Characters a URL treats specially, joining the chunks of generated passwords (no raw
@@ -298,7 +298,11 @@ proptest! {
         let name = LockName::new("n").expect("valid");
         let second = Ttl::new(Duration::from_secs(1)).expect("valid");
         let ours = Lease::new(name.clone(), Identity::unique(), second, format!("{lease:x}:{rev}"));
-        prop_assert_eq!(parse_grant(&ours).ok(), Some((lease, rev)));
+        prop_assert_eq!(parse_grant(&ours).ok().map(|g| (g.lease, g.revision, g.session)), Some((lease, rev, false)));
+        let shared = Grant::on_session(lease, rev, format!("{lease:x}-{rev}"));
+        prop_assert_eq!(Grant::parse(&shared.encode()).ok(), Some(shared.clone()));
+        let moved = shared.moved_to(lease / 2);
+        prop_assert_eq!(Grant::parse(&moved.encode()).ok(), Some(moved));
         let other = Lease::new(name, Identity::unique(), second, foreign.as_str());
         if let Err(err) = parse_grant(&other) {
             prop_assert_eq!(err.kind(), ErrorKind::InvalidInput);

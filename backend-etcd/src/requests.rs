@@ -112,6 +112,38 @@ pub(crate) fn mod_revision_is(key: &[u8], value: i64) -> Compare {
     }
 }
 
+/// Compare: `key`'s value equals `value`.
+pub(crate) fn value_is(key: &[u8], value: &[u8]) -> Compare {
+    Compare {
+        result: CompareResult::Equal.into(),
+        target: CompareTarget::Value.into(),
+        key: key.to_vec(),
+        range_end: Vec::new(),
+        target_union: Some(TargetUnion::Value(value.to_vec())),
+    }
+}
+
+/// Compare: `key` is bound to `lease`.
+pub(crate) fn lease_is(key: &[u8], lease: i64) -> Compare {
+    Compare {
+        result: CompareResult::Equal.into(),
+        target: CompareTarget::Lease.into(),
+        key: key.to_vec(),
+        range_end: Vec::new(),
+        target_union: Some(TargetUnion::Lease(lease)),
+    }
+}
+
+/// Put `key`, keeping its value, bound to `lease` (the key must exist).
+pub(crate) fn rebind(key: &[u8], lease: i64) -> RequestOp {
+    op(Request::RequestPut(PutRequest {
+        key: key.to_vec(),
+        lease,
+        ignore_value: true,
+        ..PutRequest::default()
+    }))
+}
+
 /// Put `key` = `value` bound to `lease`.
 pub(crate) fn put(key: &[u8], value: &[u8], lease: i64) -> RequestOp {
     op(Request::RequestPut(PutRequest {

@@ -39,13 +39,18 @@ async fn leader_and_follower(endpoints: &[String]) -> (String, String) {
     (leader.expect("a leader"), follower.expect("a follower"))
 }
 
+/// `n` locks, each with a TTL of its own (30 s + i s), so each on a session lease of its
+/// own: the keep-alive pool is measured with `n` etcd leases, as a lease per lock had it
+/// (locks of one TTL share one keep-alive). The sessions expire by their TTLs after the
+/// run.
 async fn take_many(backend: &EtcdBackend, n: usize) -> Vec<Lease> {
     let me = Identity::unique();
-    let ttl = Ttl::new(Duration::from_secs(30)).expect("TTL");
     let mut leases = Vec::with_capacity(n);
     for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
         let takes = chunk.iter().map(|i| {
             let name = LockName::new(format!("lock-{i}")).expect("name");
+            let secs = 30 + u64::try_from(*i).expect("index");
+            let ttl = Ttl::new(Duration::from_secs(secs)).expect("TTL");
             let request = AcquireRequest::new(name, me.clone(), ttl);
             async move {
                 match backend.acquire(&request).await.expect("acquire") {

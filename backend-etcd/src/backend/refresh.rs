@@ -1,46 +1,80 @@
-//! Refreshing leases, one or many through the same code: a keep-alive for every lease on
-//! the client's shared keep-alive streams (each lease always on the same one of 8), and,
-//! concurrently, a keys-only Range for every lease's key, in `Txn`s of at most
-//! `--max-txn-ops` Ranges. Any batch takes one round trip: 0 to 8 RPCs for the
-//! keep-alives (one per stream that must be opened) and `ceil(n / 128)` Txns.
+//! Refreshing leases, one or many through the same code: a keep-alive for every distinct
+//! etcd lease on the client's shared keep-alive streams (each lease always on the same
+//! one of 8; the locks on one session lease share its one keep-alive), and, concurrently,
+//! a keys-only Range for every lease's key, in `Txn`s of at most `--max-txn-ops` Ranges.
+//! Any batch takes one round trip: 0 to 8 RPCs for the keep-alives (one per stream that
+//! must be opened) and `ceil(n / 128)` Txns. A refresh asking for more time than its
+//! etcd lease gives (`LockGuard::leave_for` with a longer TTL) then moves its key to a
+//! lease of its own (`LeaseGrant` + `Txn`, see `backend/detach.rs`).
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
 
 use anylock_etcd_proto::mvccpb::KeyValue;
 use futures_util::future::join_all;
-use lockcore::{Error, ErrorKind, Lease, Result, RetryStatus};
+use lockcore::{Error, ErrorKind, Lease, Result, RetryStatus, Ttl};
 
-use super::{EtcdBackend, parse_grant};
+use super::EtcdBackend;
+use super::grant::{Grant, parse_grant};
 
 impl EtcdBackend {
     /// The one refresh path, for `refresh` (a batch of one) and `refresh_many`.
     pub(super) async fn refresh_leases(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
-        let grants: Vec<Result<(i64, i64)>> = leases.iter().map(parse_grant).collect();
-        let ours: Vec<(usize, i64)> = grants
-            .iter()
-            .enumerate()
-            .filter_map(|(i, grant)| grant.as_ref().ok().map(|(id, _)| (i, *id)))
-            .collect();
-        let ids: Vec<i64> = ours.iter().map(|(_, id)| *id).collect();
-        let keys: Vec<Vec<u8>> = ours
-            .iter()
-            .map(|(i, id)| self.layout.key(leases[*i].name(), *id))
-            .collect();
+        let grants: Vec<Result<Grant>> = leases.iter().map(parse_grant).collect();
+        let mut ids: Vec<i64> = Vec::new();
+        let mut index: HashMap<i64, usize> = HashMap::new();
+        let mut keys: Vec<Vec<u8>> = Vec::new();
+        for (lease, grant) in leases.iter().zip(&grants) {
+            let Ok(grant) = grant else {
+                continue;
+            };
+            index.entry(grant.lease).or_insert_with(|| {
+                ids.push(grant.lease);
+                ids.len() - 1
+            });
+            keys.push(grant.key(&self.layout, lease.name()));
+        }
+        let sent = Instant::now();
         let (alive, stored) =
             tokio::join!(self.client.keep_alive_many(&ids), self.check_keys(&keys));
-        let mut alive = spread(alive, ids.len()).into_iter();
+        if let Ok(ttls) = &alive {
+            for (id, ttl) in ids.iter().zip(ttls) {
+                self.sessions.confirm(*id, sent, *ttl);
+            }
+        }
+        let mut alive = per_lease(alive, &grants, &index, keys.len()).into_iter();
         let mut stored = stored.into_iter();
-        leases
-            .iter()
-            .zip(grants)
-            .map(|(lease, grant)| {
-                let (id, revision) = grant?;
+        let mut results = Vec::with_capacity(leases.len());
+        let mut longer = Vec::new();
+        for (at, (lease, grant)) in leases.iter().zip(grants).enumerate() {
+            let result = grant.and_then(|grant| {
                 let (Some(alive), Some(stored)) = (alive.next(), stored.next()) else {
                     return Err(Error::unavailable("refresh: a reply went missing"));
                 };
-                verdict(lease, (id, revision), alive, stored)
-            })
-            .collect()
+                let ttl = alive.as_ref().ok().copied();
+                let refreshed = verdict(lease, (grant.lease, grant.revision), alive, stored)?;
+                match ttl {
+                    Some(ttl) if refreshed.ttl().as_secs() > ttl => {
+                        longer.push((at, grant));
+                        Ok(refreshed)
+                    }
+                    Some(ttl) => Ok(at_most(refreshed, ttl)),
+                    None => Ok(refreshed),
+                }
+            });
+            results.push(result);
+        }
+        // Leases asking for more than their etcd lease gives: each moved to its own.
+        let moved = join_all(longer.iter().map(|(at, grant)| {
+            let lease = &leases[*at];
+            self.move_key(lease, grant, lease.ttl())
+        }))
+        .await;
+        for ((at, _), result) in longer.into_iter().zip(moved) {
+            results[at] = result;
+        }
+        results
     }
 
     /// Each key as read, in order: one Txn per `txn_ops` keys (at first `MAX_TXN_OPS`,
@@ -87,6 +121,39 @@ impl EtcdBackend {
             ),
         )
         .with_status(RetryStatus::Temporary)
+    }
+}
+
+/// The keep-alive reply of each lease whose grant parsed, in order: its etcd lease's TTL
+/// (`index` maps a lease id to its place in the keep-alive call), or a copy of the whole
+/// call's error.
+fn per_lease(
+    alive: Result<Vec<i64>>,
+    grants: &[Result<Grant>],
+    index: &HashMap<i64, usize>,
+    n: usize,
+) -> Vec<Result<i64>> {
+    match alive {
+        Ok(ttls) => grants
+            .iter()
+            .flatten()
+            .map(|grant| {
+                ttls.get(index[&grant.lease])
+                    .copied()
+                    .ok_or_else(|| Error::unavailable("refresh: a keep-alive reply went missing"))
+            })
+            .collect(),
+        Err(err) => err.copies(n).into_iter().map(Err).collect(),
+    }
+}
+
+/// `lease` with its TTL cut to the `granted` seconds its etcd lease was renewed to: a
+/// refresh never reports more than the server gives.
+fn at_most(lease: Lease, granted: i64) -> Lease {
+    let granted = Duration::from_secs(u64::try_from(granted).unwrap_or(0));
+    match Ttl::new(granted) {
+        Ok(ttl) if granted < lease.ttl().get() => lease.with_ttl(ttl),
+        _ => lease,
     }
 }
 

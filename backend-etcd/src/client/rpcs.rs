@@ -121,6 +121,44 @@ impl EtcdClient {
         }
     }
 
+    /// One Txn: delete `key` if its create revision is `revision` (a session lock's
+    /// release: the key of exactly that grant, never a later one). A key already gone is
+    /// not an error.
+    pub(crate) async fn delete_created(&self, key: &[u8], revision: i64) -> Result<()> {
+        let same = requests::create_revision(key, Vec::new(), CompareResult::Equal, revision);
+        let txn = requests::txn(vec![same], vec![requests::delete_op(key)], Vec::new());
+        self.call(Op::Release, txn, txn_rpc).await.map(drop)
+    }
+
+    /// One Txn: delete `key` if its value is exactly `value` (the clean-up after a grant
+    /// whose outcome is unknown: only the key that attempt may have written).
+    pub(crate) async fn delete_if_value(&self, key: &[u8], value: &[u8]) -> Result<bool> {
+        let txn = requests::txn(
+            vec![requests::value_is(key, value)],
+            vec![requests::delete_op(key)],
+            Vec::new(),
+        );
+        Ok(self.call(Op::Release, txn, txn_rpc).await?.succeeded)
+    }
+
+    /// One Txn: if `key` still has create revision `revision` and is bound to `from`,
+    /// bind it to `to`, keeping its value and create revision. Whether it moved.
+    pub(crate) async fn rebind(
+        &self,
+        key: &[u8],
+        revision: i64,
+        from: i64,
+        to: i64,
+    ) -> Result<bool> {
+        let same = requests::create_revision(key, Vec::new(), CompareResult::Equal, revision);
+        let txn = requests::txn(
+            vec![same, requests::lease_is(key, from)],
+            vec![requests::rebind(key, to)],
+            Vec::new(),
+        );
+        Ok(self.call(Op::Detach, txn, txn_rpc).await?.succeeded)
+    }
+
     /// DeleteRange on one key; whether it existed.
     pub(crate) async fn delete(&self, key: &[u8]) -> Result<bool> {
         let request = requests::delete(key);

@@ -1,0 +1,93 @@
+//! Letting a lock outlive its holder (`LockGuard::leave_for`, `detach`), and releasing.
+//!
+//! A key on a session lease lives as long as the session, which the backend's other
+//! locks keep alive: a lock left to expire by its own TTL must leave the session first.
+//! Its key is moved to a lease of its own (`LeaseGrant` + one `Txn` that rebinds the key
+//! if it still has its create revision and is still on the old lease, keeping its value
+//! and create revision, so the fence token is unchanged). Nothing then keeps that lease
+//! alive, so the lock ends by the TTL it was granted with.
+
+use std::sync::Arc;
+
+use lockcore::{Error, Lease, Result, Ttl};
+
+use super::EtcdBackend;
+use super::grant::{Grant, parse_grant};
+
+impl EtcdBackend {
+    /// Moves the key of `lease` (its grant `grant`) to a new lease of `ttl` (in whole
+    /// seconds, rounded up): `LeaseGrant` + `Txn`. The lease returned carries the new
+    /// grant and the TTL etcd granted (at most `ttl`), from when the new lease was asked
+    /// for. A lease of its own that held the key is revoked in the background (it holds
+    /// nothing now); a session is left alone.
+    ///
+    /// # Errors
+    /// `Lost` when the key is gone or no longer this grant's (the new lease is then
+    /// revoked in the background); as `LeaseGrant` and `Txn` otherwise (the new lease is
+    /// left to expire by its TTL: after a `Txn` whose outcome is unknown it may hold the
+    /// key, and leaving never releases).
+    pub(super) async fn move_key(&self, lease: &Lease, grant: &Grant, ttl: Ttl) -> Result<Lease> {
+        let (id, granted) = self.client.grant(ttl.as_secs()).await?;
+        let key = grant.key(&self.layout, lease.name());
+        let moved = self
+            .client
+            .rebind(&key, grant.revision, grant.lease, id)
+            .await;
+        match moved {
+            Ok(true) => {}
+            Ok(false) => {
+                self.revoke_in_background(id);
+                return Err(Error::lost("our lock key was deleted or replaced"));
+            }
+            // The outcome may be unknown: the key may be on the new lease now, and
+            // revoking it would delete the lock. It expires by its TTL either way.
+            Err(err) => return Err(err),
+        }
+        if !grant.session {
+            self.revoke_in_background(grant.lease);
+        }
+        let granted = std::time::Duration::from_secs(u64::try_from(granted).unwrap_or(0));
+        let ttl = match Ttl::new(granted) {
+            Ok(short) if granted < ttl.get() => short,
+            _ => ttl,
+        };
+        Ok(lease
+            .clone()
+            .with_grant(grant.moved_to(id).encode())
+            .with_ttl(ttl))
+    }
+
+    /// `detach`: a lock on a session moves to a lease of its own with its TTL (so it ends
+    /// by that TTL from now, not from its last refresh: later, never earlier); a lock on a
+    /// lease of its own already ends by its TTL.
+    pub(super) async fn detach_lease(&self, lease: &Lease) -> Result<()> {
+        let grant = parse_grant(lease)?;
+        if !grant.session {
+            return Ok(());
+        }
+        self.move_key(lease, &grant, lease.ttl()).await.map(drop)
+    }
+
+    /// `release`: a key on a session is deleted if it still has its create revision (1
+    /// Txn; the session lives on); a lease of its own is revoked, which deletes exactly
+    /// its key (1 `LeaseRevoke`). Already gone is `Ok`.
+    pub(super) async fn release_lease(&self, lease: &Lease) -> Result<()> {
+        let grant = parse_grant(lease)?;
+        if grant.session {
+            let key = grant.key(&self.layout, lease.name());
+            self.client.delete_created(&key, grant.revision).await
+        } else {
+            self.client.revoke(grant.lease).await
+        }
+    }
+
+    /// Revokes `lease` without waiting; failure is harmless (it expires by its TTL).
+    fn revoke_in_background(&self, lease: i64) {
+        let client = Arc::clone(&self.client);
+        tokio::spawn(async move {
+            if let Err(err) = client.revoke(lease).await {
+                tracing::debug!(error = %err, lease = %format!("{lease:x}"), "revoking an unused lease failed");
+            }
+        });
+    }
+}
