@@ -10,18 +10,11 @@ use lockcore::{
     Identity, Lease, LockBackend, LockName, Note, ReleaseEvents, Result, Ttl,
 };
 
-use crate::batch::Extension;
+use crate::batch::{BATCH, Extension};
 use crate::client::{Claim, Client, Row};
 use crate::config::LocalConfig;
 use crate::host::{self, Clocks, SystemClocks};
 use crate::liveness::{Held, HolderDir, Probe};
-
-/// The most leases one refresh statement carries ([`LockBackend::refresh_batch_limit`]):
-/// the statement holds the database's write lock while it runs, so every other process's
-/// acquire and release waits for it; 250 leases hold it well under a millisecond
-/// (`docs/local.md`), and one commit (one sync to disk) then serves 250 refreshes instead
-/// of one.
-pub(crate) const BATCH: usize = 250;
 
 /// Cross-process locks on one machine, with no server: a lease table in a SQLite file.
 ///

@@ -16,6 +16,14 @@ use sqlx::Row as _;
 use crate::client::Client;
 use crate::error::map_error;
 
+/// The most leases one refresh statement carries
+/// ([`LockBackend::refresh_batch_limit`](lockcore::LockBackend::refresh_batch_limit)):
+/// the statement holds the database's write lock while it runs, so every other process's
+/// acquire and release waits for it; 250 leases hold it well under a millisecond
+/// (`docs/local.md`), and one commit (one sync to disk) then serves 250 refreshes instead
+/// of one.
+pub(crate) const BATCH: usize = 250;
+
 /// Extends every lease of `?1` (a JSON array of `[name, owner, token, expires_ms]`) that is
 /// still ours and unexpired at `?2` on this boot (`?3`), in one statement: the `WHERE` of
 /// the single refresh, row by row. It returns the extended rows, which the caller matches

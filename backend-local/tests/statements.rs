@@ -158,6 +158,9 @@ async fn a_notified_handoff_is_two_statements() {
     })
     .await;
     assert_eq!(ran.len(), 2, "{ran:?}");
-    assert!(ran[0].starts_with("UPDATE") && ran[1].starts_with("INSERT"), "{ran:?}");
+    assert!(
+        ran[0].starts_with("UPDATE") && ran[1].starts_with("INSERT"),
+        "{ran:?}"
+    );
     next.release().await.expect("release");
 }
