@@ -296,6 +296,8 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// - The stream yields after every release of `name` that happens after this call
     ///   returns (spurious extra items are allowed).
     /// - Must be called *before* the attempt it is meant to wake, so no release is missed.
+    ///   [`Locker`](crate::Locker) subscribes after an attempt found the lock held and
+    ///   then attempts once more before it waits (a lock found free costs no subscription).
     async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
         let _ = name;
         Ok(None)

@@ -239,7 +239,7 @@ impl Locker {
         request: &AcquireRequest,
         options: &LockOptions,
     ) -> Result<LockGuard> {
-        let mut wait = Wait::start(&self.backend, request, options).await;
+        let mut wait = Wait::start(options);
         // The first attempt always runs to completion (bounded by the attempt timeout), so
         // a zero or tiny wait still means "one real try"; later ones stop at the deadline.
         let mut first = true;
@@ -264,8 +264,11 @@ impl Locker {
                 }
                 Ok((_, Attempted::Held(holder))) => {
                     wait.holder = Some(holder);
-                    if wait.join_queue(&self.backend, request).await {
-                        // Our place may already be first: try again before sleeping.
+                    // Our place may already be first, and a release just before the
+                    // subscription notifies no one: either way, try again before sleeping.
+                    let queued = wait.join_queue(&self.backend, request).await;
+                    let subscribed = wait.subscribe(&self.backend, request).await;
+                    if queued || subscribed {
                         continue;
                     }
                 }

@@ -30,6 +30,8 @@ pub(crate) struct Wait {
     started: Instant,
     pub(crate) deadline: Option<Instant>,
     events: Option<ReleaseEvents>,
+    /// [`subscribe`](Self::subscribe) ran (whatever it got).
+    subscribed: bool,
     attempt: u32,
     backoff: crate::backoff::Backoff,
     /// Bounds each backend call the wait makes itself (joining the queue).
@@ -44,30 +46,19 @@ pub(crate) struct Wait {
 }
 
 impl Wait {
-    pub(crate) async fn start(
-        backend: &Arc<dyn LockBackend>,
-        request: &AcquireRequest,
-        options: &LockOptions,
-    ) -> Self {
+    /// The wait of one acquisition; nothing is asked of the backend until an attempt
+    /// finds the lock held ([`subscribe`](Self::subscribe), [`join_queue`](Self::join_queue)).
+    pub(crate) fn start(options: &LockOptions) -> Self {
         let started = Instant::now();
         let deadline = match options.wait() {
             WaitMode::Timeout(d) => Some(started + d),
             WaitMode::TryOnce | WaitMode::Forever => None,
         };
-        let events = match options.wait() {
-            WaitMode::TryOnce => None,
-            _ => match backend.subscribe(&request.name).await {
-                Ok(events) => events,
-                Err(err) => {
-                    tracing::debug!(error = %err, "release notifications unavailable; polling");
-                    None
-                }
-            },
-        };
         Self {
             started,
             deadline,
-            events,
+            events: None,
+            subscribed: false,
             attempt: 0,
             backoff: options.backoff().clone(),
             attempt_timeout: options.acquire_timeout(),
@@ -76,6 +67,44 @@ impl Wait {
             ticket: None,
             events_from_ticket: false,
             queue_tried: false,
+        }
+    }
+
+    /// Subscribes to the lock's release notifications, once per acquisition, after the
+    /// first attempt that found it held: an acquisition that finds the lock free never
+    /// pays for a subscription (a statement, a watch, a `SUBSCRIBE`). `true` when
+    /// notifications now flow: the caller must attempt once more before it waits, since
+    /// a release between its last attempt and the subscription is in no notification.
+    /// Not when the queue place already brings its own, nor past the deadline; bounded
+    /// like an attempt.
+    pub(crate) async fn subscribe(
+        &mut self,
+        backend: &Arc<dyn LockBackend>,
+        request: &AcquireRequest,
+    ) -> bool {
+        if std::mem::replace(&mut self.subscribed, true) || self.events.is_some() {
+            return false;
+        }
+        let now = Instant::now();
+        if self.deadline.is_some_and(|deadline| now >= deadline) {
+            return false;
+        }
+        let own_limit = now + self.attempt_timeout;
+        let limit = self.deadline.map_or(own_limit, |d| d.min(own_limit));
+        match timeout_at(limit, backend.subscribe(&request.name)).await {
+            Ok(Ok(Some(events))) => {
+                self.events = Some(events);
+                true
+            }
+            Ok(Ok(None)) => false,
+            Ok(Err(err)) => {
+                tracing::debug!(error = %err, "release notifications unavailable; polling");
+                false
+            }
+            Err(_) => {
+                tracing::debug!("subscribing to release notifications timed out; polling");
+                false
+            }
         }
     }
 

@@ -19,6 +19,7 @@ mod poll;
 mod queue;
 mod refresher;
 mod starved;
+mod subscribe;
 
 use std::sync::Arc;
 use std::time::Duration;
