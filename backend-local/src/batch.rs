@@ -58,7 +58,7 @@ impl Client {
         boot_id: &str,
     ) -> Result<Vec<bool>, Error> {
         let rows = sqlx::query(EXTEND_MANY)
-            .bind(encode(batch))
+            .bind(encode(&last_of_each_grant(batch)))
             .bind(now_ms)
             .bind(boot_id)
             .fetch_all(self.pool())
@@ -81,6 +81,22 @@ impl Client {
             })
             .collect())
     }
+}
+
+/// `batch` with each grant (name, owner, token) once, at its last place's expiry: as
+/// refreshing the leases one after another would leave it. (With several source rows for
+/// one target row, SQLite's `UPDATE ... FROM` uses an arbitrary one.)
+fn last_of_each_grant<'a>(batch: &[Extension<'a>]) -> Vec<Extension<'a>> {
+    let mut last: HashMap<(&str, &str, i64), usize> = HashMap::with_capacity(batch.len());
+    for (i, lease) in batch.iter().enumerate() {
+        last.insert((lease.name, lease.owner, lease.token), i);
+    }
+    batch
+        .iter()
+        .enumerate()
+        .filter(|(i, lease)| last.get(&(lease.name, lease.owner, lease.token)) == Some(i))
+        .map(|(_, lease)| *lease)
+        .collect()
 }
 
 /// `batch` as a JSON array of `[name, owner, token, expires_ms]`.
@@ -126,6 +142,27 @@ fn push_string(json: &mut String, text: &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_grant_twice_is_sent_once_with_its_last_expiry() {
+        let at = |name, token, expires_ms| Extension {
+            name,
+            owner: "o",
+            token,
+            expires_ms,
+        };
+        let batch = [
+            at("a", 1, 10),
+            at("b", 1, 20),
+            at("a", 1, 30),
+            at("a", 2, 40),
+        ];
+        let sent: Vec<(&str, i64, i64)> = last_of_each_grant(&batch)
+            .iter()
+            .map(|e| (e.name, e.token, e.expires_ms))
+            .collect();
+        assert_eq!(sent, [("b", 1, 20), ("a", 1, 30), ("a", 2, 40)]);
+    }
 
     #[test]
     fn strings_are_escaped_as_json() {

@@ -150,7 +150,8 @@ pub(crate) struct Client {
     /// not synced, so it needs no sync of its own and the next holder's grant comes a
     /// sync sooner. Only power loss (or a kernel crash) can undo it, and after one the
     /// machine boots anew: every lease of the earlier boot is expired whatever its row
-    /// says (off Linux, its holder's kernel lock is gone and a contender takes it over).
+    /// says (off Linux the restored row lasts until its TTL at most: its liveness file
+    /// may be gone, so no contender can prove the holder dead).
     /// An undone release can only make a lock look held longer, never held twice; it
     /// changes no token; and the next synced commit (any grant) syncs it too, in order.
     unsynced: SqlitePool,

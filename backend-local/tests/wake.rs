@@ -26,13 +26,14 @@ async fn a_release_wakes_the_waiter_and_refused_contenders_do_not() {
     let holder = Locker::new(Arc::new(db.open().await));
     let guard = holder.acquire("job").await.expect("free");
 
-    // The waiter, counted: one attempt, then asleep until something wakes it.
+    // The waiter, counted: an attempt, one more once subscribed (lockcore subscribes after
+    // an attempt found the lock held), then asleep until something wakes it.
     let counted = FaultyBackend::new(Arc::new(db.open().await));
     let waiter = Locker::new(Arc::new(counted.clone()))
         .with_options(sleepy(WaitMode::Timeout(Duration::from_secs(120))));
     let task = tokio::spawn(async move { waiter.acquire("job").await });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(counted.calls(Op::Acquire), 1, "the waiter's first attempt");
+    assert_eq!(counted.calls(Op::Acquire), 2, "the waiter's first attempts");
 
     // 30 refused attempts by another process-like contender: each creates and removes a
     // liveness file in the watched directory.
@@ -43,7 +44,7 @@ async fn a_release_wakes_the_waiter_and_refused_contenders_do_not() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         counted.calls(Op::Acquire),
-        1,
+        2,
         "a refused contender's file woke the waiter"
     );
 
@@ -57,7 +58,7 @@ async fn a_release_wakes_the_waiter_and_refused_contenders_do_not() {
     let took = released.elapsed();
     assert_eq!(
         counted.calls(Op::Acquire),
-        2,
+        3,
         "one attempt after the wake-up"
     );
     assert!(took < Duration::from_secs(5), "woken after {took:?}");
