@@ -174,7 +174,8 @@ pub fn guarantees() -> Guarantees {
     .with_notes(
         "Leases expire on the etcd leader's clock (whole seconds, at least ~2 s); the \
          locks one backend takes with one TTL share one session lease (Go's Session \
-         model): a crashed process's locks expire with it one TTL after its last refresh, \
+         model): a crashed process's locks expire with it one TTL after the last keep-alive or \
+         grant of their session (never before the TTL each lease reported), \
          and a session that expires or is revoked loses every lock on it. The \
          fence token is the key's create revision (cluster-wide, so tokens jump). FIFO: \
          a waiting acquire keeps a queue key (its create revision is its place) for the \

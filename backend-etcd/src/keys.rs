@@ -140,6 +140,12 @@ struct Value {
     acquired_unix_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     note: Option<String>,
+    /// Different in every grant value this process writes, so the clean-up after an
+    /// attempt whose outcome is unknown (which deletes the key only if it holds exactly
+    /// that attempt's value) can never delete a later attempt's grant written in the same
+    /// millisecond.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    nonce: Option<u64>,
 }
 
 /// The value for a key that `owner` creates (or claims) now as the grant, with its note.
@@ -148,21 +154,43 @@ pub(crate) fn encode_value(owner: &Identity, note: Option<&Note>) -> Vec<u8> {
         .duration_since(UNIX_EPOCH)
         .ok()
         .and_then(|d| u64::try_from(d.as_millis()).ok());
-    encode(owner, acquired_unix_ms, note)
+    encode(owner, acquired_unix_ms, note, Some(nonce()))
+}
+
+/// A value no earlier call in this process returned: a per-process random start (std's
+/// randomly keyed hasher) plus a counter.
+fn nonce() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static START: OnceLock<u64> = OnceLock::new();
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let start = *START.get_or_init(|| {
+        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+        hasher.write_u32(std::process::id());
+        hasher.finish()
+    });
+    start.wrapping_add(NEXT.fetch_add(1, Ordering::Relaxed))
 }
 
 /// The value of a queued waiter's key: the owner and its note, without an acquisition
 /// time (the claim that turns the place into the grant rewrites it with
 /// [`encode_value`]).
 pub(crate) fn encode_queued_value(owner: &Identity, note: Option<&Note>) -> Vec<u8> {
-    encode(owner, None, note)
+    encode(owner, None, note, None)
 }
 
-fn encode(owner: &Identity, acquired_unix_ms: Option<u64>, note: Option<&Note>) -> Vec<u8> {
+fn encode(
+    owner: &Identity,
+    acquired_unix_ms: Option<u64>,
+    note: Option<&Note>,
+    nonce: Option<u64>,
+) -> Vec<u8> {
     let value = Value {
         owner: owner.as_str().to_owned(),
         acquired_unix_ms,
         note: note.map(|n| n.as_str().to_owned()),
+        nonce,
     };
     serde_json::to_vec(&value).unwrap_or_else(|_| owner.as_str().as_bytes().to_vec())
 }

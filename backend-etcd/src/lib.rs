@@ -86,6 +86,7 @@ mod queue_tests;
 mod requests;
 mod secure;
 mod session;
+mod stragglers;
 
 pub use backend::{EtcdBackend, guarantees};
 pub use config::{DEFAULT_PORT, EtcdConfig, URL_ENV};

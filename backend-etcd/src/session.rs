@@ -7,8 +7,9 @@
 //! keep-alives, one per session per batch), and [`Sessions::session`] keeps it alive (or
 //! grants a new one) when an acquire finds it has used up an eighth of its TTL since the
 //! last keep-alive anyone confirmed. So a process that dies, or drops its backend without
-//! releasing, loses its locks when their session expires: one TTL after the last refresh
-//! or acquire.
+//! releasing, loses its locks when their session expires: one TTL after the last grant or
+//! keep-alive of the session (an acquire between keep-alives renews nothing, so up to an
+//! eighth of the TTL sooner than one TTL after it; never sooner than the lease it reported).
 //!
 //! Time left is measured on the local monotonic clock from the *send* time of the last
 //! confirmed grant or keep-alive, so an acquire never reports more than the server gives:
@@ -21,6 +22,7 @@ use std::time::{Duration, Instant};
 use lockcore::{Error, Result};
 
 use crate::client::EtcdClient;
+use crate::stragglers::Stragglers;
 
 /// One session lease as this client last confirmed it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,7 +44,11 @@ impl Session {
     /// What the server gives the lease at least, from `at` on: the granted TTL from the
     /// last confirmed send, less the time since.
     pub(crate) fn left_at(&self, at: Instant) -> Duration {
-        (self.confirmed + self.ttl()).saturating_duration_since(at)
+        match self.confirmed.checked_add(self.ttl()) {
+            Some(end) => end.saturating_duration_since(at),
+            // A TTL past what the clock can count: all of it is left.
+            None => self.ttl(),
+        }
     }
 }
 
@@ -68,6 +74,8 @@ impl Slot {
 pub(crate) struct Sessions {
     client: Arc<EtcdClient>,
     slots: Mutex<HashMap<i64, Arc<Slot>>>,
+    /// Keys a failed release or move left on a session, deleted by later sweeps.
+    pub(crate) stragglers: Stragglers,
 }
 
 /// Whether a session with `left` of its `ttl` needs a keep-alive before it backs a grant:
@@ -75,7 +83,7 @@ pub(crate) struct Sessions {
 /// (one keep-alive on the shared streams) so the grant reports the full TTL. Between
 /// renewals a grant reports what is left, at least seven eighths of the TTL.
 fn stale(left: Duration, ttl: Duration) -> bool {
-    left < ttl * 7 / 8
+    left < ttl - ttl / 8
 }
 
 /// Whether a session with `left` of its `ttl` is too old to back a grant at all without
@@ -88,6 +96,7 @@ impl Sessions {
     /// No sessions yet.
     pub(crate) fn new(client: Arc<EtcdClient>) -> Self {
         Self {
+            stragglers: Stragglers::new(Arc::clone(&client)),
             client,
             slots: Mutex::new(HashMap::new()),
         }
@@ -111,6 +120,7 @@ impl Sessions {
     /// As `LeaseGrant`; a keep-alive's failure is an error only when less than half the
     /// TTL is left.
     pub(crate) async fn session(&self, ttl_secs: i64) -> Result<Session> {
+        self.stragglers.sweep();
         let slot = self.slot(ttl_secs);
         if let Some(session) = slot.get()
             && !stale(session.left_at(Instant::now()), session.ttl())
@@ -135,6 +145,15 @@ impl Sessions {
             match self.keep_alive(&slot, session).await {
                 Ok(Some(renewed)) => return Ok(renewed),
                 Ok(None) => {}
+                // Nothing left by our count: the lease may be gone on the server too, so
+                // the session is not waited for but replaced (a keep-alive stream that
+                // keeps failing must not keep every acquire failing).
+                Err(_) if session.left_at(Instant::now()).is_zero() => {
+                    let mut current = slot.current();
+                    if current.is_some_and(|s| s.id == session.id) {
+                        *current = None;
+                    }
+                }
                 Err(err) if too_old(session.left_at(Instant::now()), session.ttl()) => {
                     return Err(err);
                 }
@@ -146,6 +165,12 @@ impl Sessions {
         }
         let sent = Instant::now();
         let (id, granted) = self.client.grant(ttl_secs).await?;
+        if granted <= 0 {
+            return Err(Error::new(
+                lockcore::ErrorKind::Protocol,
+                format!("etcd granted a session lease with TTL {granted} s; it holds nothing"),
+            ));
+        }
         let session = Session {
             id,
             granted,
@@ -196,6 +221,7 @@ impl Sessions {
             }
             if ttl <= 0 {
                 *current = None;
+                self.stragglers.forget_lease(id);
             } else if session.confirmed < sent {
                 *current = Some(Session {
                     id,

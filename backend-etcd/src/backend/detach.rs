@@ -8,6 +8,7 @@
 //! alive, so the lock ends by the TTL it was granted with.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use lockcore::{Error, Lease, Result, Ttl};
 
@@ -40,8 +41,16 @@ impl EtcdBackend {
                 return Err(Error::lost("our lock key was deleted or replaced"));
             }
             // The outcome may be unknown: the key may be on the new lease now, and
-            // revoking it would delete the lock. It expires by its TTL either way.
-            Err(err) => return Err(err),
+            // revoking it would delete the lock. On the new lease it expires by its TTL;
+            // still on the session, it is deleted once that TTL has run out.
+            Err(err) => {
+                if grant.session {
+                    let left_until = Instant::now() + ttl.get();
+                    let stragglers = &self.sessions.stragglers;
+                    stragglers.add(key, grant.revision, grant.lease, left_until);
+                }
+                return Err(err);
+            }
         }
         if !grant.session {
             self.revoke_in_background(grant.lease);
@@ -75,7 +84,13 @@ impl EtcdBackend {
         let grant = parse_grant(lease)?;
         if grant.session {
             let key = grant.key(&self.layout, lease.name());
-            self.client.delete_created(&key, grant.revision).await
+            let deleted = self.client.delete_created(&key, grant.revision).await;
+            if deleted.is_err() {
+                // The session outlives this lock: its key is deleted by a later sweep.
+                let stragglers = &self.sessions.stragglers;
+                stragglers.add(key, grant.revision, grant.lease, Instant::now());
+            }
+            deleted
         } else {
             self.client.revoke(grant.lease).await
         }

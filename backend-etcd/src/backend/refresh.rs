@@ -42,6 +42,7 @@ impl EtcdBackend {
             for (id, ttl) in ids.iter().zip(ttls) {
                 self.sessions.confirm(*id, sent, *ttl);
             }
+            self.sessions.stragglers.sweep();
         }
         let mut alive = per_lease(alive, &grants, &index, keys.len()).into_iter();
         let mut stored = stored.into_iter();

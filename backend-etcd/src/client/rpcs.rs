@@ -130,6 +130,24 @@ impl EtcdClient {
         self.call(Op::Release, txn, txn_rpc).await.map(drop)
     }
 
+    /// One Txn: delete `key` if its create revision is `revision` and it is bound to
+    /// `lease` (a key a failed release or move left on a session lease: never another
+    /// grant's key, never one moved to a lease of its own). A key gone is not an error.
+    pub(crate) async fn delete_created_on(
+        &self,
+        key: &[u8],
+        revision: i64,
+        lease: i64,
+    ) -> Result<()> {
+        let same = requests::create_revision(key, Vec::new(), CompareResult::Equal, revision);
+        let txn = requests::txn(
+            vec![same, requests::lease_is(key, lease)],
+            vec![requests::delete_op(key)],
+            Vec::new(),
+        );
+        self.call(Op::Release, txn, txn_rpc).await.map(drop)
+    }
+
     /// One Txn: delete `key` if its value is exactly `value` (the clean-up after a grant
     /// whose outcome is unknown: only the key that attempt may have written).
     pub(crate) async fn delete_if_value(&self, key: &[u8], value: &[u8]) -> Result<bool> {

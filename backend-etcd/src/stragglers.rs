@@ -1,0 +1,150 @@
+//! Keys left on a session lease by a release or a move whose `Txn` failed.
+//!
+//! A lock on a lease of its own ends by its TTL whatever happens to its release. A key on
+//! a session lease lives as long as the session, which the backend's other locks of that
+//! TTL keep alive: a release lost to a network blip would leave the lock taken, by no
+//! one, for as long as the process keeps using that TTL. So such a key is remembered here
+//! and deleted later, on the next acquire or refresh that uses the backend's sessions,
+//! by a `Txn` that deletes it only while it still has its create revision and is still on
+//! the session lease (never another grant's key, never a key moved to a lease of its
+//! own). A key whose `leave_for`/`detach` move failed is deleted only once the TTL it
+//! was left for has run out: a lock left to outlive its holder is never freed early.
+
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use crate::client::EtcdClient;
+
+/// At most this many keys are remembered; beyond it the oldest is dropped (it then lasts
+/// as long as its session, as before this list existed).
+const LIMIT: usize = 4096;
+
+/// A sweep starts at most this often.
+const SPACING: Duration = Duration::from_secs(1);
+
+/// One key to delete.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Straggler {
+    key: Vec<u8>,
+    /// Its create revision (the grant's fence token).
+    revision: i64,
+    /// The session lease it must still be bound to.
+    lease: i64,
+    /// Not deleted before this.
+    not_before: Instant,
+}
+
+#[derive(Default)]
+struct State {
+    keys: Vec<Straggler>,
+    sweeping: bool,
+    last_sweep: Option<Instant>,
+}
+
+/// The keys of one backend (and its clones) waiting to be deleted.
+pub(crate) struct Stragglers {
+    client: Arc<EtcdClient>,
+    state: Arc<Mutex<State>>,
+}
+
+impl Stragglers {
+    pub(crate) fn new(client: Arc<EtcdClient>) -> Self {
+        Self {
+            client,
+            state: Arc::default(),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+
+    /// Remembers `key` (create revision `revision`, on session lease `lease`) for deletion
+    /// once `not_before` has passed.
+    pub(crate) fn add(&self, key: Vec<u8>, revision: i64, lease: i64, not_before: Instant) {
+        let straggler = Straggler {
+            key,
+            revision,
+            lease,
+            not_before,
+        };
+        let mut state = self.state();
+        if state.keys.contains(&straggler) {
+            return;
+        }
+        if state.keys.len() >= LIMIT {
+            state.keys.remove(0);
+            tracing::warn!(
+                "more than {LIMIT} etcd lock keys wait for a delete that failed; the oldest \
+                 is left to its session's expiry"
+            );
+        }
+        state.keys.push(straggler);
+    }
+
+    /// Session lease `lease` is gone: so are its keys.
+    pub(crate) fn forget_lease(&self, lease: i64) {
+        self.state().keys.retain(|s| s.lease != lease);
+    }
+
+    /// Starts deleting the keys that are due, in a task of their own, unless a sweep runs
+    /// or ran less than [`SPACING`] ago, or nothing is due. Keys whose delete fails (or
+    /// that a dropped task never got to) stay for the next sweep.
+    pub(crate) fn sweep(&self) {
+        let now = Instant::now();
+        let mut state = self.state();
+        if state.sweeping
+            || state.last_sweep.is_some_and(|at| now < at + SPACING)
+            || !state.keys.iter().any(|s| s.not_before <= now)
+        {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        state.sweeping = true;
+        state.last_sweep = Some(now);
+        let (due, later) = std::mem::take(&mut state.keys)
+            .into_iter()
+            .partition(|s| s.not_before <= now);
+        state.keys = later;
+        drop(state);
+        let mut sweep = Sweep {
+            left: due,
+            state: Arc::clone(&self.state),
+        };
+        let client = Arc::clone(&self.client);
+        runtime.spawn(async move {
+            let mut failed = Vec::new();
+            while let Some(straggler) = sweep.left.pop() {
+                let deleted = client
+                    .delete_created_on(&straggler.key, straggler.revision, straggler.lease)
+                    .await;
+                if let Err(err) = deleted {
+                    tracing::debug!(error = %err, "deleting a lock key left by a failed release failed; retrying later");
+                    failed.push(straggler);
+                }
+            }
+            sweep.left.append(&mut failed);
+        });
+    }
+}
+
+/// A running sweep: puts back what it did not delete and lets the next sweep start, also
+/// when its task is dropped halfway.
+struct Sweep {
+    left: Vec<Straggler>,
+    state: Arc<Mutex<State>>,
+}
+
+impl Drop for Sweep {
+    fn drop(&mut self) {
+        let mut state = lock(&self.state);
+        state.keys.append(&mut self.left);
+        state.sweeping = false;
+    }
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
