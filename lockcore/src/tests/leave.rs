@@ -193,3 +193,124 @@ async fn leaving_a_lease_lost_to_failed_refreshes_body() {
     sleep_until(granted + ms(799)).await;
     assert!(!free(&rig).await, "still held by its TTL on the server");
 }
+
+/// A memory backend whose refreshes can come back twisted: a different fence token, or a
+/// TTL cut to `cap`.
+#[derive(Debug, Default)]
+struct Twisted {
+    memory: crate::MemoryBackend,
+    new_token: std::sync::atomic::AtomicBool,
+    cap: std::sync::Mutex<Option<std::time::Duration>>,
+}
+
+#[async_trait::async_trait]
+impl LockBackend for Twisted {
+    fn backend_name(&self) -> &str {
+        "twisted"
+    }
+    fn guarantees(&self) -> crate::Guarantees {
+        self.memory.guarantees()
+    }
+    async fn acquire(&self, request: &crate::AcquireRequest) -> crate::Result<crate::Acquire> {
+        self.memory.acquire(request).await
+    }
+    async fn refresh(&self, lease: &crate::Lease) -> crate::Result<crate::Lease> {
+        let mut lease = self.memory.refresh(lease).await?;
+        if self.new_token.load(std::sync::atomic::Ordering::Relaxed) {
+            let token = lease.token().map_or(1, crate::FenceToken::get) + 1;
+            lease = lease.with_token(crate::FenceToken::new(token));
+        }
+        if let Some(cap) = *self.cap.lock().expect("not poisoned") {
+            lease = lease.with_ttl(crate::Ttl::new(cap).expect("valid"));
+        }
+        Ok(lease)
+    }
+    async fn release(&self, lease: &crate::Lease) -> crate::Result<()> {
+        self.memory.release(lease).await
+    }
+    async fn inspect(&self, name: &LockName) -> crate::Result<Option<crate::HolderInfo>> {
+        self.memory.inspect(name).await
+    }
+}
+
+fn twisted() -> (std::sync::Arc<Twisted>, crate::Locker) {
+    let backend = std::sync::Arc::new(Twisted::default());
+    let locker = crate::Locker::new(backend.clone()).with_options(LockOptions::new(ms(800)));
+    (backend, locker)
+}
+
+/// A leaving refresh that comes back with another fence token is not our grant: `Lost`,
+/// and the guard's health says so; nothing is detached.
+#[test]
+fn a_leaving_refresh_with_another_token_is_lost() {
+    crate::tests::bounded(a_leaving_refresh_with_another_token_is_lost_body);
+}
+
+async fn a_leaving_refresh_with_another_token_is_lost_body() {
+    let (backend, locker) = twisted();
+    let guard = locker.acquire("job").await.expect("free");
+    let health = guard.health();
+    backend
+        .new_token
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let err = guard.leave_for(ms(5000)).await.expect_err("another token");
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+    assert!(
+        matches!(*health.borrow(), Health::Lost(_)),
+        "{:?}",
+        *health.borrow()
+    );
+}
+
+/// A backend that sets a shorter TTL than the leave asked for is an error (the lease ends
+/// sooner than the caller was promised); one that sets exactly the TTL asked is not.
+#[test]
+fn a_leave_cut_short_by_the_backend_is_an_error() {
+    crate::tests::bounded(a_leave_cut_short_by_the_backend_is_an_error_body);
+}
+
+async fn a_leave_cut_short_by_the_backend_is_an_error_body() {
+    let (backend, locker) = twisted();
+    let guard = locker.acquire("short").await.expect("free");
+    *backend.cap.lock().expect("not poisoned") = Some(ms(2000));
+    let err = guard.leave_for(ms(5000)).await.expect_err("cut to 2 s");
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    let guard = locker.acquire("exact").await.expect("free");
+    *backend.cap.lock().expect("not poisoned") = Some(ms(5000));
+    let lease = guard.leave_for(ms(5000)).await.expect("exactly as asked");
+    assert_eq!(lease.ttl().get(), ms(5000));
+}
+
+/// A leaving refresh the backend answers `Lost` turns the guard's health `Lost`.
+#[test]
+fn a_leaving_refresh_answered_lost_marks_the_guard_lost() {
+    crate::tests::bounded(a_leaving_refresh_answered_lost_marks_the_guard_lost_body);
+}
+
+async fn a_leaving_refresh_answered_lost_marks_the_guard_lost_body() {
+    let rig = rig();
+    let guard = rig.locker.acquire("job").await.expect("free");
+    let health = guard.health();
+    rig.faulty.set(Op::Refresh, Fault::Fail(ErrorKind::Lost));
+    let err = guard.leave_for(ms(5000)).await.expect_err("lost");
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+    assert!(
+        matches!(*health.borrow(), Health::Lost(_)),
+        "{:?}",
+        *health.borrow()
+    );
+}
+
+/// A leaving refresh that answers within the refresh timeout, however slowly, succeeds.
+#[test]
+fn a_slow_leaving_refresh_within_the_timeout_succeeds() {
+    crate::tests::bounded(a_slow_leaving_refresh_within_the_timeout_succeeds_body);
+}
+
+async fn a_slow_leaving_refresh_within_the_timeout_succeeds_body() {
+    let rig = rig();
+    let guard = rig.locker.acquire("job").await.expect("free");
+    rig.faulty.set(Op::Refresh, Fault::Delay(ms(50)));
+    let lease = guard.leave_for(ms(5000)).await.expect("answered in 50 ms");
+    assert_eq!(lease.ttl().get(), ms(5000));
+}
