@@ -1,10 +1,13 @@
-//! Keys left on a session lease by a release or a move whose `Txn` failed.
+//! Keys left on a session lease by a release or a move that did not finish.
 //!
 //! A lock on a lease of its own ends by its TTL whatever happens to its release. A key on
 //! a session lease lives as long as the session, which the backend's other locks of that
 //! TTL keep alive: a release lost to a network blip would leave the lock taken, by no
-//! one, for as long as the process keeps using that TTL. So such a key is remembered here
-//! and deleted later, on the next acquire or refresh that uses the backend's sessions,
+//! one, for as long as the process keeps using that TTL. So a release (or a move off the
+//! session) records its key here *before* its first request and takes it off only on a
+//! definite outcome; one that fails, times out, or is dropped by its caller (lockcore
+//! bounds a release and a detach by its own timeouts, often shorter than etcd's request
+//! timeout) leaves the key to be deleted later, on the next acquire or refresh that uses the backend's sessions,
 //! by a `Txn` that deletes it only while it still has its create revision and is still on
 //! the session lease (never another grant's key, never a key moved to a lease of its
 //! own). A key whose `leave_for`/`detach` move failed is deleted only once the TTL it
@@ -82,6 +85,14 @@ impl Stragglers {
         state.keys.push(straggler);
     }
 
+    /// `key` (create revision `revision`) had a definite outcome: deleted, moved, or found
+    /// gone; it is not swept.
+    pub(crate) fn settled(&self, key: &[u8], revision: i64) {
+        self.state()
+            .keys
+            .retain(|s| !(s.key == key && s.revision == revision));
+    }
+
     /// Session lease `lease` is gone: so are its keys.
     pub(crate) fn forget_lease(&self, lease: i64) {
         self.state().keys.retain(|s| s.lease != lease);
@@ -120,9 +131,15 @@ impl Stragglers {
                 let deleted = client
                     .delete_created_on(&straggler.key, straggler.revision, straggler.lease)
                     .await;
-                if let Err(err) = deleted {
-                    tracing::debug!(error = %err, "deleting a lock key left by a failed release failed; retrying later");
-                    failed.push(straggler);
+                match deleted {
+                    Ok(()) => {}
+                    Err(err) if err.is_temporary() => {
+                        tracing::debug!(error = %err, "deleting a lock key left by a failed release failed; retrying later");
+                        failed.push(straggler);
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "deleting a lock key left by a failed release was refused; it lasts as long as its session");
+                    }
                 }
             }
             sweep.left.append(&mut failed);

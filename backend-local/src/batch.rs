@@ -58,7 +58,7 @@ impl Client {
         boot_id: &str,
     ) -> Result<Vec<bool>, Error> {
         let rows = sqlx::query(EXTEND_MANY)
-            .bind(encode(&last_of_each_grant(batch)))
+            .bind(encode(&longest_of_each_grant(batch)))
             .bind(now_ms)
             .bind(boot_id)
             .fetch_all(self.pool())
@@ -83,18 +83,27 @@ impl Client {
     }
 }
 
-/// `batch` with each grant (name, owner, token) once, at its last place's expiry: as
-/// refreshing the leases one after another would leave it. (With several source rows for
-/// one target row, SQLite's `UPDATE ... FROM` uses an arbitrary one.)
-fn last_of_each_grant<'a>(batch: &[Extension<'a>]) -> Vec<Extension<'a>> {
-    let mut last: HashMap<(&str, &str, i64), usize> = HashMap::with_capacity(batch.len());
+/// `batch` with each grant (name, owner, token) once, at the latest expiry any of its
+/// places asks for: every place then reports a TTL the row gives at least (one place
+/// reporting a long TTL while the row kept a shorter one would be a lease claimed that
+/// nobody holds). SQLite's `UPDATE ... FROM` would pick an arbitrary one of several
+/// source rows for one target row.
+fn longest_of_each_grant<'a>(batch: &[Extension<'a>]) -> Vec<Extension<'a>> {
+    let mut longest: HashMap<(&str, &str, i64), usize> = HashMap::with_capacity(batch.len());
     for (i, lease) in batch.iter().enumerate() {
-        last.insert((lease.name, lease.owner, lease.token), i);
+        longest
+            .entry((lease.name, lease.owner, lease.token))
+            .and_modify(|at| {
+                if lease.expires_ms > batch[*at].expires_ms {
+                    *at = i;
+                }
+            })
+            .or_insert(i);
     }
     batch
         .iter()
         .enumerate()
-        .filter(|(i, lease)| last.get(&(lease.name, lease.owner, lease.token)) == Some(i))
+        .filter(|(i, lease)| longest.get(&(lease.name, lease.owner, lease.token)) == Some(i))
         .map(|(_, lease)| *lease)
         .collect()
 }
@@ -144,7 +153,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_grant_twice_is_sent_once_with_its_last_expiry() {
+    fn a_grant_twice_is_sent_once_with_its_latest_expiry() {
         let at = |name, token, expires_ms| Extension {
             name,
             owner: "o",
@@ -157,7 +166,7 @@ mod tests {
             at("a", 1, 30),
             at("a", 2, 40),
         ];
-        let sent: Vec<(&str, i64, i64)> = last_of_each_grant(&batch)
+        let sent: Vec<(&str, i64, i64)> = longest_of_each_grant(&batch)
             .iter()
             .map(|e| (e.name, e.token, e.expires_ms))
             .collect();

@@ -65,32 +65,50 @@ async fn awkward_names_and_owners_refresh_in_a_batch() {
     }
 }
 
-/// One grant twice with different TTLs: one after another the row keeps the last one's
-/// expiry, and so does the batch (it sends each grant once, at its last place).
+/// One grant twice in one batch with different TTLs, in either order: both places report
+/// `Ok` with their TTL, so the row must give the longer one (it is sent once, at its
+/// latest expiry). The second hostile review's case: with the last place winning, the
+/// 600 s place was reported while the row kept 2 s, and a rival took the lock 2.5 s later.
 #[tokio::test]
-async fn a_grant_twice_keeps_the_expiry_refreshes_one_after_another_leave() {
-    for order in [[5u64, 600], [600, 5]] {
+async fn a_grant_twice_in_a_batch_keeps_its_longest_expiry() {
+    for order in [[2u64, 600], [600, 2]] {
         let db = TempDb::new();
         let backend = db.open().await;
         let lease = grant_as(&backend, "dup", Identity::unique(), Duration::from_secs(60)).await;
-        let batch: Vec<Lease> = order
-            .iter()
-            .map(|&s| {
-                lease
-                    .clone()
-                    .with_ttl(Ttl::new(Duration::from_secs(s)).unwrap())
-            })
-            .collect();
+        let with_ttl = |s: u64| {
+            lease
+                .clone()
+                .with_ttl(Ttl::new(Duration::from_secs(s)).expect("valid"))
+        };
+        let batch: Vec<Lease> = order.iter().map(|&s| with_ttl(s)).collect();
         let results = backend.refresh_many(&batch).await;
-        assert!(results.iter().all(Result::is_ok));
+        assert!(results.iter().all(Result::is_ok), "{results:?}");
         let batched = expires(&db, "dup").await;
-        for l in &batch {
-            backend.refresh(l).await.expect("single");
-        }
-        let single = expires(&db, "dup").await;
+        backend.refresh(&with_ttl(600)).await.expect("single");
+        let longest = expires(&db, "dup").await;
         assert!(
-            (batched - single).abs() < 2_000,
-            "order {order:?}: batch {batched} vs one after another {single}"
+            (longest - batched).abs() < 2_000,
+            "order {order:?}: the batch left {batched}, a 600 s refresh {longest}"
         );
     }
+    let db = TempDb::new();
+    let backend = db.open().await;
+    let lease = grant_as(&backend, "dup", Identity::unique(), Duration::from_secs(60)).await;
+    let long = lease
+        .clone()
+        .with_ttl(Ttl::new(Duration::from_secs(600)).expect("valid"));
+    let short = lease.with_ttl(Ttl::new(Duration::from_secs(2)).expect("valid"));
+    let results = backend.refresh_many(&[long, short]).await;
+    assert!(results.iter().all(Result::is_ok), "{results:?}");
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let rival = AcquireRequest::new(
+        LockName::new("dup").expect("valid name"),
+        Identity::unique(),
+        Ttl::new(Duration::from_secs(60)).expect("ttl"),
+    );
+    let rival = backend.acquire(&rival).await.expect("attempt");
+    assert!(
+        matches!(rival, Acquire::Held(_)),
+        "a rival got the lock while a refresh reported 600 s"
+    );
 }

@@ -120,6 +120,11 @@ impl Wait {
         if std::mem::replace(&mut self.queue_tried, true) {
             return false;
         }
+        // Past the deadline nothing will wait in the queue: no place is taken (on etcd a
+        // lease, a key ahead of newcomers and a watch).
+        if self.deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+            return false;
+        }
         let (tx, rx) = oneshot::channel();
         let (backend, req) = (Arc::clone(backend), request.clone());
         tokio::spawn(async move {

@@ -28,29 +28,30 @@ impl EtcdBackend {
     /// left to expire by its TTL: after a `Txn` whose outcome is unknown it may hold the
     /// key, and leaving never releases).
     pub(super) async fn move_key(&self, lease: &Lease, grant: &Grant, ttl: Ttl) -> Result<Lease> {
-        let (id, granted) = self.client.grant(ttl.as_secs()).await?;
         let key = grant.key(&self.layout, lease.name());
+        let stragglers = &self.sessions.stragglers;
+        // Until the move has a definite outcome (also if this call fails, times out or is
+        // dropped), the key may stay on the session: it is deleted once the TTL it is
+        // left for has run out (on the new lease it expires by then anyway).
+        if grant.session {
+            let left_until = Instant::now() + ttl.get();
+            stragglers.add(key.clone(), grant.revision, grant.lease, left_until);
+        }
+        let (id, granted) = self.client.grant(ttl.as_secs()).await?;
         let moved = self
             .client
             .rebind(&key, grant.revision, grant.lease, id)
             .await;
         match moved {
-            Ok(true) => {}
+            Ok(true) => stragglers.settled(&key, grant.revision),
             Ok(false) => {
+                stragglers.settled(&key, grant.revision);
                 self.revoke_in_background(id);
                 return Err(Error::lost("our lock key was deleted or replaced"));
             }
             // The outcome may be unknown: the key may be on the new lease now, and
-            // revoking it would delete the lock. On the new lease it expires by its TTL;
-            // still on the session, it is deleted once that TTL has run out.
-            Err(err) => {
-                if grant.session {
-                    let left_until = Instant::now() + ttl.get();
-                    let stragglers = &self.sessions.stragglers;
-                    stragglers.add(key, grant.revision, grant.lease, left_until);
-                }
-                return Err(err);
-            }
+            // revoking it would delete the lock. It stays recorded above.
+            Err(err) => return Err(err),
         }
         if !grant.session {
             self.revoke_in_background(grant.lease);
@@ -84,11 +85,13 @@ impl EtcdBackend {
         let grant = parse_grant(lease)?;
         if grant.session {
             let key = grant.key(&self.layout, lease.name());
+            // The session outlives this lock: until the delete has a definite outcome
+            // (also if this call fails, times out or is dropped), a later sweep deletes it.
+            let stragglers = &self.sessions.stragglers;
+            stragglers.add(key.clone(), grant.revision, grant.lease, Instant::now());
             let deleted = self.client.delete_created(&key, grant.revision).await;
-            if deleted.is_err() {
-                // The session outlives this lock: its key is deleted by a later sweep.
-                let stragglers = &self.sessions.stragglers;
-                stragglers.add(key, grant.revision, grant.lease, Instant::now());
+            if deleted.is_ok() {
+                stragglers.settled(&key, grant.revision);
             }
             deleted
         } else {
