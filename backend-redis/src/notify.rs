@@ -98,9 +98,15 @@ impl Notifier {
             unreachable!("the hub was just opened");
         };
         let existing = routes(&hub.routes).get(channel).map(|tx| tx.subscribe());
-        let fresh = existing.is_none();
+        let mut unconfirmed = None;
         let receiver = existing.unwrap_or_else(|| {
             let (tx, receiver) = broadcast::channel(CAPACITY);
+            unconfirmed = Some(Unconfirmed {
+                routes: Arc::clone(&hub.routes),
+                channel: channel.to_owned(),
+                tx: tx.clone(),
+                armed: true,
+            });
             routes(&hub.routes).insert(channel.to_owned(), tx);
             receiver
         });
@@ -112,12 +118,13 @@ impl Notifier {
             channel: channel.to_owned(),
             generation: hub.generation,
         };
-        if fresh {
+        if let Some(unconfirmed) = unconfirmed {
             let confirmed = tokio::time::timeout(self.timeout, hub.sink.subscribe(channel));
             if let Err(err) = self.settle(Call::Subscribe, confirmed.await) {
                 *slot = None;
                 return Err(err);
             }
+            unconfirmed.confirmed();
         }
         Ok(events(subscription))
     }
@@ -147,8 +154,8 @@ impl Notifier {
         })
     }
 
-    /// After [`LINGER`], unsubscribes `channel` if nobody listens any more (and the
-    /// connection is the same).
+    /// After [`LINGER`], unsubscribes `channel` if nobody listens any more, or nothing
+    /// routes it (and the connection is the same).
     async fn unsubscribe(&self, channel: &str, generation: u64) {
         tokio::time::sleep(LINGER).await;
         let mut slot = self.hub.lock().await;
@@ -157,9 +164,11 @@ impl Notifier {
         };
         let idle = {
             let mut routes = routes(&hub.routes);
+            // No route at all: a SUBSCRIBE cut off in flight took its route out (see
+            // `Unconfirmed`) but may have reached the server; unsubscribing is harmless.
             let idle = routes
                 .get(channel)
-                .is_some_and(|tx| tx.receiver_count() == 0);
+                .is_none_or(|tx| tx.receiver_count() == 0);
             if idle {
                 routes.remove(channel);
             }
@@ -183,6 +192,39 @@ impl Notifier {
             Ok(Ok(())) => Ok(()),
             Ok(Err(err)) => Err(map_error(&err, call, &self.label)),
             Err(_) => Err(timed_out(call, &self.label, self.timeout)),
+        }
+    }
+}
+
+/// A channel's route whose `SUBSCRIBE` the server has not confirmed yet. Dropped before
+/// [`confirmed`](Self::confirmed) (the subscribing future was dropped mid-flight, still
+/// holding the hub's lock), it takes the route out again, so the next waiter on the channel
+/// sends a `SUBSCRIBE` of its own and waits for the confirmation, instead of sharing a
+/// route the server may never have been told about.
+struct Unconfirmed {
+    routes: Arc<Routes>,
+    channel: String,
+    tx: broadcast::Sender<()>,
+    armed: bool,
+}
+
+impl Unconfirmed {
+    fn confirmed(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Unconfirmed {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut routes = routes(&self.routes);
+        if routes
+            .get(&self.channel)
+            .is_some_and(|tx| tx.same_channel(&self.tx))
+        {
+            routes.remove(&self.channel);
         }
     }
 }

@@ -122,7 +122,10 @@ impl Wait {
         }
         // Past the deadline nothing will wait in the queue: no place is taken (on etcd a
         // lease, a key ahead of newcomers and a watch).
-        if self.deadline.is_some_and(|deadline| Instant::now() >= deadline) {
+        if self
+            .deadline
+            .is_some_and(|deadline| Instant::now() >= deadline)
+        {
             return false;
         }
         let (tx, rx) = oneshot::channel();
