@@ -92,6 +92,16 @@ impl Keepers {
             .map(|h| h.mailbox.wakes.load(Ordering::Relaxed));
         wakes.sum()
     }
+
+    /// How many timers this locker's keepers had queued when they last went to sleep.
+    #[cfg(test)]
+    pub(crate) fn timers(&self) -> usize {
+        let handles = self.handles.lock().unwrap_or_else(PoisonError::into_inner);
+        let timers = handles
+            .values()
+            .map(|h| h.mailbox.timers.load(Ordering::Relaxed));
+        timers.sum()
+    }
 }
 
 /// One held lease in the keeper.
@@ -174,6 +184,9 @@ impl Keeper {
             self.collect();
             self.on_due();
             self.compact();
+            self.mailbox
+                .timers
+                .store(self.timers.len(), Ordering::Relaxed);
             let wake = self.timers.peek().map(|Reverse((at, ..))| *at);
             self.mailbox.plan(wake);
             // A lease added before the plan was published did not see it.

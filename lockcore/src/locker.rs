@@ -101,6 +101,12 @@ impl Locker {
         self.keepers.wakes()
     }
 
+    /// How many timers this locker's keepers had queued when they last went to sleep.
+    #[cfg(test)]
+    pub(crate) fn keeper_timers(&self) -> usize {
+        self.keepers.timers()
+    }
+
     /// The backend.
     pub fn backend(&self) -> &Arc<dyn LockBackend> {
         &self.backend

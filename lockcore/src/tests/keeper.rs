@@ -307,3 +307,35 @@ async fn a_lease_due_sooner_wakes_the_keeper_body() {
     fast.release().await.expect("released");
     slow.release().await.expect("released");
 }
+
+/// Thousands of short leases leave a stale timer each behind; compaction drops them once
+/// they outnumber the live ones (the heap stays bounded), and keeps the live lease's timer
+/// (a long-held guard goes on being refreshed through it).
+#[test]
+fn compaction_bounds_stale_timers_and_keeps_the_live_one() {
+    crate::tests::bounded(compaction_bounds_stale_timers_and_keeps_the_live_one_body);
+}
+
+async fn compaction_bounds_stale_timers_and_keeps_the_live_one_body() {
+    // TTL 10 s: refreshed every 1.25 s.
+    let rig = crate::tests::Rig::new(LockOptions::new(ms(10_000)));
+    let long = rig.locker.acquire("long").await.expect("free");
+    let mut most = 0;
+    for i in 0..3_000 {
+        let guard = rig.locker.acquire(format!("short{i}")).await.expect("free");
+        guard.release().await.expect("release");
+        tokio::task::yield_now().await;
+        most = most.max(rig.locker.keeper_timers());
+    }
+    assert!(most > 0, "the keeper reports its timers");
+    // Without compaction every one of the 3,000 would wait until it would have fired.
+    assert!(most <= 2 * 2 + 1024 + 256, "{most} timers queued at most");
+    let before = rig.faulty.calls(crate::testing::Op::Refresh);
+    tokio::time::sleep(ms(5_000)).await;
+    let refreshed = rig.faulty.calls(crate::testing::Op::Refresh) - before;
+    assert!(
+        refreshed >= 3,
+        "the long-held lease was refreshed {refreshed} times in 5 s"
+    );
+    assert_eq!(long.state(), Health::Healthy);
+}
