@@ -1,8 +1,11 @@
-//! A release or detach whose backend call lockcore drops at its own bound (before etcd's
-//! request timeout fires) still has its key deleted later (`src/stragglers.rs`): the key
-//! is recorded before the first request. Both tests are the second hostile review's, and
-//! failed (the lock still taken after 3 TTLs) while keys were recorded only when the
-//! backend call itself returned an error.
+//! A lock on a session lease whose release or detach never got its answer (a network
+//! blip, or lockcore dropping the call at its own bound, before etcd's request timeout
+//! fires) still has its key deleted later (`src/stragglers.rs`): the key is recorded
+//! before the first request, and the next refresh of another lock on the session sweeps
+//! it. Without that the key lived as long as the session, which the process's other locks
+//! keep alive: every test here failed (the lock still taken after 3 TTLs) while keys were
+//! never recorded, and the last two while they were recorded only when the backend call
+//! itself returned an error (the hostile reviews' cases).
 
 mod common;
 
@@ -11,14 +14,31 @@ use std::time::Duration;
 
 use backend_etcd::{EtcdBackend, EtcdConfig};
 use lockcore::{
-    Acquire, AcquireRequest, ErrorKind, Identity, Lease, LockBackend, LockName, LockOptions,
+    Acquire, AcquireRequest, ErrorKind, Identity, LockBackend, LockGuard, LockName, LockOptions,
     Locker, Ttl, WaitMode,
 };
 use test_kit::proxy::{Fault, FaultProxy};
 use tokio::time::Instant;
 
-async fn proxied(prefix: &str) -> (EtcdBackend, Vec<FaultProxy>, Vec<String>) {
+/// One scenario: a backend behind fault proxies (etcd's request timeout `request_timeout`)
+/// holds "other" (refreshed every 500 ms, as a keeper would, once the blackout is over)
+/// and "victim" through a `Locker` with `options`. The proxies drop everything for
+/// `blackout` while `end` runs on the victim's guard, which must fail. Returns how long
+/// after `end` began a rival could take "victim" (within 3 TTLs), if it could.
+async fn victim_freed_after<F, Fut, T>(
+    tag: &str,
+    request_timeout: Duration,
+    options: LockOptions,
+    blackout: Duration,
+    end: F,
+) -> Option<Duration>
+where
+    F: FnOnce(LockGuard) -> Fut,
+    Fut: Future<Output = lockcore::Result<T>> + Send + 'static,
+    T: Send + 'static,
+{
     let endpoints = common::shared_endpoints().expect("endpoints");
+    let prefix = common::random_prefix(tag);
     let mut proxies = Vec::new();
     for endpoint in &endpoints {
         let upstream: std::net::SocketAddr = test_kit::env::host_port(endpoint)
@@ -31,60 +51,85 @@ async fn proxied(prefix: &str) -> (EtcdBackend, Vec<FaultProxy>, Vec<String>) {
         .iter()
         .map(|p| format!("http://{}", p.local_addr()))
         .collect();
-    // Default request timeout (5 s).
     let config = EtcdConfig::new(&urls)
         .expect("endpoints")
-        .with_prefix(prefix);
-    (
-        EtcdBackend::connect(config).await.expect("connect"),
-        proxies,
-        endpoints,
-    )
-}
-
-async fn grant(backend: &EtcdBackend, lock: &str, ttl: Duration) -> Lease {
-    let req = AcquireRequest::new(
-        LockName::new(lock).unwrap(),
+        .with_prefix(&prefix)
+        .with_request_timeout(request_timeout);
+    let backend = EtcdBackend::connect(config).await.expect("connect");
+    let ttl = options.ttl();
+    let request = AcquireRequest::new(
+        LockName::new("other").expect("valid"),
         Identity::unique(),
-        Ttl::new(ttl).unwrap(),
+        Ttl::new(ttl).expect("valid"),
     );
-    match backend.acquire(&req).await.expect("acquire") {
-        Acquire::Acquired(lease) => lease,
-        Acquire::Held(_) => panic!("held"),
-    }
-}
+    let Acquire::Acquired(other) = backend.acquire(&request).await.expect("acquire") else {
+        panic!("other is held");
+    };
+    let locker = Locker::new(Arc::new(backend.clone())).with_options(options.clone());
+    let victim = locker
+        .try_acquire("victim")
+        .await
+        .expect("call")
+        .expect("free");
 
-fn keep_refreshing(backend: &EtcdBackend, lease: Lease) -> tokio::task::JoinHandle<()> {
-    let backend = backend.clone();
-    tokio::spawn(async move {
-        loop {
-            let r = backend.refresh(&lease).await;
-            if matches!(&r, Err(e) if e.kind() == ErrorKind::Lost) {
-                panic!("the other lock was lost: {r:?}");
+    proxies.iter().for_each(|p| p.set_fault(Fault::Blackhole));
+    let started = Instant::now();
+    let ended = tokio::spawn(end(victim));
+    tokio::time::sleep(blackout).await;
+    proxies.iter().for_each(|p| p.set_fault(Fault::Pass));
+    let ended = ended.await.expect("task");
+    assert!(ended.is_err(), "the call got through the blackout");
+
+    let refresher = {
+        let (backend, other) = (backend.clone(), other.clone());
+        tokio::spawn(async move {
+            loop {
+                let r = backend.refresh(&other).await;
+                if matches!(&r, Err(e) if e.kind() == ErrorKind::Lost) {
+                    panic!("the other lock was lost: {r:?}");
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
             }
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    })
-}
-
-async fn freed_within(
-    endpoints: &[String],
-    prefix: &str,
-    ttl: Duration,
-    started: Instant,
-    bound: Duration,
-) -> Option<Duration> {
-    let rival = common::backend(endpoints, prefix).await;
-    let rival = Locker::new(Arc::new(rival))
+        })
+    };
+    let rival = Locker::new(Arc::new(common::backend(&endpoints, &prefix).await))
         .with_options(LockOptions::new(ttl).with_wait(WaitMode::TryOnce));
-    while started.elapsed() < bound {
-        if let Some(g) = rival.try_acquire("victim").await.expect("call") {
-            g.release().await.expect("release");
-            return Some(started.elapsed());
+    let mut freed = None;
+    while started.elapsed() < ttl * 3 {
+        if let Some(guard) = rival.try_acquire("victim").await.expect("call") {
+            freed = Some(started.elapsed());
+            guard.release().await.expect("release");
+            break;
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    None
+    let refresher_alive = !refresher.is_finished();
+    refresher.abort();
+    backend.release(&other).await.ok();
+    assert!(refresher_alive, "the other lock's refresher stopped");
+    freed
+}
+
+/// A release lost to a 1.5 s blackhole: etcd's 1 s request timeout fails it.
+#[tokio::test]
+async fn a_release_lost_to_a_blip_is_retried_while_the_session_lives() {
+    if common::shared_endpoints().is_none() {
+        return;
+    }
+    let ttl = Duration::from_secs(4);
+    let options = LockOptions::new(ttl).with_wait(WaitMode::TryOnce);
+    let freed = victim_freed_after(
+        "swept-blip",
+        Duration::from_secs(1),
+        options,
+        Duration::from_millis(1_500),
+        |guard| guard.release(),
+    )
+    .await;
+    assert!(
+        freed.is_some(),
+        "a {ttl:?} lock whose release was lost is still taken"
+    );
 }
 
 /// TTL 6 s, attempt timeout 2 s: lockcore bounds the release at 2 s, etcd's call at 5 s.
@@ -93,33 +138,21 @@ async fn a_release_dropped_by_lockcore_is_swept() {
     if common::shared_endpoints().is_none() {
         return;
     }
-    let prefix = common::random_prefix("swept-release");
-    let (backend, proxies, endpoints) = proxied(&prefix).await;
     let ttl = Duration::from_secs(6);
-    let other = grant(&backend, "other", ttl).await;
     let options = LockOptions::new(ttl)
         .with_wait(WaitMode::TryOnce)
         .with_attempt_timeout(Duration::from_secs(2));
-    let locker = Locker::new(Arc::new(backend.clone())).with_options(options);
-    let victim = locker
-        .try_acquire("victim")
-        .await
-        .expect("call")
-        .expect("free");
-    proxies.iter().for_each(|p| p.set_fault(Fault::Blackhole));
-    let started = Instant::now();
-    let released = victim.release().await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    proxies.iter().for_each(|p| p.set_fault(Fault::Pass));
-    assert!(released.is_err());
-    let refresher = keep_refreshing(&backend, other.clone());
-    let freed = freed_within(&endpoints, &prefix, ttl, started, ttl * 3).await;
-    refresher.abort();
-    backend.release(&other).await.ok();
+    let freed = victim_freed_after(
+        "swept-release",
+        Duration::from_secs(5),
+        options,
+        Duration::from_millis(2_500),
+        |guard| guard.release(),
+    )
+    .await;
     assert!(
         freed.is_some(),
-        "a {ttl:?} lock whose release timed out in lockcore is still taken {:?} later",
-        started.elapsed()
+        "a {ttl:?} lock whose release timed out in lockcore is still taken"
     );
 }
 
@@ -132,33 +165,18 @@ async fn a_detach_dropped_by_lockcore_is_swept_after_its_ttl() {
     if common::shared_endpoints().is_none() {
         return;
     }
-    let prefix = common::random_prefix("swept-detach");
-    let (backend, proxies, endpoints) = proxied(&prefix).await;
     let ttl = Duration::from_secs(8);
-    let other = grant(&backend, "other", ttl).await;
-    let locker = Locker::new(Arc::new(backend.clone()))
-        .with_options(LockOptions::new(ttl).with_wait(WaitMode::TryOnce));
-    let victim = locker
-        .try_acquire("victim")
-        .await
-        .expect("call")
-        .expect("free");
-    proxies.iter().for_each(|p| p.set_fault(Fault::Blackhole));
-    let started = Instant::now();
-    let detached = victim.detach().await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    proxies.iter().for_each(|p| p.set_fault(Fault::Pass));
-    assert!(detached.is_err());
-    let refresher = keep_refreshing(&backend, other.clone());
-    let freed = freed_within(&endpoints, &prefix, ttl, started, ttl * 3).await;
-    refresher.abort();
-    backend.release(&other).await.ok();
-    let freed = freed.unwrap_or_else(|| {
-        panic!(
-            "a {ttl:?} lock whose detach timed out in lockcore is still taken {:?} later",
-            started.elapsed()
-        )
-    });
+    let options = LockOptions::new(ttl).with_wait(WaitMode::TryOnce);
+    let freed = victim_freed_after(
+        "swept-detach",
+        Duration::from_secs(5),
+        options,
+        Duration::from_millis(1_500),
+        |guard| guard.detach(),
+    )
+    .await;
+    let freed =
+        freed.unwrap_or_else(|| panic!("a {ttl:?} lock whose detach timed out is still taken"));
     assert!(
         freed >= ttl,
         "a detached {ttl:?} lock was freed after {freed:?}"
