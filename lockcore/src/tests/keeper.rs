@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use super::ms;
+use super::{ms, runtime};
 use crate::{
     Acquire, AcquireRequest, Guarantees, Health, HolderInfo, Identity, Lease, LockBackend,
     LockName, LockOptions, Locker, LostReason, MemoryBackend, Result,
@@ -203,13 +203,6 @@ fn a_guard_whose_keeper_stopped_still_releases() {
     assert!(err.to_string().contains("refresher stopped"), "{err}");
     let holder = second.block_on(odd.memory.inspect(&name("job")));
     assert!(holder.expect("ok").is_none(), "released on the server");
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime")
 }
 
 /// `leave_for` waits for the keeper's refresh in flight: landing after the leaving refresh,

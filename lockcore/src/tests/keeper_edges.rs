@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use super::ms;
+use super::{ms, runtime};
 use crate::{
     Acquire, AcquireRequest, Clock, Guarantees, Health, HolderInfo, Lease, LockBackend, LockName,
     LockOptions, Locker, MemoryBackend, Result,
@@ -230,13 +230,6 @@ fn a_guard_dropped_on_a_dying_runtime_is_released_by_its_keepers() {
         holder.is_none(),
         "still held for its 30 s TTL with its keeper's runtime alive"
     );
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a runtime")
 }
 
 /// after that panic the owner's slot is not freed with the release: it waits

@@ -68,6 +68,14 @@ where
     }
 }
 
+/// A current-thread runtime on the real clock (tests of runtimes that end).
+pub(super) fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime")
+}
+
 pub(super) fn ms(n: u64) -> Duration {
     Duration::from_millis(n)
 }
