@@ -62,35 +62,27 @@ impl Stragglers {
         lock(&self.state)
     }
 
-    /// Remembers `key` (create revision `revision`, on session lease `lease`) for deletion
-    /// once `not_before` has passed.
-    pub(crate) fn add(&self, key: Vec<u8>, revision: i64, lease: i64, not_before: Instant) {
-        let straggler = Straggler {
-            key,
-            revision,
-            lease,
-            not_before,
-        };
-        let mut state = self.state();
-        if state.keys.contains(&straggler) {
-            return;
+    /// A release or move of `key` (create revision `revision`, on session lease `lease`)
+    /// about to be sent. Unless [`Pending::settled`] is called (a definite answer), its
+    /// drop (a failed call, or one dropped by its caller) records the key for deletion
+    /// once `not_before` has passed. Calls in flight are not in the list, so they cost it
+    /// nothing and can never push a recorded failure out of it.
+    pub(crate) fn pending(
+        &self,
+        key: Vec<u8>,
+        revision: i64,
+        lease: i64,
+        not_before: Instant,
+    ) -> Pending {
+        Pending {
+            state: Arc::clone(&self.state),
+            straggler: Some(Straggler {
+                key,
+                revision,
+                lease,
+                not_before,
+            }),
         }
-        if state.keys.len() >= LIMIT {
-            state.keys.remove(0);
-            tracing::warn!(
-                "more than {LIMIT} etcd lock keys wait for a delete that failed; the oldest \
-                 is left to its session's expiry"
-            );
-        }
-        state.keys.push(straggler);
-    }
-
-    /// `key` (create revision `revision`) had a definite outcome: deleted, moved, or found
-    /// gone; it is not swept.
-    pub(crate) fn settled(&self, key: &[u8], revision: i64) {
-        self.state()
-            .keys
-            .retain(|s| !(s.key == key && s.revision == revision));
     }
 
     /// Session lease `lease` is gone: so are its keys.
@@ -147,6 +139,39 @@ impl Stragglers {
     }
 }
 
+/// A release or move in flight (see [`Stragglers::pending`]).
+pub(crate) struct Pending {
+    state: Arc<Mutex<State>>,
+    straggler: Option<Straggler>,
+}
+
+impl Pending {
+    /// The call had a definite answer: nothing to delete later.
+    pub(crate) fn settled(mut self) {
+        self.straggler = None;
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(straggler) = self.straggler.take() else {
+            return;
+        };
+        let mut state = lock(&self.state);
+        if state.keys.contains(&straggler) {
+            return;
+        }
+        if state.keys.len() >= LIMIT {
+            state.keys.remove(0);
+            tracing::warn!(
+                "more than {LIMIT} etcd lock keys wait for a delete that failed; the oldest \
+                 is left to its session's expiry"
+            );
+        }
+        state.keys.push(straggler);
+    }
+}
+
 /// A running sweep: puts back what it did not delete and lets the next sweep start, also
 /// when its task is dropped halfway.
 struct Sweep {
@@ -164,4 +189,52 @@ impl Drop for Sweep {
 
 fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(state: &Arc<Mutex<State>>, revision: i64) -> Pending {
+        Pending {
+            state: Arc::clone(state),
+            straggler: Some(Straggler {
+                key: b"k".to_vec(),
+                revision,
+                lease: 1,
+                not_before: Instant::now(),
+            }),
+        }
+    }
+
+    /// A release that failed is recorded; a burst of releases in flight, more than the
+    /// list holds, all answered, never pushes it out (the third review's finding: when
+    /// calls were recorded before they were sent, 4,096 good releases evicted it).
+    #[test]
+    fn calls_in_flight_never_push_a_recorded_failure_out() {
+        let state = Arc::<Mutex<State>>::default();
+        drop(pending(&state, 1));
+        let in_flight: Vec<Pending> = (2..=i64::try_from(LIMIT).expect("small") + 10)
+            .map(|revision| pending(&state, revision))
+            .collect();
+        assert_eq!(lock(&state).keys.len(), 1, "calls in flight are not listed");
+        in_flight.into_iter().for_each(Pending::settled);
+        let keys = &lock(&state).keys;
+        assert_eq!(keys.len(), 1);
+        assert_eq!(keys[0].revision, 1);
+    }
+
+    /// A call dropped without an answer is recorded once, however often it is dropped.
+    #[test]
+    fn a_dropped_call_is_recorded_once() {
+        let state = Arc::<Mutex<State>>::default();
+        let first = pending(&state, 7);
+        let same = Pending {
+            state: Arc::clone(&state),
+            straggler: first.straggler.clone(),
+        };
+        drop(first);
+        drop(same);
+        assert_eq!(lock(&state).keys.len(), 1);
+    }
 }

@@ -29,23 +29,26 @@ impl EtcdBackend {
     /// key, and leaving never releases).
     pub(super) async fn move_key(&self, lease: &Lease, grant: &Grant, ttl: Ttl) -> Result<Lease> {
         let key = grant.key(&self.layout, lease.name());
-        let stragglers = &self.sessions.stragglers;
         // Until the move has a definite outcome (also if this call fails, times out or is
-        // dropped), the key may stay on the session: it is deleted once the TTL it is
-        // left for has run out (on the new lease it expires by then anyway).
-        if grant.session {
+        // dropped), the key may stay on the session: it is then deleted once the TTL it
+        // is left for has run out (on the new lease it expires by then anyway).
+        let pending = grant.session.then(|| {
             let left_until = Instant::now() + ttl.get();
-            stragglers.add(key.clone(), grant.revision, grant.lease, left_until);
-        }
+            let stragglers = &self.sessions.stragglers;
+            stragglers.pending(key.clone(), grant.revision, grant.lease, left_until)
+        });
         let (id, granted) = self.client.grant(ttl.as_secs()).await?;
         let moved = self
             .client
             .rebind(&key, grant.revision, grant.lease, id)
             .await;
+        // Moved, or the key was gone or replaced: either way nothing to delete later.
+        if let (Ok(_), Some(pending)) = (&moved, pending) {
+            pending.settled();
+        }
         match moved {
-            Ok(true) => stragglers.settled(&key, grant.revision),
+            Ok(true) => {}
             Ok(false) => {
-                stragglers.settled(&key, grant.revision);
                 self.revoke_in_background(id);
                 return Err(Error::lost("our lock key was deleted or replaced"));
             }
@@ -85,13 +88,14 @@ impl EtcdBackend {
         let grant = parse_grant(lease)?;
         if grant.session {
             let key = grant.key(&self.layout, lease.name());
-            // The session outlives this lock: until the delete has a definite outcome
-            // (also if this call fails, times out or is dropped), a later sweep deletes it.
+            // The session outlives this lock: without a definite answer (this call fails,
+            // times out or is dropped), a later sweep deletes the key.
             let stragglers = &self.sessions.stragglers;
-            stragglers.add(key.clone(), grant.revision, grant.lease, Instant::now());
+            let pending =
+                stragglers.pending(key.clone(), grant.revision, grant.lease, Instant::now());
             let deleted = self.client.delete_created(&key, grant.revision).await;
             if deleted.is_ok() {
-                stragglers.settled(&key, grant.revision);
+                pending.settled();
             }
             deleted
         } else {
