@@ -266,4 +266,19 @@ mod tests {
         assert!(!too_old(Duration::from_secs(5), ttl));
         assert!(too_old(Duration::from_millis(4_999), ttl));
     }
+
+    /// A TTL a broken server could send (i64::MAX seconds) is arithmetic, never a panic.
+    #[test]
+    fn an_absurd_ttl_does_not_overflow() {
+        let session = Session {
+            id: 1,
+            granted: i64::MAX,
+            confirmed: Instant::now(),
+        };
+        let ttl = session.ttl();
+        let left = session.left_at(Instant::now());
+        assert_eq!(left, ttl);
+        assert!(!stale(left, ttl));
+        assert!(!too_old(left, ttl));
+    }
 }

@@ -95,16 +95,24 @@ impl Locker {
         self
     }
 
+    /// How many keepers this locker knows of.
+    #[cfg(test)]
+    pub(crate) fn keepers_known(&self) -> u64 {
+        self.keepers.sum(|_| 1)
+    }
+
     /// How many times this locker's keepers woke (tests of the mailbox read it).
     #[cfg(test)]
     pub(crate) fn keeper_wakes(&self) -> u64 {
-        self.keepers.wakes()
+        self.keepers
+            .sum(|mailbox| mailbox.wakes.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// How many timers this locker's keepers had queued when they last went to sleep.
     #[cfg(test)]
-    pub(crate) fn keeper_timers(&self) -> usize {
-        self.keepers.timers()
+    pub(crate) fn keeper_timers(&self) -> u64 {
+        self.keepers
+            .sum(|mailbox| mailbox.timers.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// The backend.

@@ -9,7 +9,7 @@
 //! answered (`leave_for` waits for the refresh in flight) goes through the keeper's
 //! channel, which also tells a guard that its keeper stopped.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -48,7 +48,8 @@ pub(crate) struct Mailbox {
     /// How many times the keeper woke (tests read it).
     pub(crate) wakes: AtomicU64,
     /// How many timers the keeper had queued when it last went to sleep (tests read it).
-    pub(crate) timers: AtomicUsize,
+    #[cfg(test)]
+    pub(crate) timers: AtomicU64,
 }
 
 impl Mailbox {
@@ -59,7 +60,8 @@ impl Mailbox {
             planned: AtomicI64::new(i64::MAX),
             base,
             wakes: AtomicU64::new(0),
-            timers: AtomicUsize::new(0),
+            #[cfg(test)]
+            timers: AtomicU64::new(0),
         }
     }
 

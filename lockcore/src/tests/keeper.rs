@@ -184,6 +184,22 @@ async fn a_release_dropped_halfway_still_finishes_body() {
     assert!(again.is_some(), "the slot was freed with the release");
 }
 
+/// A locker used from one short-lived runtime after another (a `block_on` per call, a
+/// runtime per test) keeps the way to the live keeper only: each stopped keeper's handle
+/// (and its mailbox) is dropped when the next runtime asks for one.
+#[test]
+fn a_locker_forgets_the_keepers_of_runtimes_that_ended() {
+    let odd = Arc::new(Odd::default());
+    let locker = locker(&odd);
+    for round in 0..5 {
+        let rt = runtime();
+        let guard = rt.block_on(locker.acquire("job")).expect("free");
+        rt.block_on(guard.release()).expect("released");
+        assert_eq!(locker.keepers_known(), 1, "round {round}");
+        drop(rt);
+    }
+}
+
 /// A guard whose keeper stopped (its runtime shut down) still releases when asked, and
 /// says the lease was lost: nothing refreshed it since.
 #[test]

@@ -102,6 +102,24 @@ async fn try_once_never_joins_the_queue_body() {
     assert_eq!(backend.enqueued.load(Ordering::SeqCst), 0);
 }
 
+/// A zero wait is one real try and no more: past its deadline the loop takes no queue
+/// place (on etcd a lease, a key ahead of newcomers and a watch), and gives up.
+#[test]
+fn a_zero_wait_never_joins_the_queue() {
+    crate::tests::bounded(a_zero_wait_never_joins_the_queue_body);
+}
+
+async fn a_zero_wait_never_joins_the_queue_body() {
+    let backend = Arc::new(Queueing::default());
+    held(&backend).await;
+    let locker = Locker::new(backend.clone()).with_options(sleepy(WaitMode::Timeout(ms(0))));
+    let err = locker.acquire("job").await.expect_err("held");
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    // An enqueue would run in a task of its own: give it the chance.
+    tokio::time::sleep(ms(10)).await;
+    assert_eq!(backend.enqueued.load(Ordering::SeqCst), 0);
+}
+
 #[test]
 fn a_waiter_joins_once_retries_at_once_and_leaves_after_the_grant() {
     crate::tests::bounded(a_waiter_joins_once_retries_at_once_and_leaves_after_the_grant_body);
