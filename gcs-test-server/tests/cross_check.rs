@@ -11,6 +11,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::{Gcs, status_json};
@@ -204,7 +205,11 @@ async fn both() -> Option<(Steps, Steps)> {
         .duration_since(UNIX_EPOCH)
         .unwrap()
         .as_nanos();
-    let bucket = format!("xcheck-{}-{nanos}", std::process::id());
+    // The tests of this binary run at once and share fake-gcs-server: the counter keeps
+    // their buckets apart even if two read the same clock value.
+    static BUCKETS: AtomicUsize = AtomicUsize::new(0);
+    let n = BUCKETS.fetch_add(1, Ordering::Relaxed);
+    let bucket = format!("xcheck-{}-{n}-{nanos}", std::process::id());
     let ours = scenario(&Gcs::new(&server.url(), &bucket)).await;
     let fake = scenario(&Gcs::new(&fake_url, &bucket)).await;
     Some((ours, fake))
