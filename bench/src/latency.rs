@@ -8,10 +8,11 @@ use crate::results::{LatencyRow, Results};
 use crate::stats::{Summary, ratio};
 use crate::system::{Ctx, System};
 
-/// Ours (`Locker` and bare calls), raw, extra reference points and peers, in that order.
+/// Ours (`Locker` try-acquire and waiting acquire, bare calls), raw, extra reference points
+/// and peers, in that order.
 pub(crate) fn entries(system: &System, ctx: &Ctx) -> Vec<Entry> {
     let mut all = system.lock_entries(ctx);
-    let peers = all.split_off(2);
+    let peers = all.split_off(crate::system::OURS_ENTRIES);
     all.extend(system.raw.iter().cloned());
     all.extend(system.extras.iter().cloned());
     all.extend(peers);

@@ -9,6 +9,7 @@ use rand::RngExt;
 use tokio::time::Instant;
 
 use crate::op::{BoxError, Entry, Lock, NAMES, Op, Res};
+use crate::procstat;
 
 /// How many failed units a measurement tolerates before it gives up: the shared test
 /// servers sometimes miss a tight timeout (Redlock's 50 ms per node) under load, and one
@@ -124,18 +125,33 @@ pub(crate) fn task_index(task: usize, tasks: usize, k: usize) -> usize {
     task + tasks * (k % own)
 }
 
-/// Runs `op` from `tasks` concurrent tasks for `duration`: completed runs per second,
-/// and the failed runs (not counted as completed).
+/// What one [`throughput`] run measured.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Rate {
+    /// Completed runs per second.
+    pub(crate) per_second: f64,
+    /// Completed runs.
+    pub(crate) completed: u64,
+    /// Failed runs (not counted as completed).
+    pub(crate) failed: u64,
+    /// This process's CPU time over the run ([`procstat::client_cpu`]).
+    pub(crate) client_cpu: Duration,
+    /// The whole machine's busy CPU time over the run ([`procstat::machine_busy`]);
+    /// `None` without `/proc/stat`.
+    pub(crate) machine_cpu: Option<Duration>,
+}
+
+/// Runs `op` from `tasks` concurrent tasks for `duration`: the rate, the failures, and the
+/// CPU time this process and the whole machine spent meanwhile (with the servers on this
+/// machine, the difference is mostly theirs). CPU times come from `/proc` in 10 ms ticks:
+/// a second of 2 busy cores is 200 ticks, and each reading is off by at most one tick.
 ///
 /// # Errors
 /// When more than one run in 20 (and more than 3) failed.
-pub(crate) async fn throughput(
-    op: Arc<dyn Op>,
-    tasks: usize,
-    duration: Duration,
-) -> Res<(f64, u64)> {
+pub(crate) async fn throughput(op: Arc<dyn Op>, tasks: usize, duration: Duration) -> Res<Rate> {
     let done = Arc::new(AtomicUsize::new(0));
     let failed = Arc::new(AtomicUsize::new(0));
+    let (client_before, machine_before) = (procstat::client_cpu(), procstat::machine_busy());
     let start = Instant::now();
     let deadline = start + duration;
     let handles: Vec<_> = (0..tasks)
@@ -158,6 +174,11 @@ pub(crate) async fn throughput(
     for handle in handles {
         handle.await?;
     }
+    let elapsed = start.elapsed();
+    let client_cpu = procstat::client_cpu().saturating_sub(client_before);
+    let machine_cpu = procstat::machine_busy()
+        .zip(machine_before)
+        .map(|(after, before)| after.saturating_sub(before));
     let (done, failed) = (
         done.load(Ordering::Relaxed),
         failed.load(Ordering::Relaxed) as u64,
@@ -165,7 +186,13 @@ pub(crate) async fn throughput(
     if failed > error_budget(done * 50 / 20) {
         return Err(format!("{failed} of {} runs failed", done as u64 + failed).into());
     }
-    Ok((done as f64 / start.elapsed().as_secs_f64(), failed))
+    Ok(Rate {
+        per_second: done as f64 / elapsed.as_secs_f64(),
+        completed: done as u64,
+        failed,
+        client_cpu,
+        machine_cpu,
+    })
 }
 
 /// One contended handoff on `name`: a holder takes the lock, a waiter starts waiting, the
@@ -274,10 +301,21 @@ mod tests {
             .await
             .expect("latency");
         assert_eq!((samples[0].len(), errors[0]), (6, 0));
-        let (rate, failed) = throughput(entry.op.clone(), 8, Duration::from_millis(50))
+        let rate = throughput(entry.op.clone(), 8, Duration::from_millis(200))
             .await
             .expect("throughput");
-        assert!(rate > 0.0 && failed == 0);
+        assert!(
+            rate.per_second > 0.0 && rate.completed > 0 && rate.failed == 0,
+            "{rate:?}"
+        );
+        // The loop ran on this process's threads for 200 ms: some CPU was counted, and
+        // the machine was at least as busy as this process.
+        assert!(rate.client_cpu > Duration::ZERO, "{rate:?}");
+        let machine = rate.machine_cpu.expect("/proc/stat on Linux");
+        assert!(
+            machine + Duration::from_millis(20) >= rate.client_cpu,
+            "{rate:?}"
+        );
         let waited = handoff(lock, "h").await.expect("handoff");
         assert!(waited < Duration::from_secs(1), "{waited:?}");
     }

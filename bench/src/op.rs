@@ -84,9 +84,25 @@ impl Entry {
 
     /// An entry whose unit is one uncontended acquire + release cycle of `lock`.
     pub(crate) fn cycle(label: &str, role: Role, lock: Arc<dyn Lock>, prefix: &str) -> Self {
+        Self::cycle_of(label, role, lock, prefix, false)
+    }
+
+    /// A cycle whose acquire is a waiting one (it finds the lock free, so it never waits):
+    /// what a default `Locker::acquire` costs on top of a try-acquire.
+    pub(crate) fn waiting_cycle(
+        label: &str,
+        role: Role,
+        lock: Arc<dyn Lock>,
+        prefix: &str,
+    ) -> Self {
+        Self::cycle_of(label, role, lock, prefix, true)
+    }
+
+    fn cycle_of(label: &str, role: Role, lock: Arc<dyn Lock>, prefix: &str, wait: bool) -> Self {
         let op = Arc::new(Cycle {
             lock,
             prefix: format!("{prefix}-{}", slug(label)),
+            wait,
         });
         Self::new(label, role, op)
     }
@@ -110,13 +126,15 @@ pub(crate) fn slug(label: &str) -> String {
 pub(crate) struct Cycle {
     lock: Arc<dyn Lock>,
     prefix: String,
+    /// Acquire with a waiting acquire instead of a try-acquire.
+    wait: bool,
 }
 
 #[async_trait]
 impl Op for Cycle {
     async fn run(&self, i: usize) -> Res<()> {
         let name = format!("{}-{}", self.prefix, i % NAMES);
-        match self.lock.acquire(&name, false).await? {
+        match self.lock.acquire(&name, self.wait).await? {
             Some(held) => self.lock.release(held).await,
             None => Err(format!("{name} was held during an uncontended cycle").into()),
         }

@@ -20,19 +20,51 @@ pub(crate) fn rss_bytes() -> u64 {
         .map_or(0, |kib| kib * 1024)
 }
 
-/// CPU time (user + system) of every thread of this process except the test server's.
+/// CPU time (user + system) of this process, less its test server's live threads.
+///
+/// The process's own counters (`/proc/self/stat`) keep the time of threads that have
+/// exited (a per-thread sum would lose it, and go backwards), and are rounded once; only
+/// the GCS test server's threads, which live as long as the run, are read one by one.
 pub(crate) fn client_cpu() -> Duration {
-    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+    let Some((_, process)) = std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|stat| thread_ticks(&stat))
+    else {
         return Duration::ZERO;
     };
-    let ticks: u64 = tasks
+    let server: u64 = std::fs::read_dir("/proc/self/task")
+        .into_iter()
+        .flatten()
         .flatten()
         .filter_map(|task| std::fs::read_to_string(task.path().join("stat")).ok())
         .filter_map(|stat| thread_ticks(&stat))
-        .filter(|(name, _)| !name.starts_with(SERVER_THREADS))
+        .filter(|(name, _)| name.starts_with(SERVER_THREADS))
         .map(|(_, ticks)| ticks)
         .sum();
-    Duration::from_secs_f64(ticks as f64 / TICKS_PER_SECOND)
+    Duration::from_secs_f64(process.saturating_sub(server) as f64 / TICKS_PER_SECOND)
+}
+
+/// CPU time the whole machine spent busy (`/proc/stat`'s `cpu` line: user, nice, system,
+/// irq, softirq; not idle, iowait, nor steal, the hypervisor's time elsewhere), summed over
+/// its cores; `None` where `/proc/stat` is missing.
+pub(crate) fn machine_busy() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    busy_ticks(stat.lines().next()?).map(|t| Duration::from_secs_f64(t as f64 / TICKS_PER_SECOND))
+}
+
+/// The busy ticks of one `/proc/stat` `cpu` line: user, nice, system, irq, softirq.
+fn busy_ticks(line: &str) -> Option<u64> {
+    let mut fields = line.split_whitespace();
+    if fields.next()? != "cpu" {
+        return None;
+    }
+    let ticks: Vec<u64> = fields.map(|f| f.parse().ok()).collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq [steal guest guest_nice: steal is not ours,
+    // guest is already in user]
+    let busy = [0, 1, 2, 5, 6]
+        .iter()
+        .map(|&i| ticks.get(i).copied().unwrap_or(0));
+    Some(busy.sum())
 }
 
 /// `(comm, utime + stime)` from one `/proc/…/stat` line.
@@ -90,6 +122,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn busy_ticks_leave_out_idle_iowait_and_steal() {
+        // user nice system idle iowait irq softirq steal guest guest_nice
+        assert_eq!(busy_ticks("cpu  10 1 5 1000 7 2 3 4 9 9"), Some(21));
+        assert_eq!(busy_ticks("cpu0 10 1 5 1000 7 2 3 4 0 0"), None);
+        assert_eq!(busy_ticks("cpu  10 x 5"), None);
+        assert!(machine_busy().is_some(), "/proc/stat on Linux");
+    }
+
+    #[test]
     fn dates_from_the_epoch() {
         assert_eq!(utc_date(UNIX_EPOCH), "1970-01-01 00:00 UTC");
         let leap = UNIX_EPOCH + Duration::from_secs(951_782_400 + 3_660); // 2000-02-29 01:01
@@ -118,5 +159,23 @@ mod tests {
         }
         assert!(client_cpu() > Duration::ZERO);
         assert!(machine().contains("cores"));
+    }
+
+    /// A thread that burns CPU and exits keeps its time in `client_cpu` (a sum over the
+    /// live threads would drop it, and the difference would go negative).
+    #[test]
+    fn an_exited_threads_cpu_stays_counted() {
+        let before = client_cpu();
+        std::thread::spawn(|| {
+            let spin = std::time::Instant::now();
+            while spin.elapsed() < Duration::from_millis(300) {
+                std::hint::black_box(0u64);
+            }
+        })
+        .join()
+        .expect("spinner");
+        let gained = client_cpu().saturating_sub(before);
+        // 300 ms of spinning, at 10 ms ticks; generous for a loaded 2-core machine.
+        assert!(gained >= Duration::from_millis(100), "{gained:?}");
     }
 }

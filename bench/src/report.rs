@@ -156,11 +156,29 @@ fn throughput(r: &Results, plots: &str) -> String {
             .map(|n| format!("{n} task{}", if *n == 1 { "" } else { "s" })),
     );
     headers.push("vs raw at each".into());
+    if let Some(widest) = tasks.last() {
+        headers.push(format!(
+            "CPU per unit at {widest} tasks: client + rest of machine"
+        ));
+    }
     let headers: Vec<&str> = headers.iter().map(String::as_str).collect();
     format!(
         "{}\n![throughput against concurrency]({plots}/throughput.svg)\n",
         table(&headers, &rows)
     )
+}
+
+/// `client + rest µs` (one decimal below 10 µs), `—` for what was not measured.
+fn cpu_split(client: Option<f64>, rest: Option<f64>) -> String {
+    let us = |v: Option<f64>| match v {
+        Some(v) if v < 10.0 => format!("{v:.1}"),
+        Some(v) => format!("{v:.0}"),
+        None => "—".to_owned(),
+    };
+    if client.is_none() && rest.is_none() {
+        return "—".to_owned();
+    }
+    format!("{} + {} µs", us(client), us(rest))
 }
 
 /// One entry's rates at each concurrency, then their ratios to the raw entry's.
@@ -197,6 +215,16 @@ fn throughput_row(r: &Results, backend: &str, label: &str, tasks: &[usize]) -> V
         })
         .collect();
     row.push(vs.join(" / "));
+    if let Some(&widest) = tasks.last() {
+        let measured = r
+            .throughput
+            .iter()
+            .find(|t| t.backend == backend && t.label == label && t.tasks == widest);
+        row.push(cpu_split(
+            measured.and_then(|t| t.client_cpu_us),
+            measured.and_then(|t| t.other_cpu_us),
+        ));
+    }
     row
 }
 
@@ -322,6 +350,14 @@ fn fanout(r: &Results) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_split_cells() {
+        assert_eq!(cpu_split(Some(53.4), Some(154.2)), "53 + 154 µs");
+        assert_eq!(cpu_split(Some(1.97), Some(0.73)), "2.0 + 0.7 µs");
+        assert_eq!(cpu_split(Some(40.0), None), "40 + — µs");
+        assert_eq!(cpu_split(None, None), "—");
+    }
 
     #[test]
     fn splices_between_markers_only() {

@@ -94,6 +94,14 @@ pub(crate) struct ThroughputRow {
     /// Units that failed (not counted).
     #[serde(default)]
     pub(crate) errors: u64,
+    /// This process's CPU time per completed unit, µs (the in-process GCS test server's
+    /// threads excluded); `None` in results written before it was measured.
+    #[serde(default)]
+    pub(crate) client_cpu_us: Option<f64>,
+    /// The rest of the machine's busy CPU time per completed unit, µs: the servers, and
+    /// whatever else ran; `None` where `/proc/stat` could not be read.
+    #[serde(default)]
+    pub(crate) other_cpu_us: Option<f64>,
 }
 
 /// Handoff latencies of one waiter kind.

@@ -116,17 +116,27 @@ impl Peer {
     }
 }
 
+/// How many of [`System::lock_entries`] are ours (the rest are peers).
+pub(crate) const OURS_ENTRIES: usize = 3;
+
 impl System {
     /// Whether waiters are woken by the backend.
     pub(crate) fn notified(&self) -> bool {
         self.backend.guarantees().waiting == Waiting::Notified
     }
 
-    /// Ours through `Locker`, ours through bare backend calls, and the peers, as cycles.
+    /// Ours through `Locker` (try-acquire, then a waiting acquire), ours through bare
+    /// backend calls ([`OURS_ENTRIES`] in all), then the peers, as cycles.
     pub(crate) fn lock_entries(&self, ctx: &Ctx) -> Vec<Entry> {
         let prefix = format!("{}-{}", ctx.run, self.kind.name());
         let mut entries = vec![
             Entry::cycle("anylock (Locker)", Role::Ours, self.ours(ctx), &prefix),
+            Entry::waiting_cycle(
+                "anylock (Locker, waiting acquire)",
+                Role::Ours,
+                self.ours(ctx),
+                &prefix,
+            ),
             Entry::cycle(
                 "anylock (backend calls)",
                 Role::Ours,

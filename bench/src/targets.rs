@@ -288,6 +288,8 @@ mod tests {
             tasks,
             per_second,
             errors: 0,
+            client_cpu_us: None,
+            other_cpu_us: None,
         });
     }
 

@@ -3,8 +3,10 @@
 //! redis-benchmark or pgbench would report), PostgreSQL's two-write floor (upsert +
 //! update on the same pool, the same slices of names) and the peers'.
 
+use std::time::Duration;
+
 use crate::args::Plan;
-use crate::measure::{throughput, warm_up_names};
+use crate::measure::{Rate, throughput, warm_up_names};
 use crate::op::{Entry, Res};
 use crate::results::{Results, ThroughputRow};
 use crate::system::{Ctx, System};
@@ -13,7 +15,7 @@ use crate::system::{Ctx, System};
 /// two-write floor), then the peers.
 fn entries(system: &System, ctx: &Ctx) -> Vec<Entry> {
     let mut all = system.lock_entries(ctx);
-    let peers = all.split_off(2);
+    let peers = all.split_off(crate::system::OURS_ENTRIES);
     all.truncate(1);
     all.extend(system.raw.iter().cloned());
     all.extend(system.extras.iter().filter(|e| e.in_throughput).cloned());
@@ -33,37 +35,78 @@ pub(crate) async fn run(systems: &[System], ctx: &Ctx, plan: &Plan, out: &mut Re
                 .await
                 .map_err(|e| format!("{}: {e}", entry.label))?;
         }
-        let mut sums = vec![vec![0.0; plan.tasks.len()]; entries.len()];
-        let mut errors = vec![vec![0; plan.tasks.len()]; entries.len()];
+        let mut sums = vec![vec![Sum::default(); plan.tasks.len()]; entries.len()];
         for round in 0..plan.throughput_rounds {
             for (t, &tasks) in plan.tasks.iter().enumerate() {
                 for k in 0..entries.len() {
                     let e = (k + round) % entries.len();
                     let op = entries[e].op.clone();
-                    let (rate, failed) = throughput(op, tasks, plan.throughput_for).await?;
-                    sums[e][t] += rate;
-                    errors[e][t] += failed;
+                    sums[e][t].add(throughput(op, tasks, plan.throughput_for).await?);
                 }
             }
             if let Some(server) = &ctx.gcs_server {
                 server.clear_requests();
             }
         }
-        for ((entry, sums), errors) in entries.iter().zip(sums).zip(errors) {
-            for ((&tasks, sum), errors) in plan.tasks.iter().zip(sums).zip(errors) {
+        let rounds = plan.throughput_rounds.max(1) as f64;
+        for (entry, sums) in entries.iter().zip(sums) {
+            for (&tasks, sum) in plan.tasks.iter().zip(sums) {
+                let (client_cpu_us, other_cpu_us) = sum.cpu_per_unit();
                 out.throughput.push(ThroughputRow {
                     backend: system.kind.name().to_owned(),
                     label: entry.label.clone(),
                     role: entry.role,
                     tasks,
-                    per_second: sum / plan.throughput_rounds as f64,
-                    errors,
+                    per_second: sum.per_second / rounds,
+                    errors: sum.failed,
+                    client_cpu_us,
+                    other_cpu_us,
                 });
             }
         }
         crate::common::progress(&format!("throughput: {} done", system.kind.name()));
     }
     Ok(())
+}
+
+/// The rounds of one entry at one concurrency, added up: CPU per unit is the total CPU
+/// over the total completed units, so a round with few completions weighs what it did.
+#[derive(Debug, Clone, Copy, Default)]
+struct Sum {
+    per_second: f64,
+    completed: u64,
+    failed: u64,
+    client_cpu: Duration,
+    /// `None` once a round could not read the machine's CPU.
+    machine_cpu: Option<Duration>,
+    rounds: u32,
+}
+
+impl Sum {
+    fn add(&mut self, rate: Rate) {
+        self.machine_cpu = if self.rounds == 0 {
+            rate.machine_cpu
+        } else {
+            self.machine_cpu.zip(rate.machine_cpu).map(|(a, b)| a + b)
+        };
+        self.rounds += 1;
+        self.per_second += rate.per_second;
+        self.completed += rate.completed;
+        self.failed += rate.failed;
+        self.client_cpu += rate.client_cpu;
+    }
+
+    /// µs per completed unit: this process's, and the rest of the machine's.
+    fn cpu_per_unit(&self) -> (Option<f64>, Option<f64>) {
+        if self.completed == 0 {
+            return (None, None);
+        }
+        let per_unit = |cpu: Duration| cpu.as_secs_f64() * 1e6 / self.completed as f64;
+        let rest = self
+            .machine_cpu
+            .map(|machine| per_unit(machine.saturating_sub(self.client_cpu)));
+        (Some(per_unit(self.client_cpu)), rest)
+    }
 }
 
 #[cfg(test)]
