@@ -3,6 +3,7 @@
 //! on the per-guard driver before it, which had that bug too). The comments say what the
 //! first keeper did wrong.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -23,6 +24,10 @@ struct Slow {
     many_delay: Mutex<Option<Duration>>,
     /// Single refreshes with this TTL take this long before they reach the table.
     slow_single: Mutex<Option<(Duration, Duration)>>,
+    /// Single refreshes reach the table at once and answer this much later.
+    late_single: Mutex<Option<Duration>>,
+    /// Single refreshes sent.
+    refreshes: AtomicUsize,
     release_panics: Mutex<bool>,
 }
 
@@ -32,6 +37,8 @@ impl Slow {
             memory,
             many_delay: Mutex::new(None),
             slow_single: Mutex::new(None),
+            late_single: Mutex::new(None),
+            refreshes: AtomicUsize::new(0),
             release_panics: Mutex::new(false),
         })
     }
@@ -46,13 +53,19 @@ impl LockBackend for Slow {
         self.memory.acquire(request).await
     }
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        self.refreshes.fetch_add(1, Ordering::SeqCst);
         let slow = *self.slow_single.lock().expect("lock");
         if let Some((ttl, delay)) = slow
             && lease.ttl().get() == ttl
         {
             tokio::time::sleep(delay).await;
         }
-        self.memory.refresh(lease).await
+        let refreshed = self.memory.refresh(lease).await;
+        let late = *self.late_single.lock().expect("lock");
+        if let Some(late) = late {
+            tokio::time::sleep(late).await;
+        }
+        refreshed
     }
     async fn refresh_many(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
         let delay = *self.many_delay.lock().expect("lock");
@@ -151,6 +164,49 @@ async fn leave_for_is_not_undone_after_a_forward_clock_jump_body() {
         holder.is_some(),
         "leave_for promised 60 s; the keeper's refresh landed after it and cut it to 8 s"
     );
+}
+
+/// A refresh the keeper gave up on (its timeout passed on the locker's `Clock`) still
+/// runs until its tokio timeout, and the keeper sends the next one meanwhile. The first
+/// one's late answer proves the lease only from when *it* was sent: credited to the call
+/// in flight (sent later), it would stretch the guard's validity past what the server
+/// granted. (The keeper matches an answer to its call by number; with that check taken
+/// out, this test fails: 7.77 s left against at most 7.1 s.)
+#[test]
+fn a_late_answer_is_not_credited_to_the_call_that_replaced_it() {
+    crate::tests::bounded(a_late_answer_is_not_credited_to_the_call_that_replaced_it_body);
+}
+
+async fn a_late_answer_is_not_credited_to_the_call_that_replaced_it_body() {
+    let slow = Slow::new(MemoryBackend::new());
+    // Refreshes reach the table when sent and answer 900 ms later.
+    *slow.late_single.lock().expect("lock") = Some(ms(900));
+    let (clock, control) = Clock::adjustable();
+    let options = LockOptions::new(ms(8_000)).with_refresh_interval(ms(1_000));
+    let locker = Locker::new(Arc::clone(&slow) as Arc<dyn LockBackend>)
+        .with_options(options)
+        .with_clock(clock);
+    let start = Instant::now();
+    let guard = locker.acquire("job").await.expect("free");
+    // The first refresh goes out at 1 s: the server's lease now ends at 9 s.
+    tokio::time::sleep_until(start + ms(1_800)).await;
+    // Past its 1 s timeout on the clock: the keeper gives it up and sends the next one,
+    // which answers at 2.7 s.
+    control.jump_forward(ms(1_000));
+    tokio::time::sleep_until(start + ms(1_950)).await;
+    assert_eq!(
+        slow.refreshes.load(Ordering::SeqCst),
+        2,
+        "the replacement is in flight"
+    );
+    // The first answer landed at 1.9 s. All the guard may know is that the lease lasts
+    // 8 s from 1 s, when that refresh was sent: at most 7.1 s from now.
+    let left = guard.remaining_validity();
+    assert!(
+        left <= ms(8_000) - ms(900),
+        "{left:?} left: the late answer was credited to the later call"
+    );
+    guard.release().await.expect("released");
 }
 
 /// the mailbox measures deadlines in nanoseconds after its base and saturates
