@@ -6,6 +6,7 @@ use lockcore::{Error, ErrorKind, Result};
 use percent_encoding::{AsciiSet, NON_ALPHANUMERIC, utf8_percent_encode};
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde_json::{Value, json};
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::auth::Authorizer;
 use crate::config::GcsConfig;
@@ -74,6 +75,8 @@ pub(crate) struct GcsClient {
     http: reqwest::Client,
     config: GcsConfig,
     auth: std::sync::Arc<Authorizer>,
+    /// One permit per request in flight (`max_requests`), shared by the clones.
+    slots: std::sync::Arc<Semaphore>,
 }
 
 impl GcsClient {
@@ -83,10 +86,12 @@ impl GcsClient {
         let _ = rustls::crypto::ring::default_provider().install_default();
         let http = http_client(reqwest::Client::builder(), config.timeout())?;
         let auth = Authorizer::new(config.auth().clone(), config.timeout())?;
+        let slots = std::sync::Arc::new(Semaphore::new(config.max_requests()));
         Ok(Self {
             http,
             config,
             auth: std::sync::Arc::new(auth),
+            slots,
         })
     }
 
@@ -185,6 +190,7 @@ impl GcsClient {
             url.push_str("&pageToken=");
             url.push_str(&segment(token));
         }
+        let _slot = self.slot().await?;
         let response = self.exchange(self.http.get(url), Call::Read).await?;
         let date = date_of(&response);
         match response.status() {
@@ -200,8 +206,26 @@ impl GcsClient {
     }
 
     async fn send(&self, request: RequestBuilder, call: Call) -> Result<Answer> {
+        let _slot = self.slot().await?;
         let response = self.exchange(request, call).await?;
         self.answer(response, call).await
+    }
+
+    /// A turn to send: held until the reply is read, so at most `max_requests` calls
+    /// are in flight (and, over HTTP/1.1, as many connections open). Waiting is bounded
+    /// by the request timeout; nothing has been sent when it runs out.
+    async fn slot(&self) -> Result<SemaphorePermit<'_>> {
+        let timeout = self.config.timeout();
+        match tokio::time::timeout(timeout, self.slots.acquire()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            // The semaphore is never closed; an error here would be a bug, not a reason
+            // to panic.
+            Ok(Err(_)) | Err(_) => Err(Error::unavailable(format!(
+                "all {} GCS request slots stayed busy for {timeout:?}; nothing was sent \
+                 (raise max_requests or timeout_ms in the gs:// URL)",
+                self.config.max_requests()
+            ))),
+        }
     }
 
     /// Sends `request`. A renewable token GCS refuses (revoked, or expired early) is

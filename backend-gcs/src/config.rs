@@ -22,7 +22,17 @@ pub const TOKEN_ENV: &str = "GCS_ACCESS_TOKEN";
 /// renew it ([`GcsAuth::TokenCommand`]).
 pub const TOKEN_COMMAND_ENV: &str = "GCS_TOKEN_COMMAND";
 /// The URL parameters [`GcsConfig::from_url`] reads.
-const KNOWN_PARAMS: &[&str] = &["endpoint", "auth", "credentials", "timeout_ms"];
+const KNOWN_PARAMS: &[&str] = &[
+    "endpoint",
+    "auth",
+    "credentials",
+    "timeout_ms",
+    "max_requests",
+];
+/// The most requests one backend has in flight at once, unless configured otherwise.
+pub const DEFAULT_MAX_REQUESTS: usize = 256;
+/// The highest [`GcsConfig::with_max_requests`] accepts.
+pub const MAX_MAX_REQUESTS: usize = 10_000;
 /// The shortest refresh interval real GCS sustains: about one mutation per second per
 /// object.
 pub const MIN_REFRESH_INTERVAL: Duration = Duration::from_secs(1);
@@ -38,6 +48,7 @@ pub struct GcsConfig {
     timeout: Duration,
     auth: GcsAuth,
     min_refresh: Duration,
+    max_requests: usize,
 }
 
 impl GcsConfig {
@@ -67,6 +78,7 @@ impl GcsConfig {
             timeout: DEFAULT_TIMEOUT,
             auth,
             min_refresh: MIN_REFRESH_INTERVAL,
+            max_requests: DEFAULT_MAX_REQUESTS,
         };
         match emulator {
             Some(host) => config.with_endpoint(&host),
@@ -74,7 +86,8 @@ impl GcsConfig {
         }
     }
 
-    /// Parses `gs://bucket/prefix[?endpoint=URL&auth=MODE&credentials=PATH&timeout_ms=N]`.
+    /// Parses
+    /// `gs://bucket/prefix[?endpoint=URL&auth=MODE&credentials=PATH&timeout_ms=N&max_requests=N]`.
     ///
     /// The object of lock `name` is `prefix + name` (`gs://b/locks/` gives `locks/NAME`).
     /// An `endpoint` parameter (or [`EMULATOR_ENV`]) points at an emulator, without auth.
@@ -82,7 +95,8 @@ impl GcsConfig {
     /// (the token in [`TOKEN_ENV`]) or `command` (the command in [`TOKEN_COMMAND_ENV`]: a
     /// command never goes in the URL, which is shown in logs); `credentials=PATH` uses a
     /// credentials file (a service-account key or an `external_account` file).
-    /// Unknown parameters are rejected.
+    /// `max_requests` is [`with_max_requests`](Self::with_max_requests). Unknown parameters
+    /// are rejected.
     ///
     /// # Errors
     /// [`InvalidInput`](lockcore::ErrorKind::InvalidInput) for another scheme, a bad bucket,
@@ -112,6 +126,10 @@ impl GcsConfig {
         }
         if let Some(timeout) = query.take_millis("timeout_ms")? {
             config = config.with_timeout(timeout);
+        }
+        let requests = format!("a whole number from 1 to {MAX_MAX_REQUESTS}");
+        if let Some(n) = query.take_parsed("max_requests", &requests)? {
+            config = config.with_max_requests(n)?;
         }
         let mut auth = query
             .take("auth")
@@ -205,6 +223,40 @@ impl GcsConfig {
     pub fn with_min_refresh_interval(mut self, interval: Duration) -> Self {
         self.min_refresh = interval;
         self
+    }
+
+    /// Sends at most `n` requests at once (default [`DEFAULT_MAX_REQUESTS`]); more wait
+    /// their turn in order. Over HTTP/1.1 each request in flight holds a connection, so
+    /// this is also the most connections the backend opens: without a bound, a `Locker`
+    /// whose thousands of leases fall due together would open one connection per lease
+    /// (BENCHMARKS.md, "Scale"). A call that waits longer than the request timeout
+    /// (`timeout_ms`) for its turn fails with
+    /// [`Unavailable`](lockcore::ErrorKind::Unavailable), nothing sent.
+    ///
+    /// ```
+    /// use backend_gcs::GcsConfig;
+    /// let config = GcsConfig::from_url("gs://locks?max_requests=32")?;
+    /// assert_eq!(config.max_requests(), 32);
+    /// assert!(GcsConfig::new("locks")?.with_max_requests(0).is_err());
+    /// # Ok::<(), lockcore::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`InvalidInput`](lockcore::ErrorKind::InvalidInput) for 0 or more than
+    /// [`MAX_MAX_REQUESTS`].
+    pub fn with_max_requests(mut self, n: usize) -> Result<Self> {
+        if !(1..=MAX_MAX_REQUESTS).contains(&n) {
+            return Err(Error::invalid_input(format!(
+                "max_requests must be a whole number from 1 to {MAX_MAX_REQUESTS}, not {n}"
+            )));
+        }
+        self.max_requests = n;
+        Ok(self)
+    }
+
+    /// The most requests in flight at once.
+    pub fn max_requests(&self) -> usize {
+        self.max_requests
     }
 
     /// The JSON API base URL.
@@ -345,6 +397,7 @@ impl fmt::Debug for GcsConfig {
             .field("timeout", &self.timeout)
             .field("auth", &self.auth)
             .field("min_refresh", &self.min_refresh)
+            .field("max_requests", &self.max_requests)
             .finish()
     }
 }

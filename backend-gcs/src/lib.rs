@@ -60,8 +60,8 @@ mod token_command;
 pub use auth::GcsAuth;
 pub use backend::{GcsBackend, default_options, guarantees, validate_options};
 pub use config::{
-    DEFAULT_ENDPOINT, DEFAULT_TIMEOUT, EMULATOR_ENV, GcsConfig, MAX_OBJECT_NAME_LEN,
-    MIN_REFRESH_INTERVAL, TOKEN_COMMAND_ENV, TOKEN_ENV,
+    DEFAULT_ENDPOINT, DEFAULT_MAX_REQUESTS, DEFAULT_TIMEOUT, EMULATOR_ENV, GcsConfig,
+    MAX_MAX_REQUESTS, MAX_OBJECT_NAME_LEN, MIN_REFRESH_INTERVAL, TOKEN_COMMAND_ENV, TOKEN_ENV,
 };
 pub use lockcore;
 pub use token::STORAGE_SCOPE;

@@ -435,3 +435,87 @@ async fn break_lock_removes_the_holder() {
         .expect_err("refresh after break");
     assert_eq!(err.kind(), ErrorKind::Lost);
 }
+
+/// A backend like the test's, with `max_requests` and `timeout`.
+async fn bounded_backend(gcs: &Gcs, max_requests: usize, timeout: Duration) -> GcsBackend {
+    let config = gcs
+        .backend()
+        .await
+        .config()
+        .clone()
+        .with_max_requests(max_requests)
+        .expect("valid")
+        .with_timeout(timeout);
+    GcsBackend::connect(config).await.expect("backend")
+}
+
+/// Issue 16: a `Locker` whose 10,000 leases fell due together opened ~9,500 connections
+/// at once (one per refresh in flight) and spent twice the CPU. `max_requests` bounds
+/// the requests in flight: 40 calls at once, 4 slots, the server never sees more than 4.
+#[tokio::test]
+async fn requests_in_flight_never_exceed_max_requests() {
+    let gcs = Gcs::start().await;
+    let backend = bounded_backend(&gcs, 4, Duration::from_secs(5)).await;
+    gcs.server.inject(Fault::Delay(Duration::from_millis(50)));
+    gcs.server.clear_requests();
+    let mut calls = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let backend = backend.clone();
+        calls.spawn(async move { backend.inspect(&name(&format!("slot-{i}"))).await });
+    }
+    while let Some(outcome) = calls.join_next().await {
+        assert_eq!(outcome.expect("no panic").expect("inspect"), None);
+    }
+    assert_eq!(gcs.server.requests().len(), 40);
+    // Exactly 4: the calls did overlap, so an unbounded client would show 40 here.
+    assert_eq!(gcs.server.most_in_flight(), 4);
+}
+
+/// A call that waits for a slot longer than the request timeout fails as `Unavailable`,
+/// saying what to raise, and sends nothing. One slot, 1 s per request, 1.5 s timeout: the
+/// third call's turn would come at 2 s.
+#[tokio::test]
+async fn a_call_that_waits_too_long_for_a_slot_sends_nothing() {
+    let gcs = Gcs::start().await;
+    let backend = bounded_backend(&gcs, 1, Duration::from_millis(1_500)).await;
+    gcs.server.inject(Fault::Delay(Duration::from_secs(1)));
+    gcs.server.clear_requests();
+    let mut calls = Vec::new();
+    for i in 0..3 {
+        let backend = backend.clone();
+        calls.push(tokio::spawn(async move {
+            backend.inspect(&name(&format!("queued-{i}"))).await
+        }));
+        // Queued in this order (the slots are first come, first served).
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut outcomes = Vec::new();
+    for call in calls {
+        outcomes.push(call.await.expect("no panic"));
+    }
+    assert_eq!(outcomes[0].as_ref().expect("first"), &None);
+    assert_eq!(outcomes[1].as_ref().expect("second"), &None);
+    let err = outcomes[2].as_ref().expect_err("no slot in time");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("max_requests"), "{err}");
+    assert!(err.to_string().contains("nothing was sent"), "{err}");
+    assert_eq!(
+        gcs.server.requests().len(),
+        2,
+        "the third call sent nothing"
+    );
+}
+
+#[test]
+fn max_requests_is_read_from_the_url_and_checked() {
+    let config = GcsConfig::from_url("gs://locks?max_requests=8").expect("valid");
+    assert_eq!(config.max_requests(), 8);
+    let default = GcsConfig::from_url("gs://locks").expect("valid");
+    assert_eq!(default.max_requests(), backend_gcs::DEFAULT_MAX_REQUESTS);
+    for bad in ["0", "-1", "10001", "many", ""] {
+        let err =
+            GcsConfig::from_url(&format!("gs://locks?max_requests={bad}")).expect_err("refused");
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{bad}: {err}");
+        assert!(err.to_string().contains("max_requests"), "{bad}: {err}");
+    }
+}

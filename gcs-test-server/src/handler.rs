@@ -12,7 +12,7 @@ use hyper::{Request, Response};
 
 use crate::body::{Body, ReadRequest, error_response};
 use crate::error::ApiError;
-use crate::shared::{RequestRecord, Shared};
+use crate::shared::{InFlight, RequestRecord, Shared};
 use crate::{admin, api, auth, federation};
 
 /// The error that makes hyper close the connection without a reply: an injected
@@ -65,6 +65,7 @@ pub(crate) async fn handle(
 }
 
 async fn api_request(shared: &Shared, request: &ReadRequest) -> Response<Body> {
+    let _counted = InFlight::new(shared);
     let (delay, fail) = {
         let mut faults = shared.faults.lock().unwrap_or_else(PoisonError::into_inner);
         (faults.delay, faults.take_server_error())

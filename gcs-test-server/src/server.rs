@@ -1,6 +1,7 @@
 //! The server handle and the accept loop.
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -55,6 +56,8 @@ impl GcsTestServer {
             log: Mutex::default(),
             clock: Clock::default(),
             auth: Mutex::default(),
+            in_flight: AtomicUsize::new(0),
+            most_in_flight: AtomicUsize::new(0),
         });
         let accept = tokio::spawn(accept_loop(listener, Arc::clone(&shared)));
         Ok(Self {
@@ -254,9 +257,17 @@ impl GcsTestServer {
         self.shared.requests()
     }
 
-    /// Empties the request log.
+    /// Empties the request log (and starts [`most_in_flight`](Self::most_in_flight) again
+    /// from the requests in flight now).
     pub fn clear_requests(&self) {
         self.shared.clear_requests();
+    }
+
+    /// The most API requests handled at once (an injected [`Fault::Delay`] included) since
+    /// the server started or the log was last cleared: over HTTP/1.1, the most
+    /// connections a client kept busy together.
+    pub fn most_in_flight(&self) -> usize {
+        self.shared.most_in_flight.load(Ordering::SeqCst)
     }
 }
 

@@ -1,5 +1,6 @@
 //! The state shared by the server handle and every connection, and the request log.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -37,6 +38,27 @@ pub(crate) struct Shared {
     pub(crate) log: Mutex<Vec<RequestRecord>>,
     pub(crate) clock: Clock,
     pub(crate) auth: Mutex<AuthState>,
+    /// API requests being handled now, and the most at once since the log was cleared.
+    pub(crate) in_flight: AtomicUsize,
+    pub(crate) most_in_flight: AtomicUsize,
+}
+
+/// Counts one API request in flight until dropped (hyper drops a request's future when
+/// its client goes away).
+pub(crate) struct InFlight<'a>(&'a Shared);
+
+impl<'a> InFlight<'a> {
+    pub(crate) fn new(shared: &'a Shared) -> Self {
+        let now = shared.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        shared.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        Self(shared)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Shared {
@@ -75,6 +97,8 @@ impl Shared {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clear();
+        let now = self.in_flight.load(Ordering::SeqCst);
+        self.most_in_flight.store(now, Ordering::SeqCst);
     }
 
     pub(crate) fn auth(&self) -> std::sync::MutexGuard<'_, AuthState> {
