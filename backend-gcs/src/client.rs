@@ -84,7 +84,9 @@ impl GcsClient {
         refuse_credentials_in_clear(&config)?;
         #[cfg(feature = "tls")]
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let http = http_client(reqwest::Client::builder(), config.timeout())?;
+        // Idle connections beyond the slots would never all be used at once.
+        let builder = reqwest::Client::builder().pool_max_idle_per_host(config.max_requests());
+        let http = http_client(builder, config.timeout())?;
         let auth = Authorizer::new(config.auth().clone(), config.timeout())?;
         let slots = std::sync::Arc::new(Semaphore::new(config.max_requests()));
         Ok(Self {
