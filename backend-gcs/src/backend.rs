@@ -365,21 +365,25 @@ impl LockBackend for GcsBackend {
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
         let object = self.config().object_name(&request.name)?;
+        let _slot = self.client.slot().await?;
         self.try_acquire(&object, request).await
     }
 
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
         let object = self.config().object_name(lease.name())?;
+        let _slot = self.client.slot().await?;
         self.try_refresh(&object, lease).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         let object = self.config().object_name(lease.name())?;
+        let _slot = self.client.slot().await?;
         self.try_release(&object, lease).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let object = self.config().object_name(name)?;
+        let _slot = self.client.slot().await?;
         let current = self.current(&object).await?;
         Ok(current.map(|(obj, date)| obj.holder(Some(date))))
     }
@@ -392,11 +396,13 @@ impl LockBackend for GcsBackend {
     /// each item with its metadata: one request per 1000 objects stored under the prefix,
     /// held or not (expired objects nobody deleted count too).
     async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
+        let _slot = self.client.slot().await?;
         self.try_list(prefix).await
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let object = self.config().object_name(name)?;
+        let _slot = self.client.slot().await?;
         self.try_break(&object).await
     }
 
@@ -405,6 +411,7 @@ impl LockBackend for GcsBackend {
     /// permission the lock itself needs (a bucket GET would need `storage.buckets.get`).
     async fn server_time(&self) -> Result<Option<SystemTime>> {
         let probe = format!("{}{CLOCK_PROBE}", self.config().prefix());
+        let _slot = self.client.slot().await?;
         let answer = self.client.get(&probe).await?;
         Ok(answer.date)
     }

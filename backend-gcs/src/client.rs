@@ -192,7 +192,6 @@ impl GcsClient {
             url.push_str("&pageToken=");
             url.push_str(&segment(token));
         }
-        let _slot = self.slot().await?;
         let response = self.exchange(self.http.get(url), Call::Read).await?;
         let date = date_of(&response);
         match response.status() {
@@ -208,15 +207,16 @@ impl GcsClient {
     }
 
     async fn send(&self, request: RequestBuilder, call: Call) -> Result<Answer> {
-        let _slot = self.slot().await?;
         let response = self.exchange(request, call).await?;
         self.answer(response, call).await
     }
 
-    /// A turn to send: held until the reply is read, so at most `max_requests` calls
-    /// are in flight (and, over HTTP/1.1, as many connections open). Waiting is bounded
-    /// by the request timeout; nothing has been sent when it runs out.
-    async fn slot(&self) -> Result<SemaphorePermit<'_>> {
+    /// A turn for one backend operation (an acquire's up to five requests, a refresh's
+    /// up to three, one list with all its pages): held until the operation ends, so at
+    /// most `max_requests` operations, and as many requests, are in flight at once, and
+    /// none waits at the back of the queue again half-way through. Waiting is bounded by
+    /// the request timeout; when it runs out the operation has sent nothing.
+    pub(crate) async fn slot(&self) -> Result<SemaphorePermit<'_>> {
         let timeout = self.config.timeout();
         match tokio::time::timeout(timeout, self.slots.acquire()).await {
             Ok(Ok(permit)) => Ok(permit),

@@ -225,13 +225,14 @@ impl GcsConfig {
         self
     }
 
-    /// Sends at most `n` requests at once (default [`DEFAULT_MAX_REQUESTS`]); more wait
-    /// their turn in order. Over HTTP/1.1 each request in flight holds a connection, so
-    /// this is also the most connections the backend opens: without a bound, a `Locker`
-    /// whose thousands of leases fall due together would open one connection per lease
-    /// (BENCHMARKS.md, "Scale"). A call that waits longer than the request timeout
-    /// (`timeout_ms`) for its turn fails with
-    /// [`Unavailable`](lockcore::ErrorKind::Unavailable), nothing sent.
+    /// Runs at most `n` backend operations at once (default [`DEFAULT_MAX_REQUESTS`]);
+    /// more wait their turn in order. An operation (an acquire, refresh, release, …)
+    /// sends its requests one after another, so this is also the most requests in
+    /// flight, and over HTTP/1.1, where each holds a connection, about the most
+    /// connections open: without a bound, a `Locker` whose thousands of leases fall due
+    /// together would open one connection per lease (BENCHMARKS.md, "Scale"). An
+    /// operation that waits longer than the request timeout (`timeout_ms`) for its turn
+    /// fails with [`Unavailable`](lockcore::ErrorKind::Unavailable), nothing sent.
     ///
     /// ```
     /// use backend_gcs::GcsConfig;

@@ -471,6 +471,25 @@ async fn requests_in_flight_never_exceed_max_requests() {
     assert_eq!(gcs.server.most_in_flight(), 4);
 }
 
+/// A call dropped while its request is at the server gives its slot back: with one slot,
+/// the next call goes through at once.
+#[tokio::test]
+async fn a_call_dropped_mid_request_gives_its_slot_back() {
+    let gcs = Gcs::start().await;
+    let backend = bounded_backend(&gcs, 1, Duration::from_secs(2)).await;
+    gcs.server.inject(Fault::Delay(Duration::from_millis(500)));
+    let dropped = backend.clone();
+    let call = tokio::spawn(async move { dropped.inspect(&name("dropped")).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    call.abort();
+    assert!(call.await.expect_err("aborted").is_cancelled());
+    gcs.server.clear_faults();
+    assert_eq!(
+        backend.inspect(&name("next")).await.expect("a free slot"),
+        None
+    );
+}
+
 /// A call that waits for a slot longer than the request timeout fails as `Unavailable`,
 /// saying what to raise, and sends nothing. One slot, 1 s per request, 1.5 s timeout: the
 /// third call's turn would come at 2 s.

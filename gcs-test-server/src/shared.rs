@@ -99,6 +99,9 @@ impl Shared {
             .clear();
         let now = self.in_flight.load(Ordering::SeqCst);
         self.most_in_flight.store(now, Ordering::SeqCst);
+        // A request that started between the two lines above is counted again.
+        let now = self.in_flight.load(Ordering::SeqCst);
+        self.most_in_flight.fetch_max(now, Ordering::SeqCst);
     }
 
     pub(crate) fn auth(&self) -> std::sync::MutexGuard<'_, AuthState> {
