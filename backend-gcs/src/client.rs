@@ -75,7 +75,8 @@ pub(crate) struct GcsClient {
     http: reqwest::Client,
     config: GcsConfig,
     auth: std::sync::Arc<Authorizer>,
-    /// One permit per request in flight (`max_requests`), shared by the clones.
+    /// One permit per backend operation in flight (`max_requests`; see [`Self::slot`]),
+    /// shared by the clones.
     slots: std::sync::Arc<Semaphore>,
 }
 

@@ -29,7 +29,8 @@ const KNOWN_PARAMS: &[&str] = &[
     "timeout_ms",
     "max_requests",
 ];
-/// The most requests one backend has in flight at once, unless configured otherwise.
+/// The most operations (so requests) one backend has in flight at once, unless configured
+/// otherwise ([`GcsConfig::with_max_requests`]).
 pub const DEFAULT_MAX_REQUESTS: usize = 256;
 /// The highest [`GcsConfig::with_max_requests`] accepts.
 pub const MAX_MAX_REQUESTS: usize = 10_000;
@@ -255,7 +256,7 @@ impl GcsConfig {
         Ok(self)
     }
 
-    /// The most requests in flight at once.
+    /// The most backend operations (so requests) in flight at once.
     pub fn max_requests(&self) -> usize {
         self.max_requests
     }

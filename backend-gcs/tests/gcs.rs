@@ -471,6 +471,43 @@ async fn requests_in_flight_never_exceed_max_requests() {
     assert_eq!(gcs.server.most_in_flight(), 4);
 }
 
+/// An operation keeps its turn until it ends: with one slot, an acquire of a held lock
+/// (insert → 412, then GET) sends both requests before a call that queued behind its
+/// first one sends anything. Turns taken per request would put the inspect's GET between
+/// the acquire's two.
+#[tokio::test]
+async fn an_operation_keeps_its_turn_until_it_ends() {
+    let gcs = Gcs::start().await;
+    let backend = bounded_backend(&gcs, 1, Duration::from_secs(5)).await;
+    grant(&backend, "busy", Duration::from_secs(30)).await;
+    gcs.server.inject(Fault::Delay(Duration::from_millis(200)));
+    gcs.server.clear_requests();
+    let contender = backend.clone();
+    let acquire = tokio::spawn(async move {
+        take(
+            &contender,
+            "busy",
+            &Identity::unique(),
+            Duration::from_secs(30),
+        )
+        .await
+    });
+    // Queued while the acquire's insert is at the server.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let inspect = backend.inspect(&name("other")).await.expect("inspect");
+    assert_eq!(inspect, None);
+    assert!(matches!(acquire.await.expect("no panic"), Acquire::Held(_)));
+    let calls: Vec<_> = gcs
+        .server
+        .requests()
+        .into_iter()
+        .map(|r| (r.method, r.path.ends_with("other")))
+        .collect();
+    let expected = [("POST", false), ("GET", false), ("GET", true)];
+    let expected: Vec<_> = expected.map(|(m, o)| (m.to_owned(), o)).into();
+    assert_eq!(calls, expected);
+}
+
 /// A call dropped while its request is at the server gives its slot back: with one slot,
 /// the next call goes through at once.
 #[tokio::test]

@@ -48,7 +48,6 @@ pub(crate) async fn run(systems: &[System], ctx: &Ctx, plan: &Plan, out: &mut Re
                 server.clear_requests();
             }
         }
-        let rounds = plan.throughput_rounds.max(1) as f64;
         for (entry, sums) in entries.iter().zip(sums) {
             for (&tasks, sum) in plan.tasks.iter().zip(sums) {
                 let (client_cpu_us, other_cpu_us) = sum.cpu_per_unit();
@@ -57,7 +56,7 @@ pub(crate) async fn run(systems: &[System], ctx: &Ctx, plan: &Plan, out: &mut Re
                     label: entry.label.clone(),
                     role: entry.role,
                     tasks,
-                    per_second: sum.per_second / rounds,
+                    per_second: sum.per_second_mean(),
                     errors: sum.failed,
                     client_cpu_us,
                     other_cpu_us,
@@ -94,6 +93,11 @@ impl Sum {
         self.completed += rate.completed;
         self.failed += rate.failed;
         self.client_cpu += rate.client_cpu;
+    }
+
+    /// The rounds' mean rate.
+    fn per_second_mean(&self) -> f64 {
+        self.per_second / f64::from(self.rounds.max(1))
     }
 
     /// µs per completed unit: this process's, and the rest of the machine's.

@@ -31,7 +31,6 @@ use std::collections::{BinaryHeap, HashMap};
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -173,9 +172,10 @@ impl Keeper {
             self.on_due();
             self.compact();
             #[cfg(test)]
-            self.mailbox
-                .timers
-                .store(self.timers.len() as u64, Ordering::Relaxed);
+            self.mailbox.timers.store(
+                self.timers.len() as u64,
+                std::sync::atomic::Ordering::Relaxed,
+            );
             let wake = self.timers.peek().map(|Reverse((at, ..))| *at);
             self.mailbox.plan(wake);
             // A lease added before the plan was published did not see it.
@@ -198,7 +198,10 @@ impl Keeper {
                 }
                 () = sleep(&self.clock, wake) => {}
             }
-            self.mailbox.wakes.fetch_add(1, Ordering::Relaxed);
+            #[cfg(test)]
+            self.mailbox
+                .wakes
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
     }
 

@@ -9,7 +9,9 @@
 //! answered (`leave_for` waits for the refresh in flight) goes through the keeper's
 //! channel, which also tells a guard that its keeper stopped.
 
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+#[cfg(test)]
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -46,6 +48,7 @@ pub(crate) struct Mailbox {
     planned: AtomicI64,
     base: Instant,
     /// How many times the keeper woke (tests read it).
+    #[cfg(test)]
     pub(crate) wakes: AtomicU64,
     /// How many timers the keeper had queued when it last went to sleep (tests read it).
     #[cfg(test)]
@@ -59,6 +62,7 @@ impl Mailbox {
             notify: Notify::new(),
             planned: AtomicI64::new(i64::MAX),
             base,
+            #[cfg(test)]
             wakes: AtomicU64::new(0),
             #[cfg(test)]
             timers: AtomicU64::new(0),

@@ -12,8 +12,8 @@ use tokio::time::Instant;
 
 use super::{ms, runtime};
 use crate::{
-    Acquire, AcquireRequest, Clock, Guarantees, Health, HolderInfo, Lease, LockBackend, LockName,
-    LockOptions, Locker, MemoryBackend, Result,
+    Acquire, AcquireRequest, Clock, ClockControl, Guarantees, Health, HolderInfo, Lease,
+    LockBackend, LockName, LockOptions, Locker, MemoryBackend, Result,
 };
 
 /// A memory backend with slow refreshes and a release that can panic.
@@ -91,6 +91,17 @@ impl LockBackend for Slow {
     }
 }
 
+/// A locker on `slow` with TTL 8 s, refreshed every second (so a 1 s refresh timeout),
+/// on an adjustable clock.
+fn on_adjustable_clock(slow: &Arc<Slow>) -> (Locker, ClockControl) {
+    let (clock, control) = Clock::adjustable();
+    let options = LockOptions::new(ms(8_000)).with_refresh_interval(ms(1_000));
+    let locker = Locker::new(Arc::clone(slow) as Arc<dyn LockBackend>)
+        .with_options(options)
+        .with_clock(clock);
+    (locker, control)
+}
+
 fn name(s: &str) -> LockName {
     LockName::new(s).expect("a valid name")
 }
@@ -143,11 +154,7 @@ async fn leave_for_is_not_undone_after_a_forward_clock_jump_body() {
     let slow = Slow::new(MemoryBackend::new());
     // The keeper's refreshes (TTL 8 s) take 600 ms; the leaving one (60 s) is instant.
     *slow.slow_single.lock().expect("lock") = Some((ms(8_000), ms(600)));
-    let (clock, control) = Clock::adjustable();
-    let options = LockOptions::new(ms(8_000)).with_refresh_interval(ms(1_000));
-    let locker = Locker::new(Arc::clone(&slow) as Arc<dyn LockBackend>)
-        .with_options(options)
-        .with_clock(clock);
+    let (locker, control) = on_adjustable_clock(&slow);
     let start = Instant::now();
     let ci = locker.acquire("ci-step").await.expect("free");
     // The keeper's refresh goes out at 1 s and lands at 1.6 s.
@@ -181,11 +188,7 @@ async fn a_late_answer_is_not_credited_to_the_call_that_replaced_it_body() {
     let slow = Slow::new(MemoryBackend::new());
     // Refreshes reach the table when sent and answer 900 ms later.
     *slow.late_single.lock().expect("lock") = Some(ms(900));
-    let (clock, control) = Clock::adjustable();
-    let options = LockOptions::new(ms(8_000)).with_refresh_interval(ms(1_000));
-    let locker = Locker::new(Arc::clone(&slow) as Arc<dyn LockBackend>)
-        .with_options(options)
-        .with_clock(clock);
+    let (locker, control) = on_adjustable_clock(&slow);
     let start = Instant::now();
     let guard = locker.acquire("job").await.expect("free");
     // The first refresh goes out at 1 s: the server's lease now ends at 9 s.
