@@ -9,10 +9,12 @@ use lockcore::{
     Waiting,
 };
 
-use crate::client::{Answer, GcsClient, Preconditions, Reply};
+use crate::client::{Answer, BATCH_LIMIT, GcsClient, Preconditions, Reply};
 use crate::config::{GcsConfig, MAX_OBJECT_NAME_LEN, MIN_REFRESH_INTERVAL};
 use crate::error::{no_bucket, protocol};
 use crate::object::{self, LockObject};
+
+mod batch;
 
 /// The object name (after the prefix) that `server_time` reads; never created.
 const CLOCK_PROBE: &str = ".anylock-clock";
@@ -200,14 +202,7 @@ impl GcsBackend {
     ) -> Result<Option<Lease>> {
         let metadata = object::metadata(lease.owner(), lease.ttl());
         let exact = Preconditions::exact(generation, metageneration);
-        match self.client.patch(object, metadata, exact).await?.reply {
-            Reply::Ok(Some(obj)) if obj.is_owned_by(lease.owner()) => {
-                Ok(Some(lease.clone().with_grant(obj.grant())))
-            }
-            Reply::Ok(_) => Err(Error::lost("the lock object now names another owner")),
-            Reply::NotFound => Err(Error::lost("the lock object was deleted")),
-            Reply::PreconditionFailed => Ok(None),
-        }
+        extended(self.client.patch(object, metadata, exact).await?.reply, lease)
     }
 
     /// After a refresh's 412: an earlier PATCH whose reply was lost may have applied and
@@ -343,6 +338,18 @@ fn held_lock(
     (!obj.is_stale(date)).then(|| HeldLock::new(name, obj.holder(Some(date))))
 }
 
+/// The refreshed lease a refresh's PATCH answered (alone or in a batch); `None` on 412.
+fn extended(reply: Reply, lease: &Lease) -> Result<Option<Lease>> {
+    match reply {
+        Reply::Ok(Some(obj)) if obj.is_owned_by(lease.owner()) => {
+            Ok(Some(lease.clone().with_grant(obj.grant())))
+        }
+        Reply::Ok(_) => Err(Error::lost("the lock object now names another owner")),
+        Reply::NotFound => Err(Error::lost("the lock object was deleted")),
+        Reply::PreconditionFailed => Ok(None),
+    }
+}
+
 fn lease(request: &AcquireRequest, obj: &LockObject) -> Lease {
     Lease::new(
         request.name.clone(),
@@ -373,6 +380,20 @@ impl LockBackend for GcsBackend {
         let object = self.config().object_name(lease.name())?;
         let _slot = self.client.slot().await?;
         self.try_refresh(&object, lease).await
+    }
+
+    /// The PATCHes of up to 100 leases (GCS's batch limit) in one batch request
+    /// (`POST /batch/storage/v1`, one request turn), each under its lease's exact
+    /// preconditions: one HTTP request where lone refreshes send one each. A 412 is then
+    /// recovered as a lone refresh recovers it. An endpoint without batches (404, 405 or
+    /// 501 on the batch path) gets lone refreshes, from then on too.
+    async fn refresh_many(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
+        self.refresh_leases(leases).await
+    }
+
+    /// 100 (GCS's batch limit), or 1 once the endpoint showed it has no batch endpoint.
+    fn refresh_batch_limit(&self) -> usize {
+        if self.client.batches() { BATCH_LIMIT } else { 1 }
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

@@ -14,6 +14,10 @@ use crate::error::{Call, Failure, malformed_json, map_error, no_bucket, protocol
 use crate::http::{http_client, is_loopback};
 use crate::object::LockObject;
 
+mod batch;
+
+pub(crate) use batch::{BATCH_LIMIT, PartAnswer, PatchCall};
+
 /// Characters left unescaped in a path segment (RFC 3986 unreserved).
 const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'-')
@@ -78,6 +82,9 @@ pub(crate) struct GcsClient {
     /// One permit per backend operation in flight (`max_requests`; see [`Self::slot`]),
     /// shared by the clones.
     slots: std::sync::Arc<Semaphore>,
+    /// Set once the endpoint answered the batch endpoint with 404, 405 or 501 (an
+    /// emulator without batches): refreshes go one by one from then on.
+    no_batches: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl GcsClient {
@@ -95,6 +102,7 @@ impl GcsClient {
             config,
             auth: std::sync::Arc::new(auth),
             slots,
+            no_batches: std::sync::Arc::default(),
         })
     }
 
@@ -234,19 +242,28 @@ impl GcsClient {
     /// Sends `request`. A renewable token GCS refuses (revoked, or expired early) is
     /// replaced and the call sent once more: a 401 changed nothing, so resending is safe.
     async fn exchange(&self, request: RequestBuilder, call: Call) -> Result<reqwest::Response> {
+        Ok(self.exchange_keeping_token(request, call).await?.0)
+    }
+
+    /// As [`Self::exchange`], also returning the token the answer was given for.
+    async fn exchange_keeping_token(
+        &self,
+        request: RequestBuilder,
+        call: Call,
+    ) -> Result<(reqwest::Response, Option<String>)> {
         let resend = if self.auth.renews() {
             request.try_clone()
         } else {
             None
         };
-        let (mut response, token) = self.dispatch(request, call).await?;
+        let (response, token) = self.dispatch(request, call).await?;
         if response.status() == StatusCode::UNAUTHORIZED
-            && let (Some(resend), Some(token)) = (resend, token)
+            && let (Some(resend), Some(refused)) = (resend, token.as_deref())
         {
-            self.auth.forget(&token).await;
-            response = self.dispatch(resend, call).await?.0;
+            self.auth.forget(refused).await;
+            return self.dispatch(resend, call).await;
         }
-        Ok(response)
+        Ok((response, token))
     }
 
     /// Sends `request` with the current token; returns the reply and the token sent.

@@ -222,7 +222,10 @@ fn new_object(request: &ReadRequest, query: &Query) -> Result<NewObject, ApiErro
                 .map(str::to_owned);
         }
         Some("multipart") => {
-            let parts = multipart::parts(&request.body, &multipart::boundary(header_type)?)?;
+            let parts = multipart::parts(
+                &request.body,
+                &multipart::boundary(header_type, "multipart/related", "uploadType=multipart")?,
+            )?;
             let [metadata, media] = parts.as_slice() else {
                 return Err(ApiError::bad_request(
                     "multipart upload needs exactly two parts",

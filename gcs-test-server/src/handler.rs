@@ -13,7 +13,7 @@ use hyper::{Request, Response};
 use crate::body::{Body, ReadRequest, error_response};
 use crate::error::ApiError;
 use crate::shared::{InFlight, RequestRecord, Shared};
-use crate::{admin, api, auth, federation};
+use crate::{admin, api, auth, batch, federation};
 
 /// The error that makes hyper close the connection without a reply: an injected
 /// [`Fault::LoseReplies`](crate::Fault::LoseReplies).
@@ -66,13 +66,20 @@ pub(crate) async fn handle(
 
 async fn api_request(shared: &Shared, request: &ReadRequest) -> Response<Body> {
     let _counted = InFlight::new(shared);
-    let (delay, fail) = {
-        let mut faults = shared.faults.lock().unwrap_or_else(PoisonError::into_inner);
-        (faults.delay, faults.take_server_error())
-    };
+    let delay = shared.faults().delay;
     if let Some(delay) = delay {
         tokio::time::sleep(delay).await;
     }
+    if request.path == batch::PATH {
+        return batch::handle(shared, request).await;
+    }
+    call(shared, request)
+}
+
+/// One API call, on its own or as a part of a batch: an injected 503, else the auth
+/// check, else the endpoint; logged with the status it got.
+pub(crate) fn call(shared: &Shared, request: &ReadRequest) -> Response<Body> {
+    let fail = shared.faults().take_server_error();
     let denied = shared.auth().check(request).err();
     let response = if fail {
         error_response(&ApiError::backend_error())
@@ -81,16 +88,21 @@ async fn api_request(shared: &Shared, request: &ReadRequest) -> Response<Body> {
     } else {
         api::route(shared, request)
     };
+    log(shared, request, response.status().as_u16());
+    response
+}
+
+/// Appends one call to the request log.
+pub(crate) fn log(shared: &Shared, request: &ReadRequest, status: u16) {
     let record = RequestRecord {
         method: request.method.to_string(),
         path: request.path.clone(),
         query: request.query.clone(),
-        status: response.status().as_u16(),
+        status,
     };
     shared
         .log
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .push(record);
-    response
 }

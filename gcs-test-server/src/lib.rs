@@ -4,7 +4,8 @@
 //!
 //! It implements what anylock's GCS backend uses: media and multipart
 //! insert, object get (metadata or `alt=media`), metadata PATCH, delete,
-//! list (prefix, `maxResults`, `pageToken`), and bucket create/get; the four precondition parameters
+//! list (prefix, `maxResults`, `pageToken`), bucket create/get, and batches of
+//! those calls (`POST /batch/storage/v1`); the four precondition parameters
 //! (`ifGenerationMatch`, `ifGenerationNotMatch`, `ifMetagenerationMatch`,
 //! `ifMetagenerationNotMatch`) with GCS's 412 and 404 behaviour; strictly
 //! increasing string-typed generations; a `Date` header on every response;
@@ -29,6 +30,7 @@
 mod admin;
 mod api;
 mod auth;
+mod batch;
 mod body;
 mod error;
 mod fault;
@@ -43,6 +45,7 @@ mod shared;
 mod store;
 mod wire;
 
+pub use batch::MAX_BATCH_CALLS;
 pub use fault::{ClockOffset, Fault, GCS_MUTATION_INTERVAL};
 pub use server::GcsTestServer;
 pub use shared::RequestRecord;

@@ -1,23 +1,26 @@
-//! Splits a `multipart/related` upload body into its metadata and media parts.
+//! Splits a multipart body into its parts: a `multipart/related` upload's metadata and
+//! media, or a `multipart/mixed` batch's calls.
 
 use bytes::Bytes;
 
 use crate::error::ApiError;
 
-/// One part: its `Content-Type` (if given) and body.
+/// One part: its `Content-Type` and `Content-ID` (if given) and body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Part {
     pub(crate) content_type: Option<String>,
+    pub(crate) content_id: Option<String>,
     pub(crate) body: Bytes,
 }
 
-/// The `boundary` parameter of a `multipart/related` content type.
-pub(crate) fn boundary(content_type: &str) -> Result<String, ApiError> {
+/// The `boundary` parameter of a content type that must be `kind` (`multipart/related`
+/// for an upload, `multipart/mixed` for a batch); `what` names the call in the error.
+pub(crate) fn boundary(content_type: &str, kind: &str, what: &str) -> Result<String, ApiError> {
     let mut params = content_type.split(';').map(str::trim);
-    let kind = params.next().unwrap_or_default();
-    if !kind.eq_ignore_ascii_case("multipart/related") {
+    let given = params.next().unwrap_or_default();
+    if !given.eq_ignore_ascii_case(kind) {
         return Err(ApiError::bad_request(format!(
-            "uploadType=multipart needs Content-Type multipart/related, got {content_type:?}"
+            "{what} needs Content-Type {kind}, got {content_type:?}"
         )));
     }
     params
@@ -25,7 +28,7 @@ pub(crate) fn boundary(content_type: &str) -> Result<String, ApiError> {
         .find(|(k, _)| k.trim().eq_ignore_ascii_case("boundary"))
         .map(|(_, v)| v.trim().trim_matches('"').to_owned())
         .filter(|b| !b.is_empty())
-        .ok_or_else(|| ApiError::bad_request("multipart/related without a boundary"))
+        .ok_or_else(|| ApiError::bad_request(format!("{kind} without a boundary")))
 }
 
 /// The parts between `--boundary` delimiters, up to the closing `--boundary--`.
@@ -68,15 +71,20 @@ fn part(raw: Bytes) -> Result<Part, ApiError> {
             body_end -= 1;
         }
     }
-    let content_type = headers.lines().find_map(|line| {
-        let (name, value) = line.split_once(':')?;
-        name.trim()
-            .eq_ignore_ascii_case("content-type")
-            .then(|| value.trim().to_owned())
-    });
     Ok(Part {
-        content_type,
+        content_type: header(&headers, "content-type"),
+        content_id: header(&headers, "content-id"),
         body: raw.slice(body_start.min(body_end)..body_end),
+    })
+}
+
+/// The value of the first header line called `name` (any case) in `headers`.
+pub(crate) fn header(headers: &str, name: &str) -> Option<String> {
+    headers.lines().find_map(|line| {
+        let (key, value) = line.split_once(':')?;
+        key.trim()
+            .eq_ignore_ascii_case(name)
+            .then(|| value.trim().to_owned())
     })
 }
 
@@ -88,7 +96,7 @@ fn skip_line_end(raw: &[u8], at: usize) -> usize {
     }
 }
 
-fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
+pub(crate) fn find(haystack: &[u8], needle: &[u8], from: usize) -> Option<usize> {
     haystack
         .get(from..)?
         .windows(needle.len())
@@ -106,7 +114,7 @@ mod tests {
             b"--xyz\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{\"name\":\"a\"}\r\n\
               --xyz\r\nContent-Type: text/plain\r\n\r\nhello\r\n--xyz--\r\n",
         );
-        let b = boundary("multipart/related; boundary=\"xyz\"").unwrap();
+        let b = boundary("multipart/related; boundary=\"xyz\"", "multipart/related", "t").unwrap();
         let parts = parts(&body, &b).unwrap();
         assert_eq!(parts.len(), 2);
         assert_eq!(parts[0].body, Bytes::from_static(b"{\"name\":\"a\"}"));
@@ -123,6 +131,7 @@ mod tests {
 
     #[test]
     fn rejects_other_content_types() {
-        assert!(boundary("application/json").is_err());
+        assert!(boundary("application/json", "multipart/related", "t").is_err());
+        assert!(boundary("multipart/related; boundary=a", "multipart/mixed", "t").is_err());
     }
 }
