@@ -202,7 +202,10 @@ impl GcsBackend {
     ) -> Result<Option<Lease>> {
         let metadata = object::metadata(lease.owner(), lease.ttl());
         let exact = Preconditions::exact(generation, metageneration);
-        extended(self.client.patch(object, metadata, exact).await?.reply, lease)
+        extended(
+            self.client.patch(object, metadata, exact).await?.reply,
+            lease,
+        )
     }
 
     /// After a refresh's 412: an earlier PATCH whose reply was lost may have applied and
@@ -393,7 +396,11 @@ impl LockBackend for GcsBackend {
 
     /// 100 (GCS's batch limit), or 1 once the endpoint showed it has no batch endpoint.
     fn refresh_batch_limit(&self) -> usize {
-        if self.client.batches() { BATCH_LIMIT } else { 1 }
+        if self.client.batches() {
+            BATCH_LIMIT
+        } else {
+            1
+        }
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {

@@ -1,8 +1,8 @@
 //! Tokens this crate obtains and renews itself (workload identity federation, a token
 //! command): one cached token, renewed before it expires and after GCS refused it.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use lockcore::Result;
@@ -72,6 +72,21 @@ struct Inner {
     cached: Mutex<Option<Cached>>,
     /// A background renewal is running.
     renewing: AtomicBool,
+    /// Held by the one caller fetching a token the others wait for: operations that find
+    /// no usable token share one fetch instead of each starting their own (a batch's
+    /// refreshes after a 401, every refresh of a locker at start).
+    fetching: Mutex<()>,
+    /// Waited-for fetches finished so far, and how the last one failed, if it did: a
+    /// caller that queued behind a failed fetch gets its error instead of trying again.
+    fetched: AtomicU64,
+    last_failure: std::sync::Mutex<Option<Failure>>,
+}
+
+/// A failed fetch, kept to hand to the callers that waited for it.
+struct Failure {
+    kind: lockcore::ErrorKind,
+    status: lockcore::RetryStatus,
+    message: String,
 }
 
 impl Renewing {
@@ -83,35 +98,80 @@ impl Renewing {
                 timeout,
                 cached: Mutex::new(None),
                 renewing: AtomicBool::new(false),
+                fetching: Mutex::new(()),
+                fetched: AtomicU64::new(0),
+                last_failure: std::sync::Mutex::new(None),
             }),
         }
     }
 
     /// The cached token (renewed in the background once due), or a fresh one when there
-    /// is none or it expired.
+    /// is none or it expired. Callers that need a fresh one at the same time share one
+    /// fetch.
     ///
     /// # Errors
     /// The source's errors; [`Unavailable`](lockcore::ErrorKind::Unavailable) when getting
-    /// a token takes longer than the request timeout.
+    /// a token takes longer than the request timeout. A caller that waited for another's
+    /// fetch gets that fetch's error (rebuilt: the kind, retry status and message).
     ///
     /// # Cancel safety
     /// Cancelling leaves the fetch running in its task; its token is cached for the next
-    /// call.
+    /// call (a caller queued behind a cancelled one may start a second fetch).
     pub(crate) async fn token(&self) -> Result<String> {
-        let now = Instant::now();
-        if let Some(c) = self.inner.cached.lock().await.as_ref() {
-            if now < c.renew_at {
-                return Ok(c.token.clone());
-            }
-            if now < c.expires_at {
-                self.renew_in_background();
-                return Ok(c.token.clone());
-            }
+        if let Some(token) = self.usable().await {
+            return Ok(token);
+        }
+        let queued_at = self.inner.fetched.load(Ordering::Acquire);
+        let _turn = self.inner.fetching.lock().await;
+        if let Some(token) = self.usable().await {
+            return Ok(token);
+        }
+        if self.inner.fetched.load(Ordering::Acquire) != queued_at
+            && let Some(failure) = self.last_failure().as_ref()
+        {
+            return Err(lockcore::Error::new(failure.kind, failure.message.clone())
+                .with_status(failure.status));
         }
         let inner = Arc::clone(&self.inner);
-        tokio::spawn(async move { inner.renew().await })
-            .await
-            .map_err(|e| lockcore::Error::unavailable(format!("the token fetch failed: {e}")))?
+        tokio::spawn(async move {
+            let fetched = inner.renew().await;
+            *inner
+                .last_failure
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) =
+                fetched.as_ref().err().map(|e| Failure {
+                    kind: e.kind(),
+                    status: e.status(),
+                    message: e.message().to_owned(),
+                });
+            inner.fetched.fetch_add(1, Ordering::AcqRel);
+            fetched
+        })
+        .await
+        .map_err(|e| lockcore::Error::unavailable(format!("the token fetch failed: {e}")))?
+    }
+
+    /// The cached token while it has not expired (starting its renewal in the background
+    /// once due).
+    async fn usable(&self) -> Option<String> {
+        let now = Instant::now();
+        let cached = self.inner.cached.lock().await;
+        let c = cached.as_ref()?;
+        if now < c.renew_at {
+            return Some(c.token.clone());
+        }
+        if now < c.expires_at {
+            self.renew_in_background();
+            return Some(c.token.clone());
+        }
+        None
+    }
+
+    fn last_failure(&self) -> std::sync::MutexGuard<'_, Option<Failure>> {
+        self.inner
+            .last_failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn renew_in_background(&self) {

@@ -210,6 +210,57 @@ async fn a_revoked_token_is_replaced_at_the_first_401() {
     assert_eq!(gcs.server.token_exchanges(), 2);
 }
 
+/// A revoked token inside a batched refresh: every call of the batch answers 401; the
+/// token is replaced once and each lease is refreshed alone with the new one.
+#[tokio::test]
+async fn a_revoked_token_in_a_batch_is_replaced_once_and_each_lease_refreshed() {
+    use lockcore::{Acquire, AcquireRequest, Identity, LockBackend, LockName, Ttl};
+    let scratch = Scratch::new("revoke-batch");
+    let token = scratch.write("token", SUBJECT);
+    let (gcs, path) = federated(&scratch, json!({ "file": token })).await;
+    let backend = backend(
+        &gcs,
+        GcsAuth::ServiceAccountKey(path),
+        Duration::from_secs(5),
+    )
+    .await
+    .expect("credentials");
+    let mut leases = Vec::new();
+    for name in ["batch-a", "batch-b"] {
+        let ttl = Ttl::new(Duration::from_secs(30)).expect("ttl");
+        let request =
+            AcquireRequest::new(LockName::new(name).expect("name"), Identity::unique(), ttl);
+        match backend.acquire(&request).await.expect("acquire") {
+            Acquire::Acquired(lease) => leases.push(lease),
+            Acquire::Held(holder) => panic!("held by {holder:?}"),
+        }
+    }
+    gcs.server.revoke_tokens();
+    gcs.server.clear_requests();
+    for result in backend.refresh_many(&leases).await {
+        result.expect("refreshed with a new token");
+    }
+    let calls: Vec<(String, u16)> = gcs
+        .server
+        .requests()
+        .into_iter()
+        .map(|r| (r.method, r.status))
+        .collect();
+    let expected = [
+        ("PATCH", 401),
+        ("PATCH", 401),
+        ("POST", 200),
+        ("PATCH", 200),
+        ("PATCH", 200),
+    ];
+    let expected: Vec<(String, u16)> = expected
+        .iter()
+        .map(|(m, s)| ((*m).to_owned(), *s))
+        .collect();
+    assert_eq!(calls, expected);
+    assert_eq!(gcs.server.token_exchanges(), 2, "one new token for both");
+}
+
 /// The wrong audience is refused by STS: a permanent `PermissionDenied` that names the
 /// audience and what to check, never the subject token, and nothing is written.
 #[tokio::test]
@@ -342,6 +393,63 @@ async fn the_token_command_renews_by_expiry_and_at_a_401() {
     tokio::time::sleep(Duration::from_millis(1000)).await;
     assert_eq!(guard.state(), Health::Healthy);
     guard.release().await.expect("released");
+}
+
+/// Operations that all need a fresh token at once share one fetch: 20 concurrent
+/// acquires on a new backend run a slow token command once, and when the command fails,
+/// the callers queued behind it get its error instead of each running it again.
+#[tokio::test]
+async fn concurrent_operations_share_one_token_fetch() {
+    use lockcore::ErrorKind;
+    let scratch = Scratch::new("single");
+    let gcs = Gcs::start().await;
+    gcs.server.require_auth();
+    gcs.server.allow_token("shared-token");
+    let runs = scratch.0.join("runs");
+    let ok = format!(
+        "echo x >> '{}'; sleep 0.3; echo shared-token",
+        runs.display()
+    );
+    let fails = format!("echo x >> '{}'; sleep 0.3; exit 3", runs.display());
+    let count = || {
+        std::fs::read_to_string(&runs)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    for (command, succeeds) in [(ok, true), (fails, false)] {
+        let _ = std::fs::remove_file(&runs);
+        let locker = locker(
+            backend(&gcs, GcsAuth::TokenCommand(command), Duration::from_secs(5))
+                .await
+                .expect("ok"),
+        );
+        let attempts = (0..20).map(|i| {
+            let locker = locker.clone();
+            tokio::spawn(async move { locker.try_acquire(&format!("single-{succeeds}-{i}")).await })
+        });
+        for attempt in attempts.collect::<Vec<_>>() {
+            match attempt.await.expect("task") {
+                Ok(guard) => {
+                    assert!(succeeds, "granted without a token");
+                    guard
+                        .expect("a free name")
+                        .release()
+                        .await
+                        .expect("released");
+                }
+                Err(e) => {
+                    assert!(!succeeds, "{e}");
+                    assert_eq!(e.kind(), ErrorKind::Unavailable, "{e}");
+                }
+            }
+        }
+        assert_eq!(
+            count(),
+            1,
+            "the command ran {} times for 20 callers",
+            count()
+        );
+    }
 }
 
 /// A token source slower than a refresh's budget (TTL/8 = 375 ms here; a command that

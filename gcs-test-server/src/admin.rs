@@ -70,6 +70,11 @@ fn set_faults(shared: &Shared, body: &[u8]) -> Result<Response<Body>, ApiError> 
             u32::try_from(count).map_err(|_| ApiError::bad_request("lostReplies out of range"))?;
         shared.inject(Fault::LoseReplies { count });
     }
+    match fields.get("noBatches") {
+        None | Some(Value::Bool(false)) => {}
+        Some(Value::Bool(true)) => shared.inject(Fault::NoBatches),
+        Some(_) => return Err(ApiError::bad_request("noBatches must be true or false")),
+    }
     if let Some(ms) = number("rateLimitMs")? {
         shared.set_rate_limit((ms > 0).then(|| millis(ms)));
     }

@@ -14,8 +14,8 @@ use hyper::header::{CONTENT_TYPE, HeaderName, HeaderValue};
 use hyper::{HeaderMap, Method, Response, StatusCode};
 
 use crate::body::{Body, ReadRequest, error_response};
+use crate::call::{call, log};
 use crate::error::ApiError;
-use crate::handler::{call, log};
 use crate::multipart::{self, Part};
 use crate::shared::Shared;
 
@@ -113,7 +113,9 @@ fn inner(part: &Part, outer: &HeaderMap) -> Result<ReadRequest, ApiError> {
         return Err(bad("the request line is not `METHOD /path HTTP/1.1`"));
     };
     if !version.starts_with("HTTP/1.") || !target.starts_with('/') {
-        return Err(bad("the request line needs a path-only target and HTTP/1.x"));
+        return Err(bad(
+            "the request line needs a path-only target and HTTP/1.x",
+        ));
     }
     let method = Method::from_bytes(method.as_bytes()).map_err(|_| bad("unknown method"))?;
     let mut headers = outer.clone();
@@ -124,7 +126,9 @@ fn inner(part: &Part, outer: &HeaderMap) -> Result<ReadRequest, ApiError> {
         }
     }
     for line in lines {
-        let (name, value) = line.split_once(':').ok_or_else(|| bad("a malformed header"))?;
+        let (name, value) = line
+            .split_once(':')
+            .ok_or_else(|| bad("a malformed header"))?;
         let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| bad("header"))?;
         let value = HeaderValue::from_str(value.trim()).map_err(|_| bad("header value"))?;
         headers.insert(name, value);
@@ -157,18 +161,21 @@ fn inner(part: &Part, outer: &HeaderMap) -> Result<ReadRequest, ApiError> {
 }
 
 /// The `multipart/mixed` response: one `application/http` part per call, in order.
-async fn render(
-    shared: &Shared,
-    answers: Vec<(Option<String>, Response<Body>)>,
-) -> Response<Body> {
+async fn render(shared: &Shared, answers: Vec<(Option<String>, Response<Body>)>) -> Response<Body> {
     static BATCHES: AtomicU64 = AtomicU64::new(0);
     let boundary = format!("batch_anylock{}", BATCHES.fetch_add(1, Ordering::Relaxed));
     let date = httpdate::fmt_http_date(shared.clock.now());
     let mut out = Vec::new();
     for (id, answer) in answers {
         let (parts, body) = answer.into_parts();
-        let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
-        out.extend_from_slice(format!("--{boundary}\r\nContent-Type: application/http\r\n").as_bytes());
+        let body = body
+            .collect()
+            .await
+            .map(|b| b.to_bytes())
+            .unwrap_or_default();
+        out.extend_from_slice(
+            format!("--{boundary}\r\nContent-Type: application/http\r\n").as_bytes(),
+        );
         if let Some(id) = id {
             let id = id.trim().trim_start_matches('<').trim_end_matches('>');
             out.extend_from_slice(format!("Content-ID: <response-{id}>\r\n").as_bytes());
@@ -182,7 +189,9 @@ async fn render(
             out.extend_from_slice(value.as_bytes());
             out.extend_from_slice(b"\r\n");
         }
-        out.extend_from_slice(format!("Date: {date}\r\nContent-Length: {}\r\n\r\n", body.len()).as_bytes());
+        out.extend_from_slice(
+            format!("Date: {date}\r\nContent-Length: {}\r\n\r\n", body.len()).as_bytes(),
+        );
         out.extend_from_slice(&body);
         out.extend_from_slice(b"\r\n");
     }

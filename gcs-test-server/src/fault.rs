@@ -35,6 +35,9 @@ pub enum Fault {
         /// How many replies are lost.
         count: u32,
     },
+    /// The batch endpoint is not there: `POST /batch/storage/v1` answers 404 like any
+    /// path the server does not route, as on an emulator without batches.
+    NoBatches,
 }
 
 impl Fault {
@@ -81,6 +84,7 @@ pub(crate) struct RequestFaults {
     pub(crate) server_errors: u32,
     pub(crate) lost_replies: u32,
     pub(crate) delay: Option<Duration>,
+    pub(crate) no_batches: bool,
 }
 
 impl RequestFaults {

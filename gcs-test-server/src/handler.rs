@@ -3,17 +3,16 @@
 //! `Date` header from the server's clock, unless the reply is to be lost.
 
 use std::fmt;
-use std::sync::{Arc, PoisonError};
+use std::sync::Arc;
 
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{DATE, HeaderValue};
 use hyper::{Request, Response};
 
-use crate::body::{Body, ReadRequest, error_response};
-use crate::error::ApiError;
-use crate::shared::{InFlight, RequestRecord, Shared};
-use crate::{admin, api, auth, batch, federation};
+use crate::body::{Body, ReadRequest};
+use crate::shared::{InFlight, Shared};
+use crate::{admin, auth, batch, call, federation};
 
 /// The error that makes hyper close the connection without a reply: an injected
 /// [`Fault::LoseReplies`](crate::Fault::LoseReplies).
@@ -66,43 +65,15 @@ pub(crate) async fn handle(
 
 async fn api_request(shared: &Shared, request: &ReadRequest) -> Response<Body> {
     let _counted = InFlight::new(shared);
-    let delay = shared.faults().delay;
+    let (delay, no_batches) = {
+        let faults = shared.faults();
+        (faults.delay, faults.no_batches)
+    };
     if let Some(delay) = delay {
         tokio::time::sleep(delay).await;
     }
-    if request.path == batch::PATH {
+    if request.path == batch::PATH && !no_batches {
         return batch::handle(shared, request).await;
     }
-    call(shared, request)
-}
-
-/// One API call, on its own or as a part of a batch: an injected 503, else the auth
-/// check, else the endpoint; logged with the status it got.
-pub(crate) fn call(shared: &Shared, request: &ReadRequest) -> Response<Body> {
-    let fail = shared.faults().take_server_error();
-    let denied = shared.auth().check(request).err();
-    let response = if fail {
-        error_response(&ApiError::backend_error())
-    } else if let Some(denied) = denied {
-        error_response(&denied)
-    } else {
-        api::route(shared, request)
-    };
-    log(shared, request, response.status().as_u16());
-    response
-}
-
-/// Appends one call to the request log.
-pub(crate) fn log(shared: &Shared, request: &ReadRequest, status: u16) {
-    let record = RequestRecord {
-        method: request.method.to_string(),
-        path: request.path.clone(),
-        query: request.query.clone(),
-        status,
-    };
-    shared
-        .log
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .push(record);
+    call::call(shared, request)
 }

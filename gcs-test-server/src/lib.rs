@@ -32,6 +32,7 @@ mod api;
 mod auth;
 mod batch;
 mod body;
+mod call;
 mod error;
 mod fault;
 mod federation;

@@ -114,7 +114,12 @@ mod tests {
             b"--xyz\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{\"name\":\"a\"}\r\n\
               --xyz\r\nContent-Type: text/plain\r\n\r\nhello\r\n--xyz--\r\n",
         );
-        let b = boundary("multipart/related; boundary=\"xyz\"", "multipart/related", "t").unwrap();
+        let b = boundary(
+            "multipart/related; boundary=\"xyz\"",
+            "multipart/related",
+            "t",
+        )
+        .unwrap();
         let parts = parts(&body, &b).unwrap();
         assert_eq!(parts.len(), 2);
         assert_eq!(parts[0].body, Bytes::from_static(b"{\"name\":\"a\"}"));

@@ -68,6 +68,7 @@ impl Shared {
             Fault::RateLimit { min_interval } => self.set_rate_limit(Some(min_interval)),
             Fault::Delay(delay) => self.set_delay(Some(delay)),
             Fault::LoseReplies { count } => self.faults().lost_replies = count,
+            Fault::NoBatches => self.faults().no_batches = true,
         }
     }
 

@@ -24,8 +24,8 @@ enum Next {
     /// 412: an earlier PATCH whose reply was lost may have moved the metageneration;
     /// recover exactly as a lone refresh does.
     Recover,
-    /// Send it as a lone refresh: the endpoint has no batches, or GCS refused a token
-    /// that is renewed (the lone refresh fetches a new one).
+    /// Send it as a lone refresh: it is alone, the endpoint has no batches, or GCS
+    /// refused a token that is renewed (the lone refresh fetches a new one).
     Alone,
 }
 
@@ -45,7 +45,13 @@ impl GcsBackend {
         }
         let mut recover = Vec::new();
         let mut alone = Vec::new();
-        for chunk in ready.chunks(BATCH_LIMIT) {
+        let batched: &[Prepared<'_>] = if self.client.batches() {
+            &ready
+        } else {
+            alone.extend(ready.iter());
+            &[]
+        };
+        for chunk in batched.chunks(BATCH_LIMIT) {
             for (prepared, next) in chunk.iter().zip(self.patch_chunk(chunk).await) {
                 match next {
                     Next::Done(result) => results[prepared.index] = Some(result),
@@ -72,8 +78,12 @@ impl GcsBackend {
             .collect()
     }
 
-    /// One batch request for `chunk`, under one request turn.
+    /// One batch request for `chunk`, under one request turn; a chunk of one goes as a
+    /// lone refresh (a plain PATCH: the same one request, without the batch framing).
     async fn patch_chunk(&self, chunk: &[Prepared<'_>]) -> Vec<Next> {
+        if chunk.len() == 1 {
+            return vec![Next::Alone];
+        }
         let calls: Vec<PatchCall<'_>> = chunk
             .iter()
             .map(|p| PatchCall {
@@ -93,7 +103,11 @@ impl GcsBackend {
                 .map(|(p, answer)| self.next(p, answer))
                 .collect(),
             Ok(None) => chunk.iter().map(|_| Next::Alone).collect(),
-            Err(e) => e.copies(chunk.len()).into_iter().map(|e| Next::Done(Err(e))).collect(),
+            Err(e) => e
+                .copies(chunk.len())
+                .into_iter()
+                .map(|e| Next::Done(Err(e)))
+                .collect(),
         }
     }
 

@@ -73,7 +73,9 @@ impl GcsClient {
             .body(self.batch_body(calls));
         let (response, token) = self.exchange_keeping_token(request, Call::Write).await?;
         match response.status() {
-            StatusCode::NOT_FOUND | StatusCode::METHOD_NOT_ALLOWED | StatusCode::NOT_IMPLEMENTED => {
+            StatusCode::NOT_FOUND
+            | StatusCode::METHOD_NOT_ALLOWED
+            | StatusCode::NOT_IMPLEMENTED => {
                 self.no_batches.store(true, Ordering::Relaxed);
                 return Ok(None);
             }
@@ -91,9 +93,7 @@ impl GcsClient {
             .await
             .map_err(|e| map_error(Failure::Transport(e), Call::Write))?;
         let answers = parse_reply(&content_type, &body, calls.len())?;
-        let refused = answers
-            .iter()
-            .any(|a| matches!(a, PartAnswer::Status(401)));
+        let refused = answers.iter().any(|a| matches!(a, PartAnswer::Status(401)));
         if let (true, Some(token)) = (refused && self.auth.renews(), token) {
             self.auth.forget(&token).await;
         }
@@ -161,7 +161,9 @@ pub(crate) fn parse_reply(
         .map(|(answer, twice)| match answer {
             Some(answer) if !twice => answer,
             Some(_) => PartAnswer::Unreadable(protocol("GCS answered one batch call twice")),
-            None => PartAnswer::Unreadable(protocol("GCS's batch reply has no answer for this call")),
+            None => {
+                PartAnswer::Unreadable(protocol("GCS's batch reply has no answer for this call"))
+            }
         })
         .collect())
 }
@@ -298,15 +300,29 @@ mod tests {
     fn answers_are_matched_by_content_id_not_order() {
         let ok = format!("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n{OBJECT}\n");
         let body = reply(&[
-            ("response-anylock+1", "HTTP/1.1 412 Precondition Failed\r\n\r\n{}"),
+            (
+                "response-anylock+1",
+                "HTTP/1.1 412 Precondition Failed\r\n\r\n{}",
+            ),
             ("response-anylock+0", &ok),
-            ("response-anylock+2", "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\n{}"),
+            (
+                "response-anylock+2",
+                "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\n{}",
+            ),
         ]);
         let answers = parse_reply("multipart/mixed; boundary=\"b\"", &body, 4).unwrap();
-        assert!(matches!(&answers[0], PartAnswer::Reply(Reply::Ok(Some(o))) if o.metageneration == 3));
-        assert!(matches!(answers[1], PartAnswer::Reply(Reply::PreconditionFailed)));
+        assert!(
+            matches!(&answers[0], PartAnswer::Reply(Reply::Ok(Some(o))) if o.metageneration == 3)
+        );
+        assert!(matches!(
+            answers[1],
+            PartAnswer::Reply(Reply::PreconditionFailed)
+        ));
         assert!(matches!(answers[2], PartAnswer::Status(503)));
-        assert!(matches!(answers[3], PartAnswer::Unreadable(_)), "no answer for call 3");
+        assert!(
+            matches!(answers[3], PartAnswer::Unreadable(_)),
+            "no answer for call 3"
+        );
     }
 
     #[test]
@@ -319,8 +335,15 @@ mod tests {
             ("response-other+0", "HTTP/1.1 404 Not Found\r\n\r\n{}"),
         ]);
         let answers = parse_reply("multipart/mixed; boundary=b", &body, 2).unwrap();
-        assert!(answers.iter().all(|a| matches!(a, PartAnswer::Unreadable(_))));
-        let short = reply(&[("response-anylock+0", "HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n{}")]);
+        assert!(
+            answers
+                .iter()
+                .all(|a| matches!(a, PartAnswer::Unreadable(_)))
+        );
+        let short = reply(&[(
+            "response-anylock+0",
+            "HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\n{}",
+        )]);
         let answers = parse_reply("multipart/mixed; boundary=b", &short, 1).unwrap();
         assert!(matches!(answers[0], PartAnswer::Unreadable(_)));
     }

@@ -228,3 +228,114 @@ pub async fn status_json(response: Response) -> (u16, Value) {
     let text = response.text().await.expect("body");
     (status, serde_json::from_str(&text).unwrap_or(Value::Null))
 }
+
+/// One call of a batch: method, object name, query, JSON body (PATCH only).
+pub struct BatchCall<'a> {
+    pub method: &'a str,
+    pub name: &'a str,
+    pub query: &'a str,
+    pub body: Option<Value>,
+}
+
+/// One answer of a batch reply: the part's `Content-ID`, the status and JSON body of
+/// the HTTP response it holds.
+#[derive(Debug, Clone)]
+pub struct BatchAnswer {
+    pub content_id: Option<String>,
+    pub status: u16,
+    pub body: Value,
+}
+
+impl Gcs {
+    /// The `multipart/mixed` body of a batch of `calls`, call `i` with `Content-ID: <t+i>`.
+    pub fn batch_body(&self, boundary: &str, calls: &[BatchCall<'_>]) -> String {
+        let mut out = String::new();
+        for (i, call) in calls.iter().enumerate() {
+            let path = format!("/storage/v1/b/{}/o/{}", self.bucket, encode(call.name));
+            let target = with_query(path, call.query);
+            let body = call.body.as_ref().map(Value::to_string).unwrap_or_default();
+            out.push_str(&format!(
+                "--{boundary}\r\nContent-Type: application/http\r\nContent-ID: <t+{i}>\r\n\r\n\
+                 {} {target} HTTP/1.1\r\nContent-Type: application/json\r\n\
+                 Content-Length: {}\r\n\r\n{body}\r\n",
+                call.method,
+                body.len()
+            ));
+        }
+        out.push_str(&format!("--{boundary}--\r\n"));
+        out
+    }
+
+    /// Sends a raw batch request body with the given content type.
+    pub async fn batch_raw(&self, content_type: &str, body: String) -> Response {
+        self.http
+            .post(format!("{}/batch/storage/v1", self.base))
+            .header("Content-Type", content_type)
+            .body(body)
+            .send()
+            .await
+            .expect("batch request")
+    }
+
+    /// Sends `calls` as one batch and reads its answers.
+    pub async fn batch(&self, calls: &[BatchCall<'_>]) -> Vec<BatchAnswer> {
+        let body = self.batch_body("b0undary", calls);
+        let response = self
+            .batch_raw("multipart/mixed; boundary=b0undary", body)
+            .await;
+        assert_eq!(response.status(), 200, "batch status");
+        batch_answers(response).await
+    }
+}
+
+/// The answers of a batch reply, in the order sent.
+pub async fn batch_answers(response: Response) -> Vec<BatchAnswer> {
+    let content_type = response.headers()["content-type"]
+        .to_str()
+        .expect("content type")
+        .to_owned();
+    let boundary = content_type
+        .split("boundary=")
+        .nth(1)
+        .expect("a multipart/mixed boundary")
+        .trim_matches('"')
+        .to_owned();
+    assert!(
+        content_type.starts_with("multipart/mixed"),
+        "{content_type}"
+    );
+    let text = response.text().await.expect("batch body");
+    let delimiter = format!("--{boundary}");
+    text.split(delimiter.as_str())
+        .skip(1)
+        .take_while(|part| !part.starts_with("--"))
+        .map(|part| {
+            let (headers, http) = part.trim_start().split_once("\r\n\r\n").expect("part head");
+            let header = |name: &str| {
+                headers.lines().find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.trim()
+                        .eq_ignore_ascii_case(name)
+                        .then(|| v.trim().to_owned())
+                })
+            };
+            assert_eq!(
+                header("content-type").as_deref(),
+                Some("application/http"),
+                "part {headers}"
+            );
+            let (head, body) = http.split_once("\r\n\r\n").expect("response head");
+            let status = head
+                .split(' ')
+                .nth(1)
+                .expect("status")
+                .parse()
+                .expect("code");
+            BatchAnswer {
+                content_id: header("content-id"),
+                status,
+                body: serde_json::from_str(body.trim()).unwrap_or(Value::Null),
+            }
+        })
+        .collect()
+}
