@@ -248,3 +248,55 @@ async fn the_note_is_stored_with_the_grant() {
     );
     backend.release(&plain).await.expect("release");
 }
+
+/// Our batch request, read by a server we did not write: fake-gcs-server applies each
+/// PATCH of a `refresh_many` (the metadata lands on each object, a missing object is 404
+/// for its lease alone), and each lease gets the answer a lone refresh gets there. Those
+/// answers are `Protocol` errors, not success: fake-gcs-server's PATCH reply has no
+/// `metageneration` (docs/gcs-test-server.md), so refresh cannot work on it either way; a
+/// batch body it could not read would answer 400 (`InvalidInput`) instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batched_refresh_is_applied_call_by_call() {
+    let Some(h) = harness().await else { return };
+    let mut leases = Vec::new();
+    for lock in ["batch-a", "batch-b", "batch-c"] {
+        let request = AcquireRequest::new(
+            LockName::new(lock).expect("name"),
+            Identity::unique(),
+            lockcore::Ttl::new(Duration::from_secs(30)).expect("ttl"),
+        );
+        match h.backend.acquire(&request).await.expect("acquire") {
+            Acquire::Acquired(lease) => leases.push(lease),
+            Acquire::Held(holder) => panic!("held by {holder:?}"),
+        }
+    }
+    h.objects.raw_delete("batch-b").await;
+    for lock in ["batch-a", "batch-c"] {
+        h.objects
+            .raw_patch(lock, serde_json::json!({ "expires": "marker" }))
+            .await;
+    }
+    let batched = h.backend.refresh_many(&leases).await;
+    let kinds: Vec<_> = batched
+        .iter()
+        .map(|r| r.as_ref().err().map(lockcore::Error::kind))
+        .collect();
+    use lockcore::ErrorKind::{Lost, Protocol};
+    assert_eq!(kinds, vec![Some(Protocol), Some(Lost), Some(Protocol)]);
+    for lock in ["batch-a", "batch-c"] {
+        let resource = h.objects.raw_get(lock).await.expect("exists");
+        assert_ne!(
+            resource["metadata"]["expires"], "marker",
+            "{lock}: the batch's PATCH was applied"
+        );
+    }
+    for (lease, batched) in leases.iter().zip(&batched) {
+        let lone = h.backend.refresh(lease).await;
+        assert_eq!(
+            lone.as_ref().err().map(lockcore::Error::kind),
+            batched.as_ref().err().map(lockcore::Error::kind),
+            "{}",
+            lease.name()
+        );
+    }
+}

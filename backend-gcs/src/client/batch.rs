@@ -183,10 +183,11 @@ fn mixed_boundary(content_type: &str) -> Option<String> {
 
 /// `body` cut at every `delimiter`.
 fn split<'a>(body: &'a [u8], delimiter: &'a [u8]) -> impl Iterator<Item = &'a [u8]> {
+    let finder = memchr::memmem::Finder::new(delimiter);
     let mut rest = Some(body);
     std::iter::from_fn(move || {
         let now = rest?;
-        match find(now, delimiter) {
+        match finder.find(now) {
             Some(at) => {
                 rest = Some(&now[at + delimiter.len()..]);
                 Some(&now[..at])
@@ -200,7 +201,7 @@ fn split<'a>(body: &'a [u8], delimiter: &'a [u8]) -> impl Iterator<Item = &'a [u
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
+    memchr::memmem::find(haystack, needle)
 }
 
 /// The call index and answer of one part: its headers (with `Content-ID:
@@ -348,9 +349,27 @@ mod tests {
         assert!(matches!(answers[0], PartAnswer::Unreadable(_)));
     }
 
+    /// fake-gcs-server's framing (seen with `curl` against it): `Content-Id`, no
+    /// `Content-Length`, the body ends with a newline before the delimiter's CRLF.
+    #[test]
+    fn fake_gcs_server_framing_is_read() {
+        let body = format!(
+            "--bd0e\r\nContent-Id: <response-anylock+0>\r\nContent-Type: application/http\r\n\r\n\
+             HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Type: application/json\r\n\r\n\
+             {OBJECT}\n\r\n--bd0e\r\nContent-Id: <response-anylock+1>\r\n\
+             Content-Type: application/http\r\n\r\nHTTP/1.1 404 Not Found\r\n\
+             Connection: close\r\nContent-Type: application/json\r\n\r\n\
+             {{\"error\":{{\"code\":404}}}}\n\r\n--bd0e--"
+        );
+        let answers = parse_reply("multipart/mixed; boundary=bd0e", body.as_bytes(), 2).unwrap();
+        assert!(matches!(&answers[0], PartAnswer::Reply(Reply::Ok(Some(o))) if o.generation == 7));
+        assert!(matches!(answers[1], PartAnswer::Reply(Reply::NotFound)));
+    }
+
     #[test]
     fn a_reply_that_is_not_multipart_mixed_fails_whole() {
         let err = parse_reply("application/json", b"{}", 1).unwrap_err();
         assert_eq!(err.kind(), lockcore::ErrorKind::Protocol);
     }
 }
+
