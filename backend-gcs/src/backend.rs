@@ -202,10 +202,8 @@ impl GcsBackend {
     ) -> Result<Option<Lease>> {
         let metadata = object::metadata(lease.owner(), lease.ttl());
         let exact = Preconditions::exact(generation, metageneration);
-        extended(
-            self.client.patch(object, metadata, exact).await?.reply,
-            lease,
-        )
+        let reply = self.client.patch(object, metadata, exact).await?.reply;
+        extended(reply, lease, generation)
     }
 
     /// After a refresh's 412: an earlier PATCH whose reply was lost may have applied and
@@ -341,13 +339,26 @@ fn held_lock(
     (!obj.is_stale(date)).then(|| HeldLock::new(name, obj.holder(Some(date))))
 }
 
-/// The refreshed lease a refresh's PATCH answered (alone or in a batch); `None` on 412.
-fn extended(reply: Reply, lease: &Lease) -> Result<Option<Lease>> {
+/// The refreshed lease a refresh's PATCH of `generation` answered (alone or in a batch);
+/// `None` on 412. A 200 without the object, or with another object's generation (a batch
+/// answer matched to the wrong call), proves nothing about the new metageneration: the
+/// outcome is unknown, and the next refresh's 412 recovery decides.
+fn extended(reply: Reply, lease: &Lease, generation: u64) -> Result<Option<Lease>> {
+    let unknown = |what: &str| {
+        Error::new(
+            lockcore::ErrorKind::OutcomeUnknown,
+            format!("GCS answered the refresh PATCH {what}"),
+        )
+    };
     match reply {
+        Reply::Ok(Some(obj)) if obj.generation != generation => {
+            Err(unknown("with another object's generation"))
+        }
         Reply::Ok(Some(obj)) if obj.is_owned_by(lease.owner()) => {
             Ok(Some(lease.clone().with_grant(obj.grant())))
         }
-        Reply::Ok(_) => Err(Error::lost("the lock object now names another owner")),
+        Reply::Ok(Some(_)) => Err(Error::lost("the lock object now names another owner")),
+        Reply::Ok(None) => Err(unknown("without the object")),
         Reply::NotFound => Err(Error::lost("the lock object was deleted")),
         Reply::PreconditionFailed => Ok(None),
     }

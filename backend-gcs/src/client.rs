@@ -82,9 +82,8 @@ pub(crate) struct GcsClient {
     /// One permit per backend operation in flight (`max_requests`; see [`Self::slot`]),
     /// shared by the clones.
     slots: std::sync::Arc<Semaphore>,
-    /// Set once the endpoint answered the batch endpoint with 404, 405 or 501 (an
-    /// emulator without batches): refreshes go one by one from then on.
-    no_batches: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// Whether refreshes are batched; see [`batch`].
+    batching: std::sync::Arc<crate::batching::Batching>,
 }
 
 impl GcsClient {
@@ -97,12 +96,13 @@ impl GcsClient {
         let http = http_client(builder, config.timeout())?;
         let auth = Authorizer::new(config.auth().clone(), config.timeout())?;
         let slots = std::sync::Arc::new(Semaphore::new(config.max_requests()));
+        let batching = std::sync::Arc::new(crate::batching::Batching::new(&config));
         Ok(Self {
             http,
             config,
             auth: std::sync::Arc::new(auth),
             slots,
-            no_batches: std::sync::Arc::default(),
+            batching,
         })
     }
 
@@ -353,10 +353,14 @@ fn parse_object(body: &[u8]) -> Result<Option<LockObject>> {
     // The fields the lock reads, each kept as sent; serde skips the rest without building
     // them (a batch reply holds 100 resources: a whole `Value` each took 3.2 µs of 5.7).
     // Anything this does not read (not an object, a repeated key) takes the general path.
-    if let Ok(fields) = serde_json::from_slice::<Option<Fields>>(body) {
-        let Some(fields) = fields else {
-            return Ok(None);
-        };
+    // Only a JSON object with a `generation` that is not `null` takes it: serde reads a
+    // struct from an array too, and reads `null` into `None` where the general path sees
+    // a present but invalid field.
+    let is_object = body.trim_ascii_start().starts_with(b"{");
+    if let Ok(fields) = serde_json::from_slice::<Fields>(body)
+        && is_object
+        && fields.generation.is_some()
+    {
         let mut resource = serde_json::Map::new();
         for (key, value) in [
             ("generation", fields.generation),
@@ -454,7 +458,7 @@ mod tests {
                 Err(e) => Err(malformed_json("malformed JSON", &e)),
             }
         };
-        let bodies: [&[u8]; 10] = [
+        let bodies: [&[u8]; 14] = [
             br#"{"kind":"storage#object","generation":"7","metageneration":"3","updated":"2026-11-24T10:00:00.000Z","timeCreated":"2026-11-24T09:00:00Z","metadata":{"identity":"me","ttl_ms":"30000","note":"n"},"acl":[{"x":1}]}"#,
             br#"{"generation":7,"metageneration":3,"updated":"2026-11-24T10:00:00Z"}"#,
             br#"{"generation":"7","metageneration":"3"}"#,
@@ -465,6 +469,10 @@ mod tests {
             b"{not json",
             br#"{"generation":"7","metageneration":"3","updated":"2026-11-24T10:00:00Z","metadata":null}"#,
             br#"{"generation":"1","generation":"7","metageneration":"3","updated":"2026-11-24T10:00:00Z"}"#,
+            br#"{"generation":null,"metageneration":"3","updated":"2026-11-24T10:00:00Z"}"#,
+            br#"["7","3","2026-11-24T10:00:00Z",null,{"identity":"me"}]"#,
+            br#"  {"generation":"7","metageneration":null,"updated":"2026-11-24T10:00:00Z"}"#,
+            br#"{"generation":"7","metageneration":"3","updated":"2026-11-24T10:00:00Z","timeCreated":null}"#,
         ];
         for body in bodies {
             let fast = parse_object(body);

@@ -43,6 +43,7 @@
 
 mod auth;
 mod backend;
+mod batching;
 mod client;
 mod config;
 mod error;

@@ -1,12 +1,12 @@
 //! Tokens this crate obtains and renews itself (workload identity federation, a token
 //! command): one cached token, renewed before it expires and after GCS refused it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use lockcore::Result;
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, watch};
 
 use crate::token::Fresh;
 
@@ -72,17 +72,19 @@ struct Inner {
     cached: Mutex<Option<Cached>>,
     /// A background renewal is running.
     renewing: AtomicBool,
-    /// Held by the one caller fetching a token the others wait for: operations that find
-    /// no usable token share one fetch instead of each starting their own (a batch's
-    /// refreshes after a 401, every refresh of a locker at start).
-    fetching: Mutex<()>,
-    /// Waited-for fetches finished so far, and how the last one failed, if it did: a
-    /// caller that queued behind a failed fetch gets its error instead of trying again.
-    fetched: AtomicU64,
-    last_failure: std::sync::Mutex<Option<Failure>>,
+    /// The fetch that callers without a usable token wait for, while it runs: operations
+    /// that need a token at the same time (a new backend's first calls, a batch's
+    /// refreshes after a 401) share it instead of each starting their own, and a caller
+    /// that gives up leaves it running for the others.
+    pending: std::sync::Mutex<Option<watch::Receiver<Option<Fetched>>>>,
 }
 
-/// A failed fetch, kept to hand to the callers that waited for it.
+/// How a waited-for fetch ended: the token, or the error's kind, retry status and message
+/// (an `Error` is not `Clone`), handed to every caller that waited for it.
+type Fetched = std::result::Result<String, Failure>;
+
+/// A failed fetch, as every caller that waited for it gets it.
+#[derive(Clone)]
 struct Failure {
     kind: lockcore::ErrorKind,
     status: lockcore::RetryStatus,
@@ -98,9 +100,7 @@ impl Renewing {
                 timeout,
                 cached: Mutex::new(None),
                 renewing: AtomicBool::new(false),
-                fetching: Mutex::new(()),
-                fetched: AtomicU64::new(0),
-                last_failure: std::sync::Mutex::new(None),
+                pending: std::sync::Mutex::new(None),
             }),
         }
     }
@@ -111,44 +111,62 @@ impl Renewing {
     ///
     /// # Errors
     /// The source's errors; [`Unavailable`](lockcore::ErrorKind::Unavailable) when getting
-    /// a token takes longer than the request timeout. A caller that waited for another's
-    /// fetch gets that fetch's error (rebuilt: the kind, retry status and message).
+    /// a token takes longer than the request timeout. Every caller that waited for a fetch
+    /// gets its error (rebuilt: the kind, retry status and message).
     ///
     /// # Cancel safety
-    /// Cancelling leaves the fetch running in its task; its token is cached for the next
-    /// call (a caller queued behind a cancelled one may start a second fetch).
+    /// Cancelling leaves the fetch running in its task; the callers still waiting get its
+    /// outcome, and its token is cached for the next call.
     pub(crate) async fn token(&self) -> Result<String> {
         if let Some(token) = self.usable().await {
             return Ok(token);
         }
-        let queued_at = self.inner.fetched.load(Ordering::Acquire);
-        let _turn = self.inner.fetching.lock().await;
-        if let Some(token) = self.usable().await {
-            return Ok(token);
+        let mut outcome = self.join_or_start();
+        let fetched = outcome
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| lockcore::Error::unavailable("the token fetch ended without a result"))?
+            .clone();
+        match fetched {
+            Some(Ok(token)) => Ok(token),
+            Some(Err(failure)) => {
+                Err(lockcore::Error::new(failure.kind, failure.message).with_status(failure.status))
+            }
+            None => Err(lockcore::Error::unavailable(
+                "the token fetch ended without a result",
+            )),
         }
-        if self.inner.fetched.load(Ordering::Acquire) != queued_at
-            && let Some(failure) = self.last_failure().as_ref()
+    }
+
+    /// The running fetch's outcome, or a fetch started now in a task of its own.
+    fn join_or_start(&self) -> watch::Receiver<Option<Fetched>> {
+        let mut pending = self
+            .inner
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        // A fetch whose task ended without an outcome (it panicked, or its runtime shut
+        // down) is not joined: a new one starts.
+        if let Some(outcome) = pending.as_ref()
+            && outcome.has_changed().is_ok()
         {
-            return Err(lockcore::Error::new(failure.kind, failure.message.clone())
-                .with_status(failure.status));
+            return outcome.clone();
         }
+        let (done, outcome) = watch::channel(None);
+        *pending = Some(outcome.clone());
         let inner = Arc::clone(&self.inner);
         tokio::spawn(async move {
-            let fetched = inner.renew().await;
-            *inner
-                .last_failure
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) =
-                fetched.as_ref().err().map(|e| Failure {
-                    kind: e.kind(),
-                    status: e.status(),
-                    message: e.message().to_owned(),
-                });
-            inner.fetched.fetch_add(1, Ordering::AcqRel);
-            fetched
-        })
-        .await
-        .map_err(|e| lockcore::Error::unavailable(format!("the token fetch failed: {e}")))?
+            let fetched = inner.renew().await.map_err(|e| Failure {
+                kind: e.kind(),
+                status: e.status(),
+                message: e.message().to_owned(),
+            });
+            // Callers from now on find the token cached (or start a new fetch after a
+            // failure); the ones already waiting get this outcome.
+            *inner.pending.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            let _ = done.send(Some(fetched));
+        });
+        outcome
     }
 
     /// The cached token while it has not expired (starting its renewal in the background
@@ -165,13 +183,6 @@ impl Renewing {
             return Some(c.token.clone());
         }
         None
-    }
-
-    fn last_failure(&self) -> std::sync::MutexGuard<'_, Option<Failure>> {
-        self.inner
-            .last_failure
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
     }
 
     fn renew_in_background(&self) {

@@ -450,6 +450,36 @@ async fn concurrent_operations_share_one_token_fetch() {
             count()
         );
     }
+    // Callers that give up before the fetch ends (a refresh past its budget) leave it
+    // running for the others: 20 backend calls that each wait 40 ms, one after another,
+    // for a command that takes 1 s start it once, and its token serves the next call.
+    // (Backend calls, not `Locker` attempts, which go on in the background when dropped.)
+    let _ = std::fs::remove_file(&runs);
+    let slow = format!("echo x >> '{}'; sleep 1; echo shared-token", runs.display());
+    let backend = backend(&gcs, GcsAuth::TokenCommand(slow), Duration::from_secs(5))
+        .await
+        .expect("ok");
+    let ttl = lockcore::Ttl::new(Duration::from_secs(30)).expect("ttl");
+    let request = |name: &str| {
+        lockcore::AcquireRequest::new(
+            lockcore::LockName::new(name).expect("name"),
+            lockcore::Identity::unique(),
+            ttl,
+        )
+    };
+    for i in 0..20 {
+        let request = request(&format!("impatient-{i}"));
+        let attempt = lockcore::LockBackend::acquire(&backend, &request);
+        let given_up = tokio::time::timeout(Duration::from_millis(40), attempt).await;
+        assert!(given_up.is_err(), "attempt {i} finished within 40 ms");
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let granted = lockcore::LockBackend::acquire(&backend, &request("patient")).await;
+    assert!(
+        matches!(granted, Ok(lockcore::Acquire::Acquired(_))),
+        "{granted:?}"
+    );
+    assert_eq!(count(), 1, "the command ran {} times", count());
 }
 
 /// A token source slower than a refresh's budget (TTL/8 = 375 ms here; a command that

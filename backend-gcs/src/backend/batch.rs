@@ -113,11 +113,13 @@ impl GcsBackend {
 
     fn next(&self, prepared: &Prepared<'_>, answer: PartAnswer) -> Next {
         match answer {
-            PartAnswer::Reply(reply) => match super::extended(reply, prepared.lease) {
-                Ok(Some(refreshed)) => Next::Done(Ok(refreshed)),
-                Ok(None) => Next::Recover,
-                Err(e) => Next::Done(Err(e)),
-            },
+            PartAnswer::Reply(reply) => {
+                match super::extended(reply, prepared.lease, prepared.generation) {
+                    Ok(Some(refreshed)) => Next::Done(Ok(refreshed)),
+                    Ok(None) => Next::Recover,
+                    Err(e) => Next::Done(Err(e)),
+                }
+            }
             PartAnswer::Status(401) if self.client.renews_tokens() => Next::Alone,
             PartAnswer::Status(code) => {
                 Next::Done(Err(map_error(Failure::Status(code), Call::Write)))

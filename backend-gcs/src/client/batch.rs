@@ -3,14 +3,12 @@
 //! by a part of the `multipart/mixed` reply. Each call is still one GCS operation (its
 //! preconditions, its 412), only the HTTP request is shared.
 
-use std::sync::atomic::Ordering;
-
 use lockcore::Result;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 use super::{GcsClient, Preconditions, Reply, parse_object, segment};
-use crate::error::{Call, Failure, map_error, protocol};
+use crate::error::{Call, Failure, map_error};
 
 /// The most calls one batch carries: Google's documented limit ("You should not include
 /// more than 100 calls in a single batch request").
@@ -28,6 +26,16 @@ pub(crate) struct PatchCall<'a> {
     pub(crate) preconditions: Preconditions,
 }
 
+/// A batch reply (or a part of one) that cannot be read: the calls may have applied, as
+/// when a lone PATCH's reply is lost, so the outcome is unknown (temporary), never a
+/// verdict on the lease.
+fn unreadable(what: &str) -> lockcore::Error {
+    lockcore::Error::new(
+        lockcore::ErrorKind::OutcomeUnknown,
+        format!("GCS's batch reply {what}"),
+    )
+}
+
 /// One call's answer inside a batch reply.
 #[derive(Debug)]
 pub(crate) enum PartAnswer {
@@ -41,10 +49,9 @@ pub(crate) enum PartAnswer {
 }
 
 impl GcsClient {
-    /// Whether refreshes may be batched: false once the endpoint showed it has no batch
-    /// endpoint.
+    /// Whether refreshes may be batched now (see [`Batching`](crate::batching::Batching)).
     pub(crate) fn batches(&self) -> bool {
-        !self.no_batches.load(Ordering::Relaxed)
+        self.batching.allowed()
     }
 
     /// Whether a refused token is renewed (then a call refused with 401 is worth sending
@@ -55,7 +62,7 @@ impl GcsClient {
 
     /// Sends `calls` (at most [`BATCH_LIMIT`]) in one batch request: one answer per call,
     /// in order, or `None` when the endpoint has no batch endpoint (it answered 404, 405 or
-    /// 501; remembered, see [`Self::batches`]). A failure of the whole request is the error
+    /// 501; remembered for a while, see [`Batching`](crate::batching::Batching)). A failure of the whole request is the error
     /// a lone PATCH would get from it. When a call was refused with 401 and the token is
     /// renewable, the token is dropped so the next call fetches a new one.
     pub(crate) async fn patch_batch(
@@ -76,7 +83,7 @@ impl GcsClient {
             StatusCode::NOT_FOUND
             | StatusCode::METHOD_NOT_ALLOWED
             | StatusCode::NOT_IMPLEMENTED => {
-                self.no_batches.store(true, Ordering::Relaxed);
+                self.batching.refused();
                 return Ok(None);
             }
             s if s.is_success() => {}
@@ -103,9 +110,6 @@ impl GcsClient {
     /// The `multipart/mixed` body: one `application/http` part per call, `Content-ID:
     /// <anylock+I>` for call `I`, each a PATCH with a path-only target.
     fn batch_body(&self, calls: &[PatchCall<'_>]) -> String {
-        let base = url::Url::parse(self.config.endpoint())
-            .map(|u| u.path().trim_end_matches('/').to_owned())
-            .unwrap_or_default();
         let bucket = segment(self.config.bucket());
         let mut body = String::new();
         for (i, call) in calls.iter().enumerate() {
@@ -113,7 +117,7 @@ impl GcsClient {
             body.push_str(&format!(
                 "--{BOUNDARY}\r\nContent-Type: application/http\r\n\
                  Content-Transfer-Encoding: binary\r\nContent-ID: <anylock+{i}>\r\n\r\n\
-                 PATCH {base}/storage/v1/b/{bucket}/o/{}?{} HTTP/1.1\r\n\
+                 PATCH /storage/v1/b/{bucket}/o/{}?{} HTTP/1.1\r\n\
                  Content-Type: application/json; charset=UTF-8\r\n\
                  Content-Length: {}\r\n\r\n{json}\r\n",
                 segment(call.object),
@@ -128,23 +132,25 @@ impl GcsClient {
 
 /// The answers of a batch reply, in the order of its `count` calls, matched by
 /// `Content-ID` (`response-anylock+I`). A call the reply does not answer (or answers
-/// twice) gets [`PartAnswer::Unreadable`]; a reply that is no `multipart/mixed` at all
-/// fails as a whole.
+/// twice) gets [`PartAnswer::Unreadable`]; a reply that is no `multipart/mixed` at all,
+/// or ends before its close delimiter, fails as a whole. Both are `OutcomeUnknown`.
 pub(crate) fn parse_reply(
     content_type: &str,
     body: &[u8],
     count: usize,
 ) -> Result<Vec<PartAnswer>> {
-    let boundary = mixed_boundary(content_type)
-        .ok_or_else(|| protocol("GCS answered a batch without a multipart/mixed reply"))?;
+    let boundary =
+        mixed_boundary(content_type).ok_or_else(|| unreadable("is not multipart/mixed"))?;
     let delimiter = format!("--{boundary}");
     let mut found: Vec<Option<PartAnswer>> = (0..count).map(|_| None).collect();
     let mut twice = vec![false; count];
     let mut pieces = split(body, delimiter.as_bytes());
     pieces.next(); // the preamble
+    let mut closed = false;
     for piece in pieces {
         if piece.starts_with(b"--") {
-            break; // the close delimiter
+            closed = true; // the close delimiter
+            break;
         }
         let Some((index, answer)) = part(piece) else {
             continue;
@@ -155,15 +161,17 @@ pub(crate) fn parse_reply(
             None => {}
         }
     }
+    if !closed {
+        // Cut short: the last part may be a truncated answer that still reads as one.
+        return Err(unreadable("ends before its close delimiter"));
+    }
     Ok(found
         .into_iter()
         .zip(twice)
         .map(|(answer, twice)| match answer {
             Some(answer) if !twice => answer,
-            Some(_) => PartAnswer::Unreadable(protocol("GCS answered one batch call twice")),
-            None => {
-                PartAnswer::Unreadable(protocol("GCS's batch reply has no answer for this call"))
-            }
+            Some(_) => PartAnswer::Unreadable(unreadable("answers this call twice")),
+            None => PartAnswer::Unreadable(unreadable("has no answer for this call")),
         })
         .collect())
 }
@@ -222,7 +230,7 @@ fn part(piece: &[u8]) -> Option<(usize, PartAnswer)> {
 
 /// One part's HTTP response as the answer a lone PATCH would give.
 fn answer(response: &[u8]) -> PartAnswer {
-    let unreadable = || PartAnswer::Unreadable(protocol("GCS sent an unreadable batch answer"));
+    let unreadable = || PartAnswer::Unreadable(unreadable("holds an unreadable answer"));
     let Some((head, rest)) = head_and_rest(response) else {
         return unreadable();
     };
@@ -369,7 +377,17 @@ mod tests {
     #[test]
     fn a_reply_that_is_not_multipart_mixed_fails_whole() {
         let err = parse_reply("application/json", b"{}", 1).unwrap_err();
-        assert_eq!(err.kind(), lockcore::ErrorKind::Protocol);
+        assert_eq!(err.kind(), lockcore::ErrorKind::OutcomeUnknown);
+    }
+
+    /// A reply cut short after an answer's headers would read as a 200 without a body
+    /// (no `Content-Length` in fake-gcs-server's framing): the whole reply is unknown.
+    #[test]
+    fn a_truncated_reply_fails_whole_as_unknown() {
+        let whole = reply(&[("response-anylock+0", "HTTP/1.1 200 OK\r\n\r\n{}")]);
+        let cut = b"--b\r\nContent-Type: application/http\r\nContent-ID: <response-anylock+0>\r\n\r\nHTTP/1.1 200 OK\r\n\r\n";
+        assert!(parse_reply("multipart/mixed; boundary=b", &whole, 1).is_ok());
+        let err = parse_reply("multipart/mixed; boundary=b", cut, 1).unwrap_err();
+        assert_eq!(err.kind(), lockcore::ErrorKind::OutcomeUnknown);
     }
 }
-
