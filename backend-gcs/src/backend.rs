@@ -464,18 +464,4 @@ impl LockBackend for GcsBackend {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn options_must_respect_the_mutation_rate() {
-        validate_options(&default_options()).expect("Lai's defaults fit");
-        let fast = LockOptions::new(Duration::from_secs(3));
-        assert_eq!(
-            validate_options(&fast).unwrap_err().kind(),
-            lockcore::ErrorKind::InvalidInput
-        );
-        let ok = LockOptions::new(Duration::from_secs(8));
-        validate_options(&ok).expect("8 s TTL refreshes every 1 s");
-    }
-}
+mod backend_tests;
