@@ -237,3 +237,46 @@ async fn a_lockers_guards_refresh_in_batches() {
         guard.release().await.expect("release");
     }
 }
+
+/// The batch request refused as a whole (503 before any call ran): every lease gets the
+/// temporary error a lone PATCH answered 503 gets, nothing changed on the server.
+#[tokio::test]
+async fn a_refused_batch_request_fails_each_lease_temporarily_and_changes_nothing() {
+    let gcs = Gcs::start().await;
+    let backend = gcs.backend().await;
+    let leases = grants(&backend, 3).await;
+    gcs.server.inject(Fault::BatchErrors { count: 1 });
+    let results = backend.refresh_many(&leases).await;
+    assert_eq!(kinds(&results), vec![Some(ErrorKind::Unavailable); 3]);
+    assert!(
+        results
+            .iter()
+            .all(|r| r.as_ref().err().is_some_and(lockcore::Error::is_temporary))
+    );
+    assert_eq!(metageneration(&gcs, "lock-2").await, "1", "no call ran");
+    let again = backend.refresh_many(&leases).await;
+    assert_eq!(kinds(&again), vec![None; 3]);
+}
+
+/// A batch reply cut short (every call applied; the multipart body ends mid-answer, with
+/// no close delimiter): no lease is reported refreshed or lost on a reply it cannot trust,
+/// each is `OutcomeUnknown`, and the next refresh recovers each from its 412.
+#[tokio::test]
+async fn a_cut_batch_reply_is_unknown_for_each_lease_and_recovered_next_time() {
+    let gcs = Gcs::start().await;
+    let backend = gcs.backend().await;
+    let leases = grants(&backend, 6).await;
+    gcs.server.inject(Fault::CutBatchReplies { count: 1 });
+    let cut = backend.refresh_many(&leases).await;
+    assert_eq!(kinds(&cut), vec![Some(ErrorKind::OutcomeUnknown); 6]);
+    assert_eq!(
+        metageneration(&gcs, "lock-5").await,
+        "2",
+        "the calls applied"
+    );
+    let results = backend.refresh_many(&leases).await;
+    assert_eq!(kinds(&results), vec![None; 6]);
+    for i in 0..6 {
+        assert_eq!(metageneration(&gcs, &format!("lock-{i}")).await, "3");
+    }
+}

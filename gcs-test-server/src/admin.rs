@@ -75,6 +75,16 @@ fn set_faults(shared: &Shared, body: &[u8]) -> Result<Response<Body>, ApiError> 
         Some(Value::Bool(true)) => shared.inject(Fault::NoBatches),
         Some(_) => return Err(ApiError::bad_request("noBatches must be true or false")),
     }
+    if let Some(count) = number("batchErrors")? {
+        let count =
+            u32::try_from(count).map_err(|_| ApiError::bad_request("batchErrors out of range"))?;
+        shared.inject(Fault::BatchErrors { count });
+    }
+    if let Some(count) = number("cutBatchReplies")? {
+        let count = u32::try_from(count)
+            .map_err(|_| ApiError::bad_request("cutBatchReplies out of range"))?;
+        shared.inject(Fault::CutBatchReplies { count });
+    }
     if let Some(ms) = number("rateLimitMs")? {
         shared.set_rate_limit((ms > 0).then(|| millis(ms)));
     }

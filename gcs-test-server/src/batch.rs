@@ -30,6 +30,11 @@ pub const MAX_BATCH_CALLS: usize = 100;
 /// injected 503, the auth check, the endpoint, the log), one after another. The batch
 /// request itself is logged too, after its calls.
 pub(crate) async fn handle(shared: &Shared, request: &ReadRequest) -> Response<Body> {
+    if shared.faults().take_batch_error() {
+        let response = error_response(&ApiError::backend_error());
+        log(shared, request, response.status().as_u16());
+        return response;
+    }
     let response = match calls(request) {
         Ok(calls) => {
             let mut answers = Vec::with_capacity(calls.len());
@@ -40,12 +45,30 @@ pub(crate) async fn handle(shared: &Shared, request: &ReadRequest) -> Response<B
                 };
                 answers.push((id, answer));
             }
-            render(shared, answers).await
+            let whole = render(shared, answers).await;
+            if shared.faults().take_cut_batch_reply() {
+                cut(whole).await
+            } else {
+                whole
+            }
         }
         Err(e) => error_response(&e),
     };
     log(shared, request, response.status().as_u16());
     response
+}
+
+/// `response` with its body cut to half its bytes (a whole HTTP reply whose multipart
+/// body ends mid-answer).
+async fn cut(response: Response<Body>) -> Response<Body> {
+    let (parts, body) = response.into_parts();
+    let bytes = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let half = bytes.slice(..bytes.len() / 2);
+    Response::from_parts(parts, Full::new(half))
 }
 
 /// A call of the batch: its `Content-ID` and its request, or why it cannot be read (then

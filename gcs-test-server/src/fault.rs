@@ -35,6 +35,19 @@ pub enum Fault {
         /// How many replies are lost.
         count: u32,
     },
+    /// The next `count` batch requests answer 503 `backendError` as a whole, before any
+    /// of their calls runs (replaces an earlier count).
+    BatchErrors {
+        /// How many batch requests fail.
+        count: u32,
+    },
+    /// The next `count` batch replies are cut to half their bytes after every call was
+    /// applied: the HTTP reply is whole (its `Content-Length` says so), the multipart body
+    /// in it ends mid-answer without its close delimiter (replaces an earlier count).
+    CutBatchReplies {
+        /// How many batch replies are cut.
+        count: u32,
+    },
     /// The batch endpoint is not there: `POST /batch/storage/v1` answers 404 like any
     /// path the server does not route, as on an emulator without batches.
     NoBatches,
@@ -85,6 +98,8 @@ pub(crate) struct RequestFaults {
     pub(crate) lost_replies: u32,
     pub(crate) delay: Option<Duration>,
     pub(crate) no_batches: bool,
+    pub(crate) batch_errors: u32,
+    pub(crate) cut_batch_replies: u32,
 }
 
 impl RequestFaults {
@@ -97,6 +112,16 @@ impl RequestFaults {
         true
     }
 
+    /// Whether this batch request should fail whole with 503 (uses one up).
+    pub(crate) fn take_batch_error(&mut self) -> bool {
+        take(&mut self.batch_errors)
+    }
+
+    /// Whether this batch reply should be cut short (uses one up).
+    pub(crate) fn take_cut_batch_reply(&mut self) -> bool {
+        take(&mut self.cut_batch_replies)
+    }
+
     /// Whether this request's reply should be lost (uses one up).
     pub(crate) fn take_lost_reply(&mut self) -> bool {
         if self.lost_replies == 0 {
@@ -105,6 +130,15 @@ impl RequestFaults {
         self.lost_replies -= 1;
         true
     }
+}
+
+/// Uses one of `count` up: whether there was one.
+fn take(count: &mut u32) -> bool {
+    if *count == 0 {
+        return false;
+    }
+    *count -= 1;
+    true
 }
 
 /// The server's clock: the machine's clock plus an offset in milliseconds.

@@ -69,6 +69,8 @@ impl Shared {
             Fault::Delay(delay) => self.set_delay(Some(delay)),
             Fault::LoseReplies { count } => self.faults().lost_replies = count,
             Fault::NoBatches => self.faults().no_batches = true,
+            Fault::BatchErrors { count } => self.faults().batch_errors = count,
+            Fault::CutBatchReplies { count } => self.faults().cut_batch_replies = count,
         }
     }
 

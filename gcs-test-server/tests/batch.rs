@@ -226,3 +226,47 @@ async fn a_malformed_call_fails_alone() {
         "no Content-ID sent, none echoed"
     );
 }
+
+#[tokio::test]
+async fn batch_faults_refuse_the_whole_request_or_cut_its_reply() {
+    let (server, gcs) = setup().await;
+    create(&gcs, "locks/a").await;
+    server.inject(Fault::BatchErrors { count: 1 });
+    server.clear_requests();
+    let body = gcs.batch_body("q", &[patch("locks/a", "")]);
+    let (status, error) = status_json(
+        gcs.batch_raw("multipart/mixed; boundary=q", body.clone())
+            .await,
+    )
+    .await;
+    assert_eq!(status, 503, "{error}");
+    let logged: Vec<String> = server.requests().into_iter().map(|r| r.method).collect();
+    assert_eq!(logged, ["POST"], "no call ran");
+    assert_eq!(
+        int_field(&gcs.resource("locks/a").await, "metageneration"),
+        1
+    );
+
+    server.inject(Fault::CutBatchReplies { count: 1 });
+    let cut = gcs
+        .batch_raw("multipart/mixed; boundary=q", body.clone())
+        .await;
+    assert_eq!(cut.status(), 200);
+    let text = cut.text().await.expect("a whole HTTP reply");
+    assert!(!text.contains("--\r\n"), "no close delimiter: {text}");
+    assert_eq!(
+        int_field(&gcs.resource("locks/a").await, "metageneration"),
+        2,
+        "applied"
+    );
+    let whole = gcs.batch_raw("multipart/mixed; boundary=q", body).await;
+    assert!(
+        whole
+            .text()
+            .await
+            .expect("reply")
+            .trim_end()
+            .ends_with("--"),
+        "one reply cut"
+    );
+}
