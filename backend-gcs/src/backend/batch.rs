@@ -31,8 +31,8 @@ enum Next {
 
 impl GcsBackend {
     /// Refreshes `leases`: result `i` is what [`refresh`](lockcore::LockBackend::refresh)
-    /// of `leases[i]` would return. One batch request per [`BATCH_LIMIT`] leases, each
-    /// under one request turn; the few leases that need more (a 412 to recover, a
+    /// of `leases[i]` would return. One batch request per [`BATCH_LIMIT`] leases, at once,
+    /// each under one request turn; the few leases that need more (a 412 to recover, a
     /// refused token) then go as lone refreshes, each with a turn of its own.
     pub(super) async fn refresh_leases(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
         let mut results: Vec<Option<Result<Lease>>> = leases.iter().map(|_| None).collect();
@@ -51,8 +51,10 @@ impl GcsBackend {
             alone.extend(ready.iter());
             &[]
         };
-        for chunk in batched.chunks(BATCH_LIMIT) {
-            for (prepared, next) in chunk.iter().zip(self.patch_chunk(chunk).await) {
+        let chunks = batched.chunks(BATCH_LIMIT);
+        let answered = join_all(chunks.clone().map(|chunk| self.patch_chunk(chunk))).await;
+        for (chunk, nexts) in chunks.zip(answered) {
+            for (prepared, next) in chunk.iter().zip(nexts) {
                 match next {
                     Next::Done(result) => results[prepared.index] = Some(result),
                     Next::Recover => recover.push(prepared),
