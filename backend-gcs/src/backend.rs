@@ -203,7 +203,7 @@ impl GcsBackend {
         let metadata = object::metadata(lease.owner(), lease.ttl());
         let exact = Preconditions::exact(generation, metageneration);
         let reply = self.client.patch(object, metadata, exact).await?.reply;
-        extended(reply, lease, generation)
+        extended(reply, lease, (generation, metageneration))
     }
 
     /// After a refresh's 412: an earlier PATCH whose reply was lost may have applied and
@@ -339,11 +339,13 @@ fn held_lock(
     (!obj.is_stale(date)).then(|| HeldLock::new(name, obj.holder(Some(date))))
 }
 
-/// The refreshed lease a refresh's PATCH of `generation` answered (alone or in a batch);
-/// `None` on 412. A 200 without the object, or with another object's generation (a batch
-/// answer matched to the wrong call), proves nothing about the new metageneration: the
-/// outcome is unknown, and the next refresh's 412 recovery decides.
-fn extended(reply: Reply, lease: &Lease, generation: u64) -> Result<Option<Lease>> {
+/// The refreshed lease a refresh's PATCH under `sent` (generation, metageneration)
+/// answered (alone or in a batch); `None` on 412. A 200 without the object, with another
+/// object's generation, or with a metageneration the PATCH did not move (a batch answer
+/// matched to the wrong call) proves nothing about the new metageneration: the outcome is
+/// unknown, and the next refresh's 412 recovery decides.
+fn extended(reply: Reply, lease: &Lease, sent: (u64, u64)) -> Result<Option<Lease>> {
+    let (generation, metageneration) = sent;
     let unknown = |what: &str| {
         Error::new(
             lockcore::ErrorKind::OutcomeUnknown,
@@ -353,6 +355,10 @@ fn extended(reply: Reply, lease: &Lease, generation: u64) -> Result<Option<Lease
     match reply {
         Reply::Ok(Some(obj)) if obj.generation != generation => {
             Err(unknown("with another object's generation"))
+        }
+        // A PATCH that applied moved the metageneration past the one it matched.
+        Reply::Ok(Some(obj)) if obj.metageneration <= metageneration => {
+            Err(unknown("with a metageneration it did not move"))
         }
         Reply::Ok(Some(obj)) if obj.is_owned_by(lease.owner()) => {
             Ok(Some(lease.clone().with_grant(obj.grant())))
@@ -405,9 +411,11 @@ impl LockBackend for GcsBackend {
         self.refresh_leases(leases).await
     }
 
-    /// 100 (GCS's batch limit), or 1 once the endpoint showed it has no batch endpoint.
+    /// 100 (GCS's batch limit), or 1 for an endpoint with a path (never batched). A
+    /// `Locker` reads this once; while the endpoint refuses batches, `refresh_many` sends
+    /// each lease alone.
     fn refresh_batch_limit(&self) -> usize {
-        if self.client.batches() {
+        if self.client.may_batch() {
             BATCH_LIMIT
         } else {
             1

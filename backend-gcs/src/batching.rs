@@ -28,6 +28,13 @@ impl Batching {
         }
     }
 
+    /// Whether the endpoint is ever batched: not when it has a path.
+    pub(crate) fn endpoint_allows(&self) -> bool {
+        !self.endpoint_has_path
+    }
+
+    /// Whether to batch now: the endpoint allows it, and it did not refuse a batch in
+    /// the last [`NO_BATCHES_FOR`].
     pub(crate) fn allowed(&self) -> bool {
         if self.endpoint_has_path {
             return false;

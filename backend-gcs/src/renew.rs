@@ -122,11 +122,19 @@ impl Renewing {
             return Ok(token);
         }
         let mut outcome = self.join_or_start();
-        let fetched = outcome
-            .wait_for(Option::is_some)
-            .await
-            .map_err(|_| lockcore::Error::unavailable("the token fetch ended without a result"))?
-            .clone();
+        // The fetch bounds itself by the request timeout, on the runtime that started it;
+        // a waiter on another runtime does not wait past that (plus a second) if that
+        // runtime stalls.
+        let bound = self.inner.timeout + Duration::from_secs(1);
+        let fetched = match tokio::time::timeout(bound, outcome.wait_for(Option::is_some)).await {
+            Ok(Ok(fetched)) => fetched.clone(),
+            Ok(Err(_)) => None,
+            Err(_) => {
+                return Err(lockcore::Error::unavailable(format!(
+                    "getting a token took longer than {bound:?}"
+                )));
+            }
+        };
         match fetched {
             Some(Ok(token)) => Ok(token),
             Some(Err(failure)) => {
@@ -161,10 +169,11 @@ impl Renewing {
                 status: e.status(),
                 message: e.message().to_owned(),
             });
-            // Callers from now on find the token cached (or start a new fetch after a
-            // failure); the ones already waiting get this outcome.
-            *inner.pending.lock().unwrap_or_else(PoisonError::into_inner) = None;
+            // The ones waiting (and any that join before the slot is cleared) get this
+            // outcome; callers from then on find the token cached (or start a new fetch
+            // after a failure).
             let _ = done.send(Some(fetched));
+            *inner.pending.lock().unwrap_or_else(PoisonError::into_inner) = None;
         });
         outcome
     }
@@ -189,13 +198,20 @@ impl Renewing {
         if self.inner.renewing.swap(true, Ordering::AcqRel) {
             return;
         }
-        let inner = Arc::clone(&self.inner);
+        /// Clears the flag however the renewal ends (a panic, or its runtime shutting
+        /// down, included), so background renewal is never switched off for good.
+        struct Renewed(Arc<Inner>);
+        impl Drop for Renewed {
+            fn drop(&mut self) {
+                self.0.renewing.store(false, Ordering::Release);
+            }
+        }
+        let inner = Renewed(Arc::clone(&self.inner));
         tokio::spawn(async move {
             // A failure leaves the still-valid token serving; the next call past the
             // renewal point tries again, and an expired token is waited for (and its
             // error reported) by the caller.
-            let _ = inner.renew().await;
-            inner.renewing.store(false, Ordering::Release);
+            let _ = inner.0.renew().await;
         });
     }
 

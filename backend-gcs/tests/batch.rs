@@ -194,7 +194,11 @@ async fn an_endpoint_without_batches_gets_lone_refreshes() {
     assert_eq!(kinds(&results), vec![None; 3]);
     assert_eq!(methods(&gcs), ["POST", "PATCH", "PATCH", "PATCH"]);
     assert_eq!(gcs.server.requests()[0].status, 404);
-    assert_eq!(backend.refresh_batch_limit(), 1, "remembered");
+    assert_eq!(
+        backend.refresh_batch_limit(),
+        100,
+        "a Locker reads it once: refresh_many itself sends the leases alone"
+    );
     gcs.server.clear_requests();
     let refreshed: Vec<Lease> = results.into_iter().map(|r| r.expect("ok")).collect();
     let again = backend.refresh_many(&refreshed).await;
@@ -245,7 +249,10 @@ async fn a_refused_batch_request_fails_each_lease_temporarily_and_changes_nothin
     let gcs = Gcs::start().await;
     let backend = gcs.backend().await;
     let leases = grants(&backend, 3).await;
-    gcs.server.inject(Fault::BatchErrors { count: 1 });
+    gcs.server.inject(Fault::BatchErrors {
+        count: 1,
+        status: 503,
+    });
     let results = backend.refresh_many(&leases).await;
     assert_eq!(kinds(&results), vec![Some(ErrorKind::Unavailable); 3]);
     assert!(
@@ -279,4 +286,43 @@ async fn a_cut_batch_reply_is_unknown_for_each_lease_and_recovered_next_time() {
     for i in 0..6 {
         assert_eq!(metageneration(&gcs, &format!("lock-{i}")).await, "3");
     }
+}
+
+/// A batch the server or a proxy will not take (413 for its size, 400 for its envelope)
+/// was refused before any call ran: that is no verdict on any lease, which go alone and
+/// are refreshed. (Mapped like a lone PATCH's 413 or 400, every lease would end: both are
+/// permanent errors.)
+#[tokio::test]
+async fn a_batch_refused_for_its_form_sends_the_leases_alone() {
+    for status in [413, 400] {
+        let gcs = Gcs::start().await;
+        let backend = gcs.backend().await;
+        let leases = grants(&backend, 3).await;
+        gcs.server.inject(Fault::BatchErrors { count: 1, status });
+        gcs.server.clear_requests();
+        let results = backend.refresh_many(&leases).await;
+        assert_eq!(kinds(&results), vec![None; 3], "{status}");
+        assert_eq!(
+            methods(&gcs),
+            ["POST", "PATCH", "PATCH", "PATCH"],
+            "{status}"
+        );
+    }
+}
+
+/// More than 100 leases: the batch requests go out at once (each under its own turn).
+#[tokio::test]
+async fn batch_requests_for_more_than_100_leases_go_out_at_once() {
+    let gcs = Gcs::start().await;
+    let backend = gcs.backend().await;
+    let leases = grants(&backend, 250).await;
+    gcs.server.inject(Fault::Delay(Duration::from_millis(300)));
+    gcs.server.clear_requests();
+    let results = backend.refresh_many(&leases).await;
+    assert!(results.iter().all(Result::is_ok));
+    assert_eq!(
+        gcs.server.most_in_flight(),
+        3,
+        "the three batch requests overlapped"
+    );
 }

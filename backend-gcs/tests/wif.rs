@@ -452,10 +452,16 @@ async fn concurrent_operations_share_one_token_fetch() {
     }
     // Callers that give up before the fetch ends (a refresh past its budget) leave it
     // running for the others: 20 backend calls that each wait 40 ms, one after another,
-    // for a command that takes 1 s start it once, and its token serves the next call.
-    // (Backend calls, not `Locker` attempts, which go on in the background when dropped.)
+    // for a command that waits for a gate the test opens after them, start it once, and
+    // its token serves the next call. (Backend calls, not `Locker` attempts, which go on
+    // in the background when dropped.)
     let _ = std::fs::remove_file(&runs);
-    let slow = format!("echo x >> '{}'; sleep 1; echo shared-token", runs.display());
+    let gate = scratch.0.join("gate");
+    let slow = format!(
+        "echo x >> '{}'; while [ ! -e '{}' ]; do sleep 0.02; done; echo shared-token",
+        runs.display(),
+        gate.display()
+    );
     let backend = backend(&gcs, GcsAuth::TokenCommand(slow), Duration::from_secs(5))
         .await
         .expect("ok");
@@ -473,7 +479,7 @@ async fn concurrent_operations_share_one_token_fetch() {
         let given_up = tokio::time::timeout(Duration::from_millis(40), attempt).await;
         assert!(given_up.is_err(), "attempt {i} finished within 40 ms");
     }
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    std::fs::write(&gate, "").expect("open the gate");
     let granted = lockcore::LockBackend::acquire(&backend, &request("patient")).await;
     assert!(
         matches!(granted, Ok(lockcore::Acquire::Acquired(_))),

@@ -78,7 +78,12 @@ fn set_faults(shared: &Shared, body: &[u8]) -> Result<Response<Body>, ApiError> 
     if let Some(count) = number("batchErrors")? {
         let count =
             u32::try_from(count).map_err(|_| ApiError::bad_request("batchErrors out of range"))?;
-        shared.inject(Fault::BatchErrors { count });
+        let status = match number("batchErrorStatus")? {
+            None => 503,
+            Some(code @ 400..=599) => u16::try_from(code).unwrap_or(503),
+            Some(_) => return Err(ApiError::bad_request("batchErrorStatus must be 400-599")),
+        };
+        shared.inject(Fault::BatchErrors { count, status });
     }
     if let Some(count) = number("cutBatchReplies")? {
         let count = u32::try_from(count)

@@ -30,8 +30,9 @@ pub const MAX_BATCH_CALLS: usize = 100;
 /// injected 503, the auth check, the endpoint, the log), one after another. The batch
 /// request itself is logged too, after its calls.
 pub(crate) async fn handle(shared: &Shared, request: &ReadRequest) -> Response<Body> {
-    if shared.faults().take_batch_error() {
-        let response = error_response(&ApiError::backend_error());
+    let refused = shared.faults().take_batch_error();
+    if let Some(status) = refused {
+        let response = error_response(&ApiError::batch_refused(status));
         log(shared, request, response.status().as_u16());
         return response;
     }

@@ -83,6 +83,11 @@ impl ApiError {
         Self::new(503, "backendError", "Backend Error")
     }
 
+    /// An injected failure of a whole batch request with `status`.
+    pub(crate) fn batch_refused(status: u16) -> Self {
+        Self::new(status, "batchRefused", format!("Batch refused ({status})"))
+    }
+
     /// 404 for a path the server does not route.
     pub(crate) fn not_routed(method: &str, path: &str) -> Self {
         Self::new(404, "notFound", format!("Not Found: {method} {path}"))

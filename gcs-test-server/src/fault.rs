@@ -35,11 +35,14 @@ pub enum Fault {
         /// How many replies are lost.
         count: u32,
     },
-    /// The next `count` batch requests answer 503 `backendError` as a whole, before any
-    /// of their calls runs (replaces an earlier count).
+    /// The next `count` batch requests answer `status` (with a GCS-style error body) as a
+    /// whole, before any of their calls runs (replaces an earlier count): 503 as a
+    /// passing outage, 413 or 400 as a proxy or server that refuses the batch itself.
     BatchErrors {
         /// How many batch requests fail.
         count: u32,
+        /// The status they answer (4xx or 5xx).
+        status: u16,
     },
     /// The next `count` batch replies are cut to half their bytes after every call was
     /// applied: the HTTP reply is whole (its `Content-Length` says so), the multipart body
@@ -99,6 +102,7 @@ pub(crate) struct RequestFaults {
     pub(crate) delay: Option<Duration>,
     pub(crate) no_batches: bool,
     pub(crate) batch_errors: u32,
+    pub(crate) batch_error_status: u16,
     pub(crate) cut_batch_replies: u32,
 }
 
@@ -112,9 +116,9 @@ impl RequestFaults {
         true
     }
 
-    /// Whether this batch request should fail whole with 503 (uses one up).
-    pub(crate) fn take_batch_error(&mut self) -> bool {
-        take(&mut self.batch_errors)
+    /// The status this batch request should fail with as a whole, if any (uses one up).
+    pub(crate) fn take_batch_error(&mut self) -> Option<u16> {
+        take(&mut self.batch_errors).then_some(self.batch_error_status)
     }
 
     /// Whether this batch reply should be cut short (uses one up).

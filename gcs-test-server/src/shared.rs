@@ -69,7 +69,11 @@ impl Shared {
             Fault::Delay(delay) => self.set_delay(Some(delay)),
             Fault::LoseReplies { count } => self.faults().lost_replies = count,
             Fault::NoBatches => self.faults().no_batches = true,
-            Fault::BatchErrors { count } => self.faults().batch_errors = count,
+            Fault::BatchErrors { count, status } => {
+                let mut faults = self.faults();
+                faults.batch_errors = count;
+                faults.batch_error_status = status;
+            }
             Fault::CutBatchReplies { count } => self.faults().cut_batch_replies = count,
         }
     }

@@ -231,7 +231,10 @@ async fn a_malformed_call_fails_alone() {
 async fn batch_faults_refuse_the_whole_request_or_cut_its_reply() {
     let (server, gcs) = setup().await;
     create(&gcs, "locks/a").await;
-    server.inject(Fault::BatchErrors { count: 1 });
+    server.inject(Fault::BatchErrors {
+        count: 1,
+        status: 503,
+    });
     server.clear_requests();
     let body = gcs.batch_body("q", &[patch("locks/a", "")]);
     let (status, error) = status_json(

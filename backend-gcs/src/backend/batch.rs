@@ -116,7 +116,11 @@ impl GcsBackend {
     fn next(&self, prepared: &Prepared<'_>, answer: PartAnswer) -> Next {
         match answer {
             PartAnswer::Reply(reply) => {
-                match super::extended(reply, prepared.lease, prepared.generation) {
+                match super::extended(
+                    reply,
+                    prepared.lease,
+                    (prepared.generation, prepared.metageneration),
+                ) {
                     Ok(Some(refreshed)) => Next::Done(Ok(refreshed)),
                     Ok(None) => Next::Recover,
                     Err(e) => Next::Done(Err(e)),

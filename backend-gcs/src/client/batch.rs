@@ -54,6 +54,12 @@ impl GcsClient {
         self.batching.allowed()
     }
 
+    /// Whether this endpoint is ever batched (no path; see
+    /// [`Batching`](crate::batching::Batching)).
+    pub(crate) fn may_batch(&self) -> bool {
+        self.batching.endpoint_allows()
+    }
+
     /// Whether a refused token is renewed (then a call refused with 401 is worth sending
     /// once more).
     pub(crate) fn renews_tokens(&self) -> bool {
@@ -61,8 +67,9 @@ impl GcsClient {
     }
 
     /// Sends `calls` (at most [`BATCH_LIMIT`]) in one batch request: one answer per call,
-    /// in order, or `None` when the endpoint has no batch endpoint (it answered 404, 405 or
-    /// 501; remembered for a while, see [`Batching`](crate::batching::Batching)). A failure of the whole request is the error
+    /// in order, or `None` when the batch itself was refused before any call ran (no batch
+    /// endpoint, or a 4xx other than 401, 403, 408 and 429; remembered for a while, see
+    /// [`Batching`](crate::batching::Batching)). A failure of the whole request is the error
     /// a lone PATCH would get from it. When a call was refused with 401 and the token is
     /// renewable, the token is dropped so the next call fetches a new one.
     pub(crate) async fn patch_batch(
@@ -80,14 +87,21 @@ impl GcsClient {
             .body(self.batch_body(calls));
         let (response, token) = self.exchange_keeping_token(request, Call::Write).await?;
         match response.status() {
-            StatusCode::NOT_FOUND
-            | StatusCode::METHOD_NOT_ALLOWED
-            | StatusCode::NOT_IMPLEMENTED => {
+            s if s.is_success() => {}
+            // What a lone PATCH would get as well (a passing outage or overload, refused
+            // credentials; a renewable token's 401 was already resent once): the same error.
+            s if s != StatusCode::NOT_IMPLEMENTED
+                && (s.is_server_error() || matches!(s.as_u16(), 401 | 403 | 408 | 429)) =>
+            {
+                return Err(map_error(Failure::Status(s.as_u16()), Call::Write));
+            }
+            // Anything else refuses the batch itself before any call ran: no batch
+            // endpoint (404, 405, 501), a batch the server or a proxy will not take (400,
+            // 413, a redirect, …). That is no verdict on any lease: they go alone.
+            _ => {
                 self.batching.refused();
                 return Ok(None);
             }
-            s if s.is_success() => {}
-            s => return Err(map_error(Failure::Status(s.as_u16()), Call::Write)),
         }
         let content_type = response
             .headers()
