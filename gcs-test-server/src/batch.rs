@@ -63,13 +63,17 @@ pub(crate) async fn handle(shared: &Shared, request: &ReadRequest) -> Response<B
 /// body ends mid-answer).
 async fn cut(response: Response<Body>) -> Response<Body> {
     let (parts, body) = response.into_parts();
-    let bytes = body
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
+    let bytes = bytes_of(body).await;
     let half = bytes.slice(..bytes.len() / 2);
     Response::from_parts(parts, Full::new(half))
+}
+
+/// The bytes of a body the server built whole (a `Full`: ready at once).
+async fn bytes_of(body: Body) -> Bytes {
+    body.collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default()
 }
 
 /// A call of the batch: its `Content-ID` and its request, or why it cannot be read (then
@@ -192,11 +196,7 @@ async fn render(shared: &Shared, answers: Vec<(Option<String>, Response<Body>)>)
     let mut out = Vec::new();
     for (id, answer) in answers {
         let (parts, body) = answer.into_parts();
-        let body = body
-            .collect()
-            .await
-            .map(|b| b.to_bytes())
-            .unwrap_or_default();
+        let body = bytes_of(body).await;
         out.extend_from_slice(
             format!("--{boundary}\r\nContent-Type: application/http\r\n").as_bytes(),
         );
