@@ -9,10 +9,11 @@ use lockcore::{
     Waiting,
 };
 
-use crate::client::{Answer, BATCH_LIMIT, GcsClient, Preconditions, Reply};
+use crate::client::{Answer, BATCH_LIMIT, GcsClient, Preconditions};
 use crate::config::{GcsConfig, MAX_OBJECT_NAME_LEN, MIN_REFRESH_INTERVAL};
 use crate::error::{no_bucket, protocol};
 use crate::object::{self, LockObject};
+use crate::reply::Reply;
 
 mod batch;
 

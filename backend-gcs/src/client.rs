@@ -12,7 +12,8 @@ use crate::auth::Authorizer;
 use crate::config::GcsConfig;
 use crate::error::{Call, Failure, malformed_json, map_error, no_bucket, protocol};
 use crate::http::{http_client, is_loopback};
-use crate::object::LockObject;
+use crate::reply::Reply;
+use crate::reply::{ReadStatus, parse_object, read_status};
 
 mod batch;
 
@@ -26,17 +27,6 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'~');
 
 const BOUNDARY: &str = "anylock-gcs-boundary-7c1f";
-
-/// A call's outcome when the status is one the lock logic decides on itself.
-#[derive(Debug)]
-pub(crate) enum Reply {
-    /// 200 with an object resource (or 204: no body).
-    Ok(Option<LockObject>),
-    /// 404: no live object.
-    NotFound,
-    /// 412: a precondition failed.
-    PreconditionFailed,
-}
 
 /// One reply with the server's clock reading (`Date`).
 #[derive(Debug)]
@@ -286,18 +276,16 @@ impl GcsClient {
     async fn answer(&self, response: reqwest::Response, call: Call) -> Result<Answer> {
         let date = date_of(&response);
         let status = response.status();
-        let reply = match status {
-            StatusCode::NOT_FOUND => Reply::NotFound,
-            StatusCode::PRECONDITION_FAILED => Reply::PreconditionFailed,
-            StatusCode::NO_CONTENT => Reply::Ok(None),
-            s if s.is_success() => {
+        let reply = match read_status(status.as_u16()) {
+            ReadStatus::Decided(reply) => reply,
+            ReadStatus::Object => {
                 let body = response
                     .bytes()
                     .await
                     .map_err(|e| map_error(Failure::Transport(e), call))?;
                 Reply::Ok(parse_object(&body)?)
             }
-            s => return Err(map_error(Failure::Status(s.as_u16()), call)),
+            ReadStatus::Failed(code) => return Err(map_error(Failure::Status(code), call)),
         };
         Ok(Answer { reply, date })
     }
@@ -347,61 +335,6 @@ impl ListPage {
     }
 }
 
-/// A 200 body: an object resource, or nothing (fake-gcs-server answers `null` to DELETE;
-/// a bucket resource has no generation).
-fn parse_object(body: &[u8]) -> Result<Option<LockObject>> {
-    // The fields the lock reads, each kept as sent; serde skips the rest without building
-    // them (a batch reply holds 100 resources: a whole `Value` each took 3.2 µs of 5.7).
-    // Anything this does not read (not an object, a repeated key) takes the general path.
-    // Only a JSON object with a `generation` that is not `null` takes it: serde reads a
-    // struct from an array too, and reads `null` into `None` where the general path sees
-    // a present but invalid field.
-    let is_object = body.trim_ascii_start().starts_with(b"{");
-    if let Ok(fields) = serde_json::from_slice::<Fields>(body)
-        && is_object
-        && fields.generation.is_some()
-    {
-        let mut resource = serde_json::Map::new();
-        for (key, value) in [
-            ("generation", fields.generation),
-            ("metageneration", fields.metageneration),
-            ("updated", fields.updated),
-            ("timeCreated", fields.time_created),
-            ("metadata", fields.metadata),
-        ] {
-            if let Some(value) = value {
-                resource.insert(key.to_owned(), value);
-            }
-        }
-        return object_of(&Value::Object(resource));
-    }
-    let value: Value = match serde_json::from_slice(body) {
-        Ok(value) => value,
-        Err(_) if body.is_empty() => return Ok(None),
-        Err(e) => return Err(malformed_json("malformed JSON", &e)),
-    };
-    object_of(&value)
-}
-
-/// The object a resource describes; `None` without a generation (no object).
-fn object_of(value: &Value) -> Result<Option<LockObject>> {
-    if value.get("generation").is_none() {
-        return Ok(None);
-    }
-    LockObject::from_json(value).map(Some)
-}
-
-/// The fields of an object resource [`LockObject::from_json`] reads.
-#[derive(serde::Deserialize)]
-struct Fields {
-    generation: Option<Value>,
-    metageneration: Option<Value>,
-    updated: Option<Value>,
-    #[serde(rename = "timeCreated")]
-    time_created: Option<Value>,
-    metadata: Option<Value>,
-}
-
 fn segment(text: &str) -> String {
     utf8_percent_encode(text, SEGMENT).to_string()
 }
@@ -445,45 +378,6 @@ mod tests {
         GcsClient::new(config("http://[::1]:4443", token())).expect("loopback");
         GcsClient::new(config("http://192.0.2.1:80", crate::GcsAuth::None)).expect("no auth");
         GcsClient::new(config("https://storage.example", token())).expect("https");
-    }
-
-    /// The fast path (only the fields the lock reads) and the general one (a whole
-    /// `Value`) read every body alike.
-    #[test]
-    fn the_fast_object_parse_agrees_with_the_general_one() {
-        let general = |body: &[u8]| -> Result<Option<LockObject>> {
-            match serde_json::from_slice::<Value>(body) {
-                Ok(value) => object_of(&value),
-                Err(_) if body.is_empty() => Ok(None),
-                Err(e) => Err(malformed_json("malformed JSON", &e)),
-            }
-        };
-        let bodies: [&[u8]; 14] = [
-            br#"{"kind":"storage#object","generation":"7","metageneration":"3","updated":"2026-11-24T10:00:00.000Z","timeCreated":"2026-11-24T09:00:00Z","metadata":{"identity":"me","ttl_ms":"30000","note":"n"},"acl":[{"x":1}]}"#,
-            br#"{"generation":7,"metageneration":3,"updated":"2026-11-24T10:00:00Z"}"#,
-            br#"{"generation":"7","metageneration":"3"}"#,
-            br#"{"name":"bucket-resource"}"#,
-            b"null",
-            b"",
-            b"[]",
-            b"{not json",
-            br#"{"generation":"7","metageneration":"3","updated":"2026-11-24T10:00:00Z","metadata":null}"#,
-            br#"{"generation":"1","generation":"7","metageneration":"3","updated":"2026-11-24T10:00:00Z"}"#,
-            br#"{"generation":null,"metageneration":"3","updated":"2026-11-24T10:00:00Z"}"#,
-            br#"["7","3","2026-11-24T10:00:00Z",null,{"identity":"me"}]"#,
-            br#"  {"generation":"7","metageneration":null,"updated":"2026-11-24T10:00:00Z"}"#,
-            br#"{"generation":"7","metageneration":"3","updated":"2026-11-24T10:00:00Z","timeCreated":null}"#,
-        ];
-        for body in bodies {
-            let fast = parse_object(body);
-            let slow = general(body);
-            let text = String::from_utf8_lossy(body);
-            match (fast, slow) {
-                (Ok(a), Ok(b)) => assert_eq!(a, b, "{text}"),
-                (Err(a), Err(b)) => assert_eq!(a.kind(), b.kind(), "{text}"),
-                (a, b) => panic!("{text}: fast {a:?}, general {b:?}"),
-            }
-        }
     }
 
     #[test]

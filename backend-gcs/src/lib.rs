@@ -4,6 +4,8 @@
 //! Each lock is one empty object, `prefix + name`, created with `ifGenerationMatch=0`
 //! (create-if-absent) and metadata naming its owner and TTL. Refresh patches the metadata
 //! under `ifGenerationMatch` + `ifMetagenerationMatch`; release deletes under both. The
+//! refreshes of many locks that fall due together go as up to 100 such PATCHes in one
+//! batch request (`refresh_many`, GCS's `/batch/storage/v1`). The
 //! fence token is the object's generation, which GCS raises for every new object of a name.
 //! A lapsed lock is detected on the *server's* clock: the object's `updated` plus its TTL
 //! against the response's `Date` header. An uncontended cycle is two API calls. A note
@@ -54,6 +56,7 @@ mod object;
 #[cfg(test)]
 mod prop_tests;
 mod renew;
+mod reply;
 mod security;
 mod token;
 mod token_command;

@@ -241,3 +241,7 @@ impl Inner {
         Ok(fresh.token)
     }
 }
+
+#[cfg(test)]
+#[path = "renew_tests.rs"]
+mod renew_tests;

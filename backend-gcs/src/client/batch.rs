@@ -7,8 +7,9 @@ use lockcore::Result;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-use super::{GcsClient, Preconditions, Reply, parse_object, segment};
+use super::{GcsClient, Preconditions, segment};
 use crate::error::{Call, Failure, map_error};
+use crate::reply::{ReadStatus, Reply, parse_object, read_status};
 
 /// The most calls one batch carries: Google's documented limit ("You should not include
 /// more than 100 calls in a single batch request").
@@ -39,8 +40,8 @@ fn unreadable(what: &str) -> lockcore::Error {
 /// One call's answer inside a batch reply.
 #[derive(Debug)]
 pub(crate) enum PartAnswer {
-    /// A status the lock logic decides on (200/204, 404, 412), as [`GcsClient::patch`]
-    /// would answer it.
+    /// A status the lock logic decides on (2xx, 404, 412; [`read_status`]), as
+    /// [`GcsClient::patch`] would answer it.
     Reply(Reply),
     /// Any other status (401, 429, 5xx, …).
     Status(u16),
@@ -261,15 +262,13 @@ fn answer(response: &[u8]) -> PartAnswer {
         Some(_) => return unreadable(),
         None => trim_trailing_line_end(rest),
     };
-    match status {
-        404 => PartAnswer::Reply(Reply::NotFound),
-        412 => PartAnswer::Reply(Reply::PreconditionFailed),
-        204 => PartAnswer::Reply(Reply::Ok(None)),
-        200..=299 => match parse_object(body) {
+    match read_status(status) {
+        ReadStatus::Decided(reply) => PartAnswer::Reply(reply),
+        ReadStatus::Object => match parse_object(body) {
             Ok(object) => PartAnswer::Reply(Reply::Ok(object)),
             Err(e) => PartAnswer::Unreadable(e),
         },
-        code => PartAnswer::Status(code),
+        ReadStatus::Failed(code) => PartAnswer::Status(code),
     }
 }
 
