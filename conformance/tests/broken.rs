@@ -168,3 +168,27 @@ async fn a_note_outliving_its_grant_is_caught() {
     assert!(message.contains("outlived it"), "{message}");
     still_basically_works(Defect::NoteOutlivesGrant).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_too_many_is_caught() {
+    let message = failure_of(Defect::PermitOverGrant, cases::permits_admit_at_most_n).await;
+    assert!(message.contains("a fourth permit of 3"), "{message}");
+    let message = failure_of(
+        Defect::PermitOverGrant,
+        cases::permits_never_exceed_n_under_contention,
+    )
+    .await;
+    assert!(message.contains("holders of a semaphore of 3"), "{message}");
+    still_basically_works(Defect::PermitOverGrant).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leaked_permit_is_caught() {
+    let message = failure_of(
+        Defect::PermitReleaseKeeps,
+        cases::released_permit_frees_its_place,
+    )
+    .await;
+    assert!(message.contains("still holds its place"), "{message}");
+    still_basically_works(Defect::PermitReleaseKeeps).await;
+}

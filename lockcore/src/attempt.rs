@@ -162,7 +162,10 @@ impl InFlight {
         let request = request.clone();
         let sent = clock.now();
         let call = async move {
-            let outcome = backend.acquire(&request).await;
+            let outcome = match request.permits {
+                Some(_) => backend.acquire_permit(&request).await,
+                None => backend.acquire(&request).await,
+            };
             // From here the grant is `Unclaimed`: dropped unclaimed, it is released
             // before the slot is freed.
             outcome.map(|o| Attempted::new(o, &backend, slot, release_limit))

@@ -182,6 +182,65 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     /// - Otherwise the holder's identity, and its token and remaining TTL where known.
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>>;
 
+    /// Makes one attempt to take a permit of the semaphore `request.name`, which admits
+    /// `request.permits` holders at once (the [`Locker`](crate::Locker) calls it only with
+    /// `permits` set).
+    ///
+    /// # Contract
+    /// - Returns `Acquired` only if, at the server's linearization point, fewer than
+    ///   `permits` *other* owners held an unexpired permit of the semaphore; the lease is
+    ///   marked with [`Lease::with_permits`] and expires `request.ttl` later, as a lock's.
+    /// - One permit per owner: when `request.owner` already holds a live permit, that
+    ///   permit is taken over with a new grant (and, where fencing is claimed, a greater
+    ///   token), never a second one. So a retry after
+    ///   [`ErrorKind::OutcomeUnknown`](crate::ErrorKind::OutcomeUnknown) finds its own.
+    /// - Returns `Held` with the live permit holder whose lease expires first (and its
+    ///   remaining TTL) when all permits are taken.
+    /// - A live permit taken with another limit fails the attempt with
+    ///   [`limit_conflict`](crate::limit_conflict) (`InvalidInput`): mixed limits would admit
+    ///   more holders than the smaller one allows. Nothing is written.
+    /// - Fence tokens, where claimed, rise with every permit granted on the semaphore name
+    ///   (across releases and expiries), as a lock's do.
+    /// - Semaphore names are a namespace of their own: a permit of `x` does not exclude
+    ///   the lock `x`, nor the other way round.
+    /// - [`refresh`](Self::refresh), [`refresh_many`](Self::refresh_many),
+    ///   [`release`](Self::release) and [`detach`](Self::detach) of a lease marked with
+    ///   [`Lease::permits`] act on that one permit, under the same contract as for a lock
+    ///   (release never frees another owner's permit; refresh never re-creates a permit).
+    /// - [`subscribe`](Self::subscribe) of the name may wake on a permit's release too (a
+    ///   spurious wake is allowed).
+    /// - Backends without semaphores return
+    ///   [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) (the default), and say
+    ///   so with [`Guarantees::semaphores`](crate::Guarantees::semaphores).
+    async fn acquire_permit(&self, request: &AcquireRequest) -> Result<Acquire> {
+        Err(crate::Error::new(
+            crate::ErrorKind::Unsupported,
+            format!(
+                "the {} backend has no semaphores (permits)",
+                self.backend_name()
+            ),
+        )
+        .with_backend(self.backend_name().to_owned())
+        .with_lock(&request.name))
+    }
+
+    /// The live permits of the semaphore `name`, earliest grant first: owner, token,
+    /// remaining TTL and note where known. Empty when none is held.
+    ///
+    /// Backends without semaphores return
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) (the default).
+    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
+        Err(crate::Error::new(
+            crate::ErrorKind::Unsupported,
+            format!(
+                "the {} backend has no semaphores (permits)",
+                self.backend_name()
+            ),
+        )
+        .with_backend(self.backend_name().to_owned())
+        .with_lock(name))
+    }
+
     /// What this backend promises. Every promise is checked by the conformance suite.
     fn guarantees(&self) -> Guarantees;
 
@@ -332,6 +391,12 @@ impl<T: LockBackend + ?Sized> LockBackend for Arc<T> {
     }
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         (**self).inspect(name).await
+    }
+    async fn acquire_permit(&self, request: &AcquireRequest) -> Result<Acquire> {
+        (**self).acquire_permit(request).await
+    }
+    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
+        (**self).inspect_permits(name).await
     }
     fn guarantees(&self) -> Guarantees {
         (**self).guarantees()

@@ -25,6 +25,9 @@ pub struct Guarantees {
     pub durability: Durability,
     /// Whether [`LockBackend::list`](crate::LockBackend::list) enumerates held locks.
     pub listing: bool,
+    /// Whether the backend grants semaphore permits
+    /// ([`LockBackend::acquire_permit`](crate::LockBackend::acquire_permit)).
+    pub semaphores: Semaphores,
     /// A sentence or two of caveats, for people.
     pub notes: &'static str,
 }
@@ -43,6 +46,7 @@ impl Guarantees {
             same_owner_retake: false,
             durability: Durability::LostOnRestart,
             listing: false,
+            semaphores: Semaphores::Unsupported("not built for this backend yet"),
             notes: "",
         }
     }
@@ -74,6 +78,12 @@ impl Guarantees {
     /// Declares that [`LockBackend::list`](crate::LockBackend::list) works.
     pub fn with_listing(mut self, listing: bool) -> Self {
         self.listing = listing;
+        self
+    }
+
+    /// Sets whether semaphore permits are granted.
+    pub fn with_semaphores(mut self, semaphores: Semaphores) -> Self {
+        self.semaphores = semaphores;
         self
     }
 
@@ -150,6 +160,26 @@ pub enum Durability {
     /// [`Fencing::Monotonic`] and this durability restores its counter from a source that
     /// survives the restart (Redis: the server clock), and says so in its notes.
     LostOnRestart,
+}
+
+/// Whether a backend grants semaphore permits (at most N holders of a name).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Semaphores {
+    /// Permits are granted with the same exclusion, fencing, expiry clock and waiting as
+    /// the backend's locks: never more than N live permits, checked by the conformance
+    /// suite's semaphore cases.
+    Supported,
+    /// No permits, and why.
+    Unsupported(&'static str),
+}
+
+impl fmt::Display for Semaphores {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Supported => f.write_str("yes"),
+            Self::Unsupported(why) => write!(f, "no ({why})"),
+        }
+    }
 }
 
 impl fmt::Display for Exclusion {

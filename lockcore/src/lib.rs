@@ -46,6 +46,8 @@ mod memory;
 mod name;
 mod note;
 mod options;
+mod permit_table;
+mod permits;
 mod security;
 #[cfg(feature = "serde")]
 mod serialize;
@@ -64,7 +66,9 @@ pub use backoff::{Backoff, Jitter, MAX_BACKOFF_CAP};
 pub use clock::{Clock, ClockControl};
 pub use duration::parse_duration;
 pub use error::{Error, Result};
-pub use guarantees::{Durability, Exclusion, ExpiryClock, Fairness, Fencing, Guarantees, Waiting};
+pub use guarantees::{
+    Durability, Exclusion, ExpiryClock, Fairness, Fencing, Guarantees, Semaphores, Waiting,
+};
 pub use guard::LockGuard;
 pub use identity::{AUTO_PREFIX, Identity, MAX_NAMED_LEN, MAX_TASK_LEN, NAMED_PREFIX};
 pub use invalid::Invalid;
@@ -74,6 +78,7 @@ pub use memory::MemoryBackend;
 pub use name::{LockName, MAX_NAME_LEN};
 pub use note::{MAX_NOTE_LEN, Note, display_safe, is_unsafe_to_show, validate_prefix};
 pub use options::{LockOptions, MAX_REFRESH_FAILURES, WaitMode};
+pub use permits::{MAX_PERMITS, Permits, limit_conflict};
 pub use security::{ConnectionSecurity, TlsDetails, Transport, Verification};
 pub use state::{Health, LostReason};
 #[cfg(any(test, feature = "testing"))]

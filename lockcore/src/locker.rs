@@ -37,9 +37,9 @@ use crate::wait::{Wait, held_error};
 /// ```
 #[derive(Debug, Clone)]
 pub struct Locker {
-    backend: Arc<dyn LockBackend>,
-    identity: Option<Identity>,
-    options: LockOptions,
+    pub(crate) backend: Arc<dyn LockBackend>,
+    pub(crate) identity: Option<Identity>,
+    pub(crate) options: LockOptions,
     rng: Arc<Mutex<JitterRng>>,
     clock: Clock,
     /// The tasks that refresh this locker's leases, one per runtime.
@@ -237,18 +237,18 @@ impl Locker {
     }
 
     /// `name` as a [`LockName`]; a bad one is an error naming this locker's backend.
-    fn lock_name(&self, name: impl AsRef<str>) -> Result<LockName> {
+    pub(crate) fn lock_name(&self, name: impl AsRef<str>) -> Result<LockName> {
         let backend = self.backend.backend_name();
         LockName::new(name).map_err(|e| Error::from(e).in_backend(backend))
     }
 
     /// Names this locker's backend and `name` on an error that does not name them yet: the
     /// one place, with the keeper and `held.rs`, that errors get their context.
-    fn context<'a>(&'a self, name: &'a LockName) -> impl Fn(Error) -> Error + 'a {
+    pub(crate) fn context<'a>(&'a self, name: &'a LockName) -> impl Fn(Error) -> Error + 'a {
         move |e| e.in_context(self.backend.backend_name(), name)
     }
 
-    async fn acquire_loop(
+    pub(crate) async fn acquire_loop(
         &self,
         request: &AcquireRequest,
         options: &LockOptions,

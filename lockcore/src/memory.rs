@@ -12,11 +12,12 @@ use tokio::time::Instant;
 use crate::backend::{LockBackend, ReleaseEvents};
 use crate::error::{Error, Result};
 use crate::guarantees::{
-    Durability, Exclusion, ExpiryClock, Fairness, Fencing, Guarantees, Waiting,
+    Durability, Exclusion, ExpiryClock, Fairness, Fencing, Guarantees, Semaphores, Waiting,
 };
 use crate::identity::Identity;
 use crate::name::LockName;
 use crate::note::Note;
+use crate::permit_table::PermitTable;
 use crate::types::HeldLock;
 use crate::types::{Acquire, AcquireRequest, FenceToken, HolderInfo, Lease};
 
@@ -52,6 +53,8 @@ struct Table {
     locks: HashMap<LockName, Entry>,
     /// Fence counters; never removed, so tokens stay monotonic across releases.
     counters: HashMap<LockName, u64>,
+    /// Semaphores, a namespace of their own.
+    permits: PermitTable,
 }
 
 #[derive(Debug, Clone)]
@@ -206,8 +209,18 @@ impl Entry {
 }
 
 impl MemoryBackend {
+    /// Grants a permit of `request` with room for one holder too many (for
+    /// [`crate::testing::Broken`]).
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn over_grant_permit(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.table().permits.acquire(request, true)
+    }
+
     /// Extends `lease` if `table` still holds exactly that grant.
     fn refresh_in(table: &mut Table, lease: &Lease) -> Result<Lease> {
+        if lease.permits().is_some() {
+            return table.permits.refresh(lease);
+        }
         match Self::live(table, lease.name()) {
             Some(entry) if entry.is_grant_of(lease) => {
                 entry.expires = Instant::now() + lease.ttl().get();
@@ -253,6 +266,14 @@ impl LockBackend for MemoryBackend {
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         let mut table = self.table();
+        if lease.permits().is_some() {
+            let released = table.permits.release(lease);
+            drop(table);
+            if released {
+                self.notify(lease.name());
+            }
+            return Ok(());
+        }
         let ours = table
             .locks
             .get(lease.name())
@@ -267,6 +288,14 @@ impl LockBackend for MemoryBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         Ok(Self::live(&mut self.table(), name).map(|e| e.holder()))
+    }
+
+    async fn acquire_permit(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.table().permits.acquire(request, false)
+    }
+
+    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
+        Ok(self.table().permits.holders(name))
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
@@ -311,6 +340,7 @@ impl LockBackend for MemoryBackend {
         .with_same_owner_retake(true)
         .with_durability(Durability::LostOnRestart)
         .with_listing(true)
+        .with_semaphores(Semaphores::Supported)
         .with_notes("Reference backend: locks live in one process and vanish with it.")
     }
 

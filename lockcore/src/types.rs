@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime};
 use crate::identity::Identity;
 use crate::name::LockName;
 use crate::note::Note;
+use crate::permits::Permits;
 use crate::ttl::Ttl;
 
 /// A fencing token: strictly increasing per lock name across every grant.
@@ -55,6 +56,9 @@ pub struct AcquireRequest {
     /// Text to store with the grant for people (`inspect` and `list` show it); a
     /// same-owner retake replaces it.
     pub note: Option<Note>,
+    /// `Some(n)`: a permit of the semaphore `name` of `n` permits
+    /// ([`LockBackend::acquire_permit`](crate::LockBackend::acquire_permit)), not the lock.
+    pub permits: Option<Permits>,
 }
 
 impl AcquireRequest {
@@ -66,12 +70,19 @@ impl AcquireRequest {
             owner,
             ttl,
             note: None,
+            permits: None,
         }
     }
 
     /// Stores `note` with the grant.
     pub fn with_note(mut self, note: Option<Note>) -> Self {
         self.note = note;
+        self
+    }
+
+    /// Asks for a permit of a semaphore of `permits` permits instead of the lock.
+    pub fn with_permits(mut self, permits: Permits) -> Self {
+        self.permits = Some(permits);
         self
     }
 }
@@ -88,6 +99,7 @@ pub struct Lease {
     ttl: Ttl,
     token: Option<FenceToken>,
     grant: String,
+    permits: Option<Permits>,
 }
 
 impl Lease {
@@ -99,7 +111,20 @@ impl Lease {
             ttl,
             token: None,
             grant: grant.into(),
+            permits: None,
         }
+    }
+
+    /// Marks the lease as a permit of a semaphore of `permits` permits (set by the backend
+    /// that granted it; its `refresh`, `release` and `detach` act on that permit).
+    pub fn with_permits(mut self, permits: Permits) -> Self {
+        self.permits = Some(permits);
+        self
+    }
+
+    /// `Some(n)` for a permit of a semaphore of `n` permits, `None` for a lock.
+    pub fn permits(&self) -> Option<Permits> {
+        self.permits
     }
 
     /// Sets the fencing token.
@@ -153,6 +178,7 @@ impl fmt::Debug for Lease {
             .field("owner", &self.owner)
             .field("ttl", &self.ttl)
             .field("token", &self.token)
+            .field("permits", &self.permits)
             .finish_non_exhaustive()
     }
 }

@@ -117,7 +117,8 @@ impl Wait {
         backend: &Arc<dyn LockBackend>,
         request: &AcquireRequest,
     ) -> bool {
-        if std::mem::replace(&mut self.queue_tried, true) {
+        // A backend's queue (etcd's) is a lock's; a semaphore's waiters poll or are notified.
+        if std::mem::replace(&mut self.queue_tried, true) || request.permits.is_some() {
             return false;
         }
         // Past the deadline nothing will wait in the queue: no place is taken (on etcd a

@@ -8,6 +8,7 @@ mod exclusion;
 mod expiry;
 mod health;
 mod listing;
+mod semaphore;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,6 +41,13 @@ pub use health::{
     unreachable_backend_degrades_then_loses, unreachable_backend_recovers,
 };
 pub use listing::{list_shows_held_locks, note_is_stored_with_the_grant};
+pub use semaphore::{
+    expired_permits_free_their_places, mixed_permit_limits_are_refused,
+    permit_waiter_gets_a_released_place, permits_admit_at_most_n,
+    permits_never_exceed_n_under_contention, refresh_keeps_a_permit_beyond_its_ttl,
+    released_permit_frees_its_place, same_owner_retakes_its_permit,
+    stale_permit_cannot_release_or_refresh,
+};
 
 /// `d` as a [`Ttl`]; the cases only use valid ones.
 pub(crate) fn ttl(d: Duration) -> Ttl {

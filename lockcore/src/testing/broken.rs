@@ -50,6 +50,10 @@ pub enum Defect {
     /// A grant without a note shows the note of the name's previous grant (a note stored
     /// beside the lock and never deleted).
     NoteOutlivesGrant,
+    /// `acquire_permit` admits one holder more than the semaphore's permits.
+    PermitOverGrant,
+    /// Releasing a permit answers `Ok` and leaves it held until its TTL (a leaked permit).
+    PermitReleaseKeeps,
 }
 
 /// A [`MemoryBackend`] with one [`Defect`]; every call the defect does not concern is the
@@ -165,6 +169,9 @@ impl LockBackend for Broken {
 
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
         let name = lease.name();
+        if lease.permits().is_some() {
+            return self.memory.refresh(lease).await;
+        }
         match self.defect {
             Defect::RefreshIgnoresOwner => {
                 let token = lease.token().map_or(0, FenceToken::get);
@@ -214,6 +221,12 @@ impl LockBackend for Broken {
         // Each defect's check and delete happen under one lock of the table, so a defect
         // never also deletes a third owner's grant taken in between.
         let name = lease.name();
+        if lease.permits().is_some() {
+            if self.defect == Defect::PermitReleaseKeeps {
+                return Ok(());
+            }
+            return self.memory.release(lease).await;
+        }
         match self.defect {
             Defect::ReleaseIgnoresOwner => self.memory.remove_if(name, |_| true),
             Defect::ReleaseChecksOwnerOnly => {
@@ -230,6 +243,17 @@ impl LockBackend for Broken {
 
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         self.memory.inspect(name).await
+    }
+
+    async fn acquire_permit(&self, request: &AcquireRequest) -> Result<Acquire> {
+        if self.defect == Defect::PermitOverGrant {
+            return self.memory.over_grant_permit(request);
+        }
+        self.memory.acquire_permit(request).await
+    }
+
+    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
+        self.memory.inspect_permits(name).await
     }
 
     fn guarantees(&self) -> Guarantees {

@@ -1,0 +1,143 @@
+//! The semaphore half of [`MemoryBackend`](crate::MemoryBackend)'s table: live permits per
+//! semaphore name, one per owner, with their own fence counters.
+
+use std::collections::HashMap;
+use std::time::SystemTime;
+
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::identity::Identity;
+use crate::name::LockName;
+use crate::note::Note;
+use crate::permits::{Permits, limit_conflict};
+use crate::types::{Acquire, AcquireRequest, FenceToken, HolderInfo, Lease};
+
+/// Every semaphore's permits; expired ones are dropped when their semaphore is read.
+#[derive(Debug, Default)]
+pub(crate) struct PermitTable {
+    held: HashMap<LockName, Vec<Permit>>,
+    /// Fence counters per semaphore name, never removed.
+    counters: HashMap<LockName, u64>,
+}
+
+#[derive(Debug, Clone)]
+struct Permit {
+    owner: Identity,
+    limit: Permits,
+    token: u64,
+    note: Option<Note>,
+    acquired_at: SystemTime,
+    expires: Instant,
+}
+
+impl Permit {
+    fn holder(&self) -> HolderInfo {
+        HolderInfo::new(self.owner.clone())
+            .with_acquired_at(self.acquired_at)
+            .with_expires_in(self.expires.saturating_duration_since(Instant::now()))
+            .with_token(FenceToken::new(self.token))
+            .with_note(self.note.clone())
+    }
+
+    fn is_grant_of(&self, lease: &Lease) -> bool {
+        self.owner == *lease.owner() && self.token.to_string() == lease.grant()
+    }
+}
+
+impl PermitTable {
+    /// The live permits of `name`, expired ones dropped.
+    fn live(&mut self, name: &LockName) -> &mut Vec<Permit> {
+        let now = Instant::now();
+        let permits = self.held.entry(name.clone()).or_default();
+        permits.retain(|p| p.expires > now);
+        permits
+    }
+
+    /// One attempt at a permit (see [`LockBackend::acquire_permit`](crate::LockBackend::acquire_permit)).
+    /// `over_grant` admits one holder too many (for [`crate::testing::Broken`]).
+    pub(crate) fn acquire(
+        &mut self,
+        request: &AcquireRequest,
+        over_grant: bool,
+    ) -> Result<Acquire> {
+        let Some(limit) = request.permits else {
+            return Err(Error::new(
+                crate::ErrorKind::InvalidInput,
+                "a permit request without a number of permits",
+            ));
+        };
+        let name = &request.name;
+        let permits = self.live(name);
+        if let Some(other) = permits.iter().find(|p| p.limit != limit) {
+            return Err(limit_conflict(
+                name.as_str(),
+                other.limit.get(),
+                limit.get(),
+            ));
+        }
+        let others = permits.iter().filter(|p| p.owner != request.owner);
+        let taken = others.clone().count();
+        let room = limit.get() as usize + usize::from(over_grant);
+        if taken >= room {
+            let first = others.min_by_key(|p| p.expires).map(Permit::holder);
+            return Ok(Acquire::Held(first.expect("a full semaphore has holders")));
+        }
+        permits.retain(|p| p.owner != request.owner);
+        let counter = self.counters.entry(name.clone()).or_insert(0);
+        *counter += 1;
+        let token = *counter;
+        let permit = Permit {
+            owner: request.owner.clone(),
+            limit,
+            token,
+            note: request.note.clone(),
+            acquired_at: SystemTime::now(),
+            expires: Instant::now() + request.ttl.get(),
+        };
+        self.held.entry(name.clone()).or_default().push(permit);
+        let lease = Lease::new(
+            name.clone(),
+            request.owner.clone(),
+            request.ttl,
+            token.to_string(),
+        );
+        Ok(Acquire::Acquired(
+            lease.with_token(FenceToken::new(token)).with_permits(limit),
+        ))
+    }
+
+    /// Extends the permit `lease` if it is still live and exactly that grant.
+    pub(crate) fn refresh(&mut self, lease: &Lease) -> Result<Lease> {
+        match self
+            .live(lease.name())
+            .iter_mut()
+            .find(|p| p.is_grant_of(lease))
+        {
+            Some(permit) => {
+                permit.expires = Instant::now() + lease.ttl().get();
+                Ok(lease.clone())
+            }
+            None => Err(Error::lost(
+                "the permit was released, expired or taken over",
+            )),
+        }
+    }
+
+    /// Removes the permit `lease` if it is exactly that grant; `true` when it was there.
+    pub(crate) fn release(&mut self, lease: &Lease) -> bool {
+        let Some(permits) = self.held.get_mut(lease.name()) else {
+            return false;
+        };
+        let before = permits.len();
+        permits.retain(|p| !p.is_grant_of(lease));
+        permits.len() < before
+    }
+
+    /// The live permits of `name`, earliest grant first.
+    pub(crate) fn holders(&mut self, name: &LockName) -> Vec<HolderInfo> {
+        let mut permits = self.live(name).clone();
+        permits.sort_by_key(|p| p.token);
+        permits.iter().map(Permit::holder).collect()
+    }
+}
