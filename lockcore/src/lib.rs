@@ -46,6 +46,7 @@ mod memory;
 mod name;
 mod note;
 mod options;
+mod permit_count;
 mod permit_table;
 mod permits;
 mod security;
@@ -78,7 +79,8 @@ pub use memory::MemoryBackend;
 pub use name::{LockName, MAX_NAME_LEN};
 pub use note::{MAX_NOTE_LEN, Note, display_safe, is_unsafe_to_show, validate_prefix};
 pub use options::{LockOptions, MAX_REFRESH_FAILURES, WaitMode};
-pub use permits::{MAX_PERMITS, Permits, limit_conflict};
+pub use permit_count::{MAX_PERMITS, Permits};
+pub use permits::limit_conflict;
 pub use security::{ConnectionSecurity, TlsDetails, Transport, Verification};
 pub use state::{Health, LostReason};
 #[cfg(any(test, feature = "testing"))]

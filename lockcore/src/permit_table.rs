@@ -10,7 +10,8 @@ use crate::error::{Error, Result};
 use crate::identity::Identity;
 use crate::name::LockName;
 use crate::note::Note;
-use crate::permits::{Permits, limit_conflict};
+use crate::permit_count::Permits;
+use crate::permits::limit_conflict;
 use crate::types::{Acquire, AcquireRequest, FenceToken, HolderInfo, Lease};
 
 /// Every semaphore's permits; expired ones are dropped when their semaphore is read.

@@ -8,74 +8,14 @@
 //! Semaphore names are a namespace of their own: a semaphore `jobs` and a lock `jobs` do
 //! not exclude each other.
 
-use std::fmt;
-use std::num::NonZeroU32;
-
 use crate::ErrorKind;
 use crate::error::Result;
 use crate::guard::LockGuard;
 use crate::identity::Identity;
-use crate::invalid::Invalid;
 use crate::locker::Locker;
 use crate::options::{LockOptions, WaitMode};
+use crate::permit_count::Permits;
 use crate::types::{AcquireRequest, HolderInfo};
-
-/// The most permits a semaphore may have.
-pub const MAX_PERMITS: u32 = 10_000;
-
-/// How many holders a semaphore admits at once: 1 to [`MAX_PERMITS`].
-///
-/// ```
-/// use lockcore::Permits;
-/// assert_eq!(Permits::new(3).unwrap().get(), 3);
-/// assert!(Permits::new(0).is_err());
-/// ```
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Permits(NonZeroU32);
-
-impl Permits {
-    /// `n` permits.
-    ///
-    /// # Errors
-    /// [`Invalid`] for 0 or more than [`MAX_PERMITS`].
-    pub fn new(n: u32) -> std::result::Result<Self, Invalid> {
-        match NonZeroU32::new(n) {
-            Some(n) if n.get() <= MAX_PERMITS => Ok(Self(n)),
-            _ => Err(Invalid::new(format!(
-                "a semaphore has 1 to {MAX_PERMITS} permits, not {n}"
-            ))),
-        }
-    }
-
-    /// The number of permits.
-    pub const fn get(self) -> u32 {
-        self.0.get()
-    }
-}
-
-impl fmt::Debug for Permits {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Permits({})", self.0)
-    }
-}
-
-impl fmt::Display for Permits {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.0, f)
-    }
-}
-
-/// The error a backend returns when a live permit of the semaphore was taken with another
-/// limit: mixing limits would let more holders in than the smaller one allows.
-pub fn limit_conflict(name: &str, held: u32, asked: u32) -> crate::Error {
-    crate::Error::new(
-        ErrorKind::InvalidInput,
-        format!(
-            "semaphore {name} is held with a limit of {held} permits; this request asked for \
-             {asked}: every holder of a semaphore must use the same limit"
-        ),
-    )
-}
 
 impl Locker {
     /// Takes one permit of the semaphore `name` of `permits` permits, with the locker's
@@ -131,7 +71,7 @@ impl Locker {
     ///
     /// # Errors
     /// - [`ErrorKind::InvalidInput`] for a bad name, options, or `permits` outside 1 to
-    ///   [`MAX_PERMITS`], and when live permits of `name` were taken with another limit;
+    ///   [`MAX_PERMITS`](crate::MAX_PERMITS), and when live permits of `name` were taken with another limit;
     /// - [`ErrorKind::Unsupported`] when the backend has no semaphores (see
     ///   [`Guarantees::semaphores`](crate::Guarantees::semaphores));
     /// - [`ErrorKind::Held`] in `TryOnce` mode, [`ErrorKind::Timeout`] at the deadline,
@@ -170,4 +110,16 @@ impl Locker {
             .await
             .map_err(self.context(&name))
     }
+}
+
+/// The error a backend returns when a live permit of the semaphore was taken with another
+/// limit: mixing limits would let more holders in than the smaller one allows.
+pub fn limit_conflict(name: &str, held: u32, asked: u32) -> crate::Error {
+    crate::Error::new(
+        ErrorKind::InvalidInput,
+        format!(
+            "semaphore {name} is held with a limit of {held} permits; this request asked for \
+             {asked}: every holder of a semaphore must use the same limit"
+        ),
+    )
 }

@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 use crate::identity::Identity;
 use crate::name::LockName;
 use crate::note::Note;
-use crate::permits::Permits;
+use crate::permit_count::Permits;
 use crate::ttl::Ttl;
 
 /// A fencing token: strictly increasing per lock name across every grant.
