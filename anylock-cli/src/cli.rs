@@ -12,6 +12,7 @@ Examples:
   anylock run nightly --no-wait -- make report         # skip if another run holds it
   anylock run nightly -n -E 0 -c 'make report'         # skip quietly (exit 0), shell line
   anylock run deploy --wait 5m --ttl 1m -- ./deploy    # give up after 5 minutes
+  anylock run render --permits 3 -- ./render.sh        # at most 3 at once (a semaphore)
   anylock run build --leftovers wait -- sh -c 'make &'  # hold until background work ends
   ANYLOCK_BACKEND=redis://redis:6379/0 anylock run publish-repo -- ./publish.sh
   anylock run nightly -n --hold-at-least 10m -- ./report # no second run for 10 minutes
@@ -234,6 +235,12 @@ pub(crate) struct RunArgs {
     #[command(flatten)]
     pub(crate) note: NoteArgs,
 
+    /// Take one of N permits of the semaphore NAME instead of the lock NAME: at most N
+    /// commands run at once (consul lock's `-n`; here `-n` is --no-wait, as flock's).
+    /// Every run of NAME must pass the same N; semaphore names are apart from lock names.
+    #[arg(long, visible_alias = "limit", value_name = "N", value_parser = parse_permits)]
+    pub(crate) permits: Option<u32>,
+
     /// After SIGTERM on a lost lock, wait this long before SIGKILL [default: 10s]. Must be
     /// shorter than the TTL; cut to what the lease has left when the loss is detected, and
     /// skipped when the lease is already gone (taken over, broken, expired).
@@ -273,6 +280,19 @@ impl RunArgs {
             self.command = vec!["/bin/sh".into(), "-c".into(), line.into()];
         }
     }
+}
+
+/// A number of permits as lockcore checks it (1 to 10,000).
+fn parse_permits(text: &str) -> Result<u32, String> {
+    let n: u32 = (text.trim().parse()).map_err(|_| {
+        format!(
+            "{text:?} is not a number of permits (1 to {})",
+            lockcore::MAX_PERMITS
+        )
+    })?;
+    lockcore::Permits::new(n)
+        .map(lockcore::Permits::get)
+        .map_err(|e| e.message().to_owned())
 }
 
 /// An exit code for a skipped run that cannot be mistaken for one of anylock's own.

@@ -52,7 +52,7 @@ async fn run_inner(args: RunArgs, config: &Config, quiet: bool) -> Result<u8, Er
     let hold_at_least = hold_at_least(&args, options.ttl())?;
     let backend = crate::select::connect(&crate::select::backend_url(config)?).await?;
     let locker = Locker::new(backend).with_options(options);
-    let guard = acquire_with_status(&locker, &args.name, quiet).await?;
+    let guard = acquire_with_status(&locker, &args.name, args.permits, quiet).await?;
     // Measured after the grant: the lease is left until no earlier than grant + DUR.
     let hold_until = hold_at_least.map(|d| tokio::time::Instant::now() + d);
     // Before the command starts: from here on a signal is forwarded, never fatal.
@@ -127,18 +127,24 @@ pub(crate) fn wait_mode(
     })
 }
 
-/// Acquires, showing who holds the lock meanwhile: a live line on a terminal, one log line
-/// otherwise.
+/// Acquires the lock `name` (or, with `permits`, one permit of the semaphore `name`),
+/// showing who holds it meanwhile: a live line on a terminal, one log line otherwise.
 pub(crate) async fn acquire_with_status(
     locker: &Locker,
     name: &str,
+    permits: Option<u32>,
     quiet: bool,
 ) -> Result<LockGuard, Error> {
+    let acquire = async {
+        match permits {
+            Some(n) => locker.acquire_permit(name, n).await,
+            None => locker.acquire(name).await,
+        }
+    };
     if quiet {
-        return locker.acquire(name).await;
+        return acquire.await;
     }
     let tty = std::io::stderr().is_terminal();
-    let acquire = locker.acquire(name);
     tokio::pin!(acquire);
     let start = tokio::time::Instant::now() + Duration::from_millis(300);
     let mut ticker = tokio::time::interval_at(start, Duration::from_secs(1));
@@ -153,9 +159,12 @@ pub(crate) async fn acquire_with_status(
             }
             _ = ticker.tick() => {
                 // Bounded: while this awaits, the acquire is not polled.
-                let inspect = tokio::time::timeout(Duration::from_millis(900), locker.inspect(name));
+                let inspect = tokio::time::timeout(Duration::from_millis(900), holder_of(locker, name, permits));
                 let Ok(Ok(Some(holder))) = inspect.await else { continue };
-                let line = describe_wait(name, &holder);
+                let mut line = describe_wait(name, &holder);
+                if let Some(n) = permits {
+                    line = line.replacen(", held by", &format!(": all {n} permits held; first to end"), 1);
+                }
                 if tty {
                     eprint!("\r\x1b[2K{line}");
                 } else if !shown {
@@ -165,6 +174,20 @@ pub(crate) async fn acquire_with_status(
             }
         }
     }
+}
+
+/// Who holds the lock `name`, or (with `permits`) the permit of the semaphore `name` that
+/// expires first.
+async fn holder_of(
+    locker: &Locker,
+    name: &str,
+    permits: Option<u32>,
+) -> Result<Option<HolderInfo>, Error> {
+    if permits.is_none() {
+        return locker.inspect(name).await;
+    }
+    let holders = locker.inspect_permits(name).await?;
+    Ok(holders.into_iter().min_by_key(|h| h.expires_in()))
 }
 
 /// "waiting for NAME, held by host/pid since T, expires in S".

@@ -51,7 +51,7 @@ async fn acquire_inner(args: &AcquireArgs, config: &Config, quiet: bool) -> Resu
     let locker = Locker::new(backend)
         .with_identity(owner)
         .with_options(options);
-    let guard = acquire_with_status(&locker, &args.held.name, quiet).await?;
+    let guard = acquire_with_status(&locker, &args.held.name, None, quiet).await?;
     // Counted from when the grant was requested, minus the drift allowance: the printed
     // expiry is never later than the server's.
     let expires_at = SystemTime::now() + guard.remaining_validity();

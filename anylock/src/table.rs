@@ -1,12 +1,12 @@
 //! The guarantees comparison table, generated from the descriptors.
 
-use lockcore::{Durability, ExpiryClock, Fairness, Fencing, Guarantees, Waiting};
+use lockcore::{Durability, ExpiryClock, Fairness, Fencing, Guarantees, Semaphores, Waiting};
 
 /// A Markdown table with one row per `(backend, guarantees)`.
 pub fn guarantees_markdown(rows: &[(&str, Guarantees)]) -> String {
     let mut out = String::from(
-        "| backend | mutual exclusion | fencing tokens | expiry decided by | waiters | fairness | same-owner retake | server restart | `list` |\n\
-         |---|---|---|---|---|---|---|---|---|\n",
+        "| backend | mutual exclusion | fencing tokens | expiry decided by | waiters | fairness | same-owner retake | server restart | `list` | semaphores |\n\
+         |---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (name, g) in rows {
         let cells = [
@@ -34,6 +34,10 @@ pub fn guarantees_markdown(rows: &[(&str, Guarantees)]) -> String {
                 Durability::LostOnRestart => "locks lost".to_owned(),
             },
             if g.listing { "yes" } else { "no" }.to_owned(),
+            match g.semaphores {
+                Semaphores::Supported => "yes".to_owned(),
+                Semaphores::Unsupported(_) => "no".to_owned(),
+            },
         ];
         out.push_str(&format!("| {} |\n", cells.join(" | ")));
     }
@@ -58,7 +62,7 @@ mod tests {
         ];
         let table = guarantees_markdown(&rows);
         assert_eq!(table.lines().count(), 4);
-        assert!(table.contains("| `memory` | in-process | monotonic | server clock | notified | none | yes | locks lost | yes |"), "{table}");
+        assert!(table.contains("| `memory` | in-process | monotonic | server clock | notified | none | yes | locks lost | yes | yes |"), "{table}");
         assert!(
             table.contains("| `redlock` | timing-dependent quorum | none |"),
             "{table}"

@@ -253,7 +253,7 @@ impl Locker {
         request: &AcquireRequest,
         options: &LockOptions,
     ) -> Result<LockGuard> {
-        let mut wait = Wait::start(options);
+        let mut wait = Wait::start(options, request.permits);
         // The first attempt always runs to completion (bounded by the attempt timeout), so
         // a zero or tiny wait still means "one real try"; later ones stop at the deadline.
         let mut first = true;
@@ -274,7 +274,7 @@ impl Locker {
                     wait.holder = None;
                 }
                 Ok((_, Attempted::Held(holder))) if options.wait() == WaitMode::TryOnce => {
-                    return Err(held_error(holder));
+                    return Err(held_error(holder, request.permits));
                 }
                 Ok((_, Attempted::Held(holder))) => {
                     wait.holder = Some(holder);

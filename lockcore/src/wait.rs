@@ -11,11 +11,12 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use crate::backend::{LockBackend, QueueTicket, ReleaseEvents};
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::{LockOptions, WaitMode};
+use crate::permit_count::Permits;
 use crate::types::{AcquireRequest, HolderInfo};
 
 /// The `Held` error of a `TryOnce` attempt, naming the holder, its note and its expiry.
-pub(crate) fn held_error(holder: HolderInfo) -> Error {
-    let mut message = format!("held by {}", holder.owner());
+pub(crate) fn held_error(holder: HolderInfo, permits: Option<Permits>) -> Error {
+    let mut message = format!("{} {}", held_by(permits), holder.owner());
     if let Some(note) = holder.note() {
         message.push_str(&format!(" ({note})"));
     }
@@ -23,6 +24,14 @@ pub(crate) fn held_error(holder: HolderInfo) -> Error {
         message.push_str(&format!(", expires in {left:?} unless refreshed"));
     }
     Error::new(ErrorKind::Held, message).with_holder(holder)
+}
+
+/// "held by" for a lock; for a semaphore, which of its holders the message names.
+fn held_by(permits: Option<Permits>) -> String {
+    match permits {
+        None => "held by".to_owned(),
+        Some(n) => format!("all {n} permits are held; the first to end is held by"),
+    }
 }
 
 /// The waiting side of the acquire loop: deadline, backoff, notifications.
@@ -43,12 +52,14 @@ pub(crate) struct Wait {
     /// `events` came from the ticket: their end means the place was lost.
     events_from_ticket: bool,
     queue_tried: bool,
+    /// `Some(n)` while waiting for a permit of a semaphore of `n`.
+    permits: Option<Permits>,
 }
 
 impl Wait {
     /// The wait of one acquisition; nothing is asked of the backend until an attempt
     /// finds the lock held ([`subscribe`](Self::subscribe), [`join_queue`](Self::join_queue)).
-    pub(crate) fn start(options: &LockOptions) -> Self {
+    pub(crate) fn start(options: &LockOptions, permits: Option<Permits>) -> Self {
         let started = Instant::now();
         let deadline = match options.wait() {
             WaitMode::Timeout(d) => Some(started + d),
@@ -67,6 +78,7 @@ impl Wait {
             ticket: None,
             events_from_ticket: false,
             queue_tried: false,
+            permits,
         }
     }
 
@@ -208,7 +220,7 @@ impl Wait {
         let waited = self.started.elapsed();
         let mut message = format!("gave up after {waited:?}");
         if let Some(holder) = &self.holder {
-            message.push_str(&format!("; held by {}", holder.owner()));
+            message.push_str(&format!("; {} {}", held_by(self.permits), holder.owner()));
             if let Some(note) = holder.note() {
                 message.push_str(&format!(" ({note})"));
             }

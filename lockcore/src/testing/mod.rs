@@ -195,6 +195,15 @@ impl LockBackend for FaultyBackend {
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         self.run(Op::Inspect, self.inner.inspect(name)).await
     }
+    /// Faults as `acquire`'s (`Op::Acquire`).
+    async fn acquire_permit(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.run(Op::Acquire, self.inner.acquire_permit(request))
+            .await
+    }
+    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
+        self.run(Op::Inspect, self.inner.inspect_permits(name))
+            .await
+    }
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         self.inner.break_lock(name).await
     }

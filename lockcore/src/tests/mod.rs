@@ -15,6 +15,7 @@ mod keeper;
 mod keeper_edges;
 mod leave;
 mod orphan;
+mod permits;
 mod poll;
 mod queue;
 mod refresher;
