@@ -66,6 +66,9 @@ macro_rules! __with_cases {
             mixed_permit_limits_are_refused,
             permit_waiter_gets_a_released_place,
             refresh_keeps_a_permit_beyond_its_ttl,
+            one_leader_at_a_time_and_terms_rise,
+            a_crashed_leader_is_replaced_within_ttl,
+            observers_see_each_term,
         );
     };
 }

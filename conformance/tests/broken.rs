@@ -192,3 +192,29 @@ async fn a_leaked_permit_is_caught() {
     assert!(message.contains("still holds its place"), "{message}");
     still_basically_works(Defect::PermitReleaseKeeps).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_leaders_and_repeated_terms_are_caught() {
+    let message = failure_of(
+        Defect::RacyAcquire,
+        cases::one_leader_at_a_time_and_terms_rise,
+    )
+    .await;
+    assert!(message.contains("two leaders at once"), "{message}");
+    let message = failure_of(
+        Defect::NonMonotonicTokens,
+        cases::one_leader_at_a_time_and_terms_rise,
+    )
+    .await;
+    assert!(message.contains("a term did not rise"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_that_never_expires_is_caught() {
+    let message = failure_of(
+        Defect::NeverExpires,
+        cases::a_crashed_leader_is_replaced_within_ttl,
+    )
+    .await;
+    assert!(message.contains("elected within TTL + slack"), "{message}");
+}

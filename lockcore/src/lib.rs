@@ -31,6 +31,7 @@ mod backend;
 mod backoff;
 mod clock;
 mod duration;
+mod election;
 mod error;
 mod grid;
 mod guarantees;
@@ -66,6 +67,7 @@ pub use backend::{LockBackend, QueueTicket, ReleaseEvents};
 pub use backoff::{Backoff, Jitter, MAX_BACKOFF_CAP};
 pub use clock::{Clock, ClockControl};
 pub use duration::parse_duration;
+pub use election::{DEFAULT_OBSERVE_INTERVAL, Election, Leader, Leadership, Observer};
 pub use error::{Error, Result};
 pub use guarantees::{
     Durability, Exclusion, ExpiryClock, Fairness, Fencing, Guarantees, Semaphores, Waiting,

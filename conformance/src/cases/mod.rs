@@ -4,6 +4,7 @@
 
 mod basic;
 mod claims;
+mod election;
 mod exclusion;
 mod expiry;
 mod health;
@@ -27,6 +28,10 @@ pub use basic::{
     inspect_shows_the_holder, many_names_held_at_once,
 };
 pub use claims::{durability_claim, fifo_claim, notification_claim, same_identity_instant_retake};
+pub use election::{
+    a_crashed_leader_is_replaced_within_ttl, observers_see_each_term,
+    one_leader_at_a_time_and_terms_rise,
+};
 pub use exclusion::{
     dropped_acquire_leaves_nothing_held, handoff_latency, mutual_exclusion_under_contention,
     waiting_acquire_gets_the_lock_after_release, waiting_acquire_times_out,

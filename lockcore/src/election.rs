@@ -1,0 +1,298 @@
+//! Leader election on the lease machinery: [`Election`], [`Leadership`], [`Leader`],
+//! [`Observer`].
+//!
+//! A candidate leads while it holds the election's lock: campaigning is a waiting
+//! acquire, leadership is a [`LockGuard`] (refreshed by the locker's keeper, with the same
+//! health states; a lost lease ends leadership with the same `Lost` signal), resigning is a
+//! release, and the term is the grant's fencing token, which rises with every term on
+//! backends that fence. Observers read the holder, woken by release notifications where the
+//! backend sends them and polling otherwise.
+
+use std::fmt;
+use std::time::{Duration, SystemTime};
+
+use futures_util::StreamExt;
+
+use crate::backend::ReleaseEvents;
+use crate::error::Result;
+use crate::guard::LockGuard;
+use crate::identity::Identity;
+use crate::locker::Locker;
+use crate::name::LockName;
+use crate::note::Note;
+use crate::options::{LockOptions, WaitMode};
+use crate::state::LostReason;
+use crate::types::{FenceToken, HolderInfo};
+
+/// How often an [`Observer`] reads the leader when nothing wakes it sooner.
+pub const DEFAULT_OBSERVE_INTERVAL: Duration = Duration::from_millis(500);
+
+/// An election of one leader among the candidates that campaign for `name` (a lock name:
+/// the election is that lock, and [`Locker::inspect`] shows its leader too).
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> lockcore::Result<()> {
+/// use std::sync::Arc;
+/// use lockcore::{Locker, MemoryBackend, Note};
+/// let locker = Locker::new(Arc::new(MemoryBackend::new()));
+/// let election = locker.election("scheduler")?;
+/// let mut observer = election.observe();
+/// let leadership = election.campaign(Some(Note::new("node-1")?)).await?;
+/// let leader = observer.next().await?.expect("a leader");
+/// assert_eq!(leader.value().map(|v| v.as_str()), Some("node-1"));
+/// assert_eq!(leader.term(), leadership.term());
+/// leadership.resign().await?;
+/// assert!(observer.next().await?.is_none());
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Election {
+    locker: Locker,
+    name: LockName,
+    interval: Duration,
+}
+
+impl Locker {
+    /// The election `name`, run with this locker's options and identity.
+    ///
+    /// # Errors
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) for a bad name.
+    pub fn election(&self, name: impl AsRef<str>) -> Result<Election> {
+        Ok(Election {
+            locker: self.clone(),
+            name: self.lock_name(name)?,
+            interval: DEFAULT_OBSERVE_INTERVAL,
+        })
+    }
+}
+
+impl Election {
+    /// The election's (lock) name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// Sets how often observers read the leader when no notification wakes them
+    /// (default [`DEFAULT_OBSERVE_INTERVAL`]; at least 10 ms).
+    #[must_use]
+    pub fn with_observe_interval(mut self, interval: Duration) -> Self {
+        self.interval = interval.max(Duration::from_millis(10));
+        self
+    }
+
+    /// Campaigns until elected, as the locker's options wait (by default for ever), with
+    /// `value` stored for observers (a [`Note`]: host, address, run URL).
+    ///
+    /// # Errors
+    /// As [`Locker::acquire_with`]: `Timeout` when the wait runs out, `Held` in
+    /// `TryOnce` mode, the backend's errors.
+    ///
+    /// # Cancel safety
+    /// As [`Locker::acquire_with`]: dropping the future never leaves a leader that
+    /// nobody holds.
+    pub async fn campaign(&self, value: Option<Note>) -> Result<Leadership> {
+        let options = self.options(value, self.locker.options().wait());
+        let guard = self.locker.acquire_with(&self.name, &options).await?;
+        Ok(Leadership { guard })
+    }
+
+    /// One attempt: `Ok(None)` when someone else leads.
+    ///
+    /// # Errors
+    /// As [`campaign`](Self::campaign), except that a held leadership is `Ok(None)`.
+    pub async fn try_campaign(&self, value: Option<Note>) -> Result<Option<Leadership>> {
+        let options = self.options(value, WaitMode::TryOnce);
+        match self.locker.acquire_with(&self.name, &options).await {
+            Ok(guard) => Ok(Some(Leadership { guard })),
+            Err(err) if err.kind() == crate::ErrorKind::Held => Ok(None),
+            Err(err) => Err(err),
+        }
+    }
+
+    fn options(&self, value: Option<Note>, wait: WaitMode) -> LockOptions {
+        let options = self.locker.options().clone().with_wait(wait);
+        match value {
+            Some(value) => options.with_note(value),
+            None => options,
+        }
+    }
+
+    /// The leader now, `None` when nobody leads.
+    ///
+    /// # Errors
+    /// The backend's error.
+    pub async fn leader(&self) -> Result<Option<Leader>> {
+        let holder = self.locker.inspect(&self.name).await?;
+        Ok(holder.map(|holder| Leader { holder }))
+    }
+
+    /// An observer of this election's leaders, from now on.
+    pub fn observe(&self) -> Observer {
+        Observer {
+            election: self.clone(),
+            last: None,
+            events: None,
+            subscribed: false,
+        }
+    }
+}
+
+/// A term of leadership: the held lock, refreshed in the background.
+#[derive(Debug)]
+pub struct Leadership {
+    guard: LockGuard,
+}
+
+impl Leadership {
+    /// The term: the grant's fencing token, greater than every earlier term's on backends
+    /// that fence (`None` on those that do not, such as Redlock).
+    pub fn term(&self) -> Option<FenceToken> {
+        self.guard.fence_token()
+    }
+
+    /// `true` while the lease is held (see [`LockGuard::is_held`]): check it before acting
+    /// as leader, and pass [`term`](Self::term) to what you write.
+    pub fn is_leader(&self) -> bool {
+        self.guard.is_held()
+    }
+
+    /// Resolves when leadership is lost (the lease was lost or ran out).
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn lost(&self) -> LostReason {
+        self.guard.lost().await
+    }
+
+    /// The lock guard underneath, for its health channel and cancellation token.
+    pub fn guard(&self) -> &LockGuard {
+        &self.guard
+    }
+
+    /// Gives leadership up: releases the lock, so another candidate can be elected at
+    /// once.
+    ///
+    /// # Errors
+    /// As [`LockGuard::release`].
+    pub async fn resign(self) -> Result<()> {
+        self.guard.release().await
+    }
+
+    /// The guard, for code that takes a [`LockGuard`].
+    pub fn into_guard(self) -> LockGuard {
+        self.guard
+    }
+}
+
+/// A leader as observers see it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Leader {
+    holder: HolderInfo,
+}
+
+impl Leader {
+    /// Who leads.
+    pub fn owner(&self) -> &Identity {
+        self.holder.owner()
+    }
+
+    /// The term (fencing token of the leader's grant), where the backend fences.
+    pub fn term(&self) -> Option<FenceToken> {
+        self.holder.token()
+    }
+
+    /// When this term began, where the backend records it.
+    pub fn since(&self) -> Option<SystemTime> {
+        self.holder.acquired_at()
+    }
+
+    /// The value the leader campaigned with.
+    pub fn value(&self) -> Option<&Note> {
+        self.holder.note()
+    }
+
+    /// How long the leader's lease lasts unless refreshed, where known.
+    pub fn expires_in(&self) -> Option<Duration> {
+        self.holder.expires_in()
+    }
+
+    /// The lock's holder record.
+    pub fn holder(&self) -> &HolderInfo {
+        &self.holder
+    }
+
+    /// What tells two terms apart: the owner and its grant's token.
+    fn key(&self) -> (Identity, Option<FenceToken>) {
+        (self.holder.owner().clone(), self.holder.token())
+    }
+}
+
+impl fmt::Debug for Leader {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leader")
+            .field("owner", self.owner())
+            .field("term", &self.term())
+            .field("value", &self.value())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Reports each change of an election's leader (a new term, or nobody leading).
+///
+/// It reads the leader when the backend notifies a release and every observe interval
+/// otherwise, so it reports every term that lasts longer than that interval; terms
+/// shorter than it may be skipped (never reported out of order). Use it to follow who
+/// leads, not to count terms.
+pub struct Observer {
+    election: Election,
+    /// The last reported state: `None` before the first report.
+    last: Option<Option<(Identity, Option<FenceToken>)>>,
+    events: Option<ReleaseEvents>,
+    subscribed: bool,
+}
+
+impl fmt::Debug for Observer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Observer")
+            .field("election", &self.election.name)
+            .field("notified", &self.events.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Observer {
+    /// The leader once it differs from the last one reported (the first call reports the
+    /// current state at once): `Some` for a new term, `None` when nobody leads.
+    ///
+    /// # Errors
+    /// The backend's error reading the leader; the observer can be called again.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a dropped call reports nothing and loses nothing.
+    pub async fn next(&mut self) -> Result<Option<Leader>> {
+        loop {
+            if !self.subscribed {
+                self.subscribed = true;
+                let backend = self.election.locker.backend();
+                self.events = backend.subscribe(&self.election.name).await.ok().flatten();
+            }
+            let leader = self.election.leader().await?;
+            let key = leader.as_ref().map(Leader::key);
+            if self.last.as_ref() != Some(&key) {
+                self.last = Some(key);
+                return Ok(leader);
+            }
+            let interval = self.election.interval;
+            match self.events.as_mut() {
+                Some(events) => {
+                    let woke = tokio::time::timeout(interval, events.next()).await;
+                    if let Ok(None) = woke {
+                        // The stream ended (connection gone): poll from now on.
+                        self.events = None;
+                    }
+                }
+                None => tokio::time::sleep(interval).await,
+            }
+        }
+    }
+}
