@@ -13,6 +13,8 @@ Examples:
   anylock run nightly -n -E 0 -c 'make report'         # skip quietly (exit 0), shell line
   anylock run deploy --wait 5m --ttl 1m -- ./deploy    # give up after 5 minutes
   anylock run render --permits 3 -- ./render.sh        # at most 3 at once (a semaphore)
+  anylock elect scheduler --note \"$HOSTNAME\" -- ./schedule  # run only while leader
+  anylock leader scheduler --watch                      # who leads, at each change
   anylock run build --leftovers wait -- sh -c 'make &'  # hold until background work ends
   ANYLOCK_BACKEND=redis://redis:6379/0 anylock run publish-repo -- ./publish.sh
   anylock run nightly -n --hold-at-least 10m -- ./report # no second run for 10 minutes
@@ -83,6 +85,24 @@ pub(crate) enum Command {
     },
     /// Release NAME if the owner ID holds it; exit 122, changing nothing, if it does not.
     Release(OwnerArgs),
+    /// Campaign to lead the election NAME and run the command only while leader: `run`
+    /// under another name (the same options and exit codes; --note is the value `leader`
+    /// shows). Leadership lost stops the command (exit 122).
+    Elect(RunArgs),
+    /// Show who leads the election NAME: owner, term (fence token), since when, value.
+    /// Exit 0 when someone leads, 1 when nobody does.
+    Leader {
+        /// The election (lock) name.
+        name: String,
+        /// One JSON object on stdout: name, leader, owner, term, since (RFC 3339),
+        /// expires_in_ms, value (each absent when unknown).
+        #[arg(long)]
+        json: bool,
+        /// Keep watching: print the leader again at each change (a new term, or nobody
+        /// leading) until interrupted. Terms shorter than half a second may be skipped.
+        #[arg(long)]
+        watch: bool,
+    },
     /// Show who holds NAME: identity, since when, expiry, fence token and note. Exit 0
     /// when it is held, 1 when it is free.
     Status {

@@ -22,6 +22,7 @@ macro_rules! out {
 mod admin;
 mod child;
 mod cli;
+mod elect;
 mod exit;
 mod group;
 #[cfg(test)]
@@ -129,6 +130,25 @@ async fn dispatch(cli: Cli) -> u8 {
         Command::Acquire(args) => return steps::acquire(args, &config, cli.quiet).await,
         Command::Verify { held, json } => steps::verify(&held, json, &config).await,
         Command::Release(held) => steps::release(&held, &config).await,
+        Command::Elect(args) if args.permits.is_some() => {
+            let err = lockcore::Error::invalid_input(
+                "elect takes no --permits: an election has one leader",
+            );
+            exit::report(&err);
+            return exit::code_for(&err);
+        }
+        Command::Elect(args) => return run::run(args, &config, cli.quiet).await,
+        Command::Leader { name, json, watch } => {
+            return match elect::leader(&name, json, watch, &config).await {
+                Ok(true) => 0,
+                Ok(false) => exit::FREE,
+                Err(err) => {
+                    let err = admin::explain(err);
+                    exit::report(&err);
+                    exit::code_for(&err)
+                }
+            };
+        }
         Command::Status { name, json } => {
             return match admin::status(&name, json, &config).await {
                 Ok(true) => 0,
