@@ -10,7 +10,7 @@ use lockcore::{
     Identity, Lease, LockBackend, LockName, Note, ReleaseEvents, Result, Ttl,
 };
 
-use crate::batch::{BATCH, Extension};
+use crate::batch::BATCH;
 use crate::client::{Claim, Client, Row};
 use crate::config::LocalConfig;
 use crate::host::{self, Clocks, SystemClocks};
@@ -29,6 +29,8 @@ use crate::liveness::{Held, HolderDir, Probe};
 ///   the lease is not taken over while such a command still runs. A lease left to outlive
 ///   its holder (`LockBackend::detach`) names no file and lasts until its TTL.
 /// - Rows are kept on release, so fence tokens only grow, across restarts and reboots.
+/// - Semaphores (`acquire_permit`): a row per live permit in a table of their own, and a
+///   fence counter per semaphore name that is never deleted (`permits.rs`).
 /// - Waiters are woken by the kernel on Linux: an inotify watch sees the holder's liveness
 ///   file go when its lease is released (`wake.rs`); elsewhere they poll.
 #[derive(Debug, Clone)]
@@ -37,11 +39,30 @@ pub struct LocalBackend {
     config: LocalConfig,
     holders: HolderDir,
     clocks: Arc<dyn Clocks>,
-    /// Our locked liveness files, one per lease we hold, by (name, token).
-    held: Arc<Mutex<HashMap<(String, i64), Held>>>,
+    /// Our locked liveness files, one per lease we hold.
+    held: Arc<Mutex<HashMap<Grant, Held>>>,
     /// Wakes waiters when a holder's liveness file is deleted (its lease was released).
     #[cfg(target_os = "linux")]
     wake: crate::wake::Watcher,
+}
+
+/// A grant of ours: a lock's or a semaphore permit's (whose tokens are counted apart from
+/// the lock's of the same name), by name and token.
+type Grant = (Kind, String, i64);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    Lock,
+    Permit,
+}
+
+impl Kind {
+    fn of(lease: &Lease) -> Self {
+        match lease.permits() {
+            Some(_) => Self::Permit,
+            None => Self::Lock,
+        }
+    }
 }
 
 impl LocalBackend {
@@ -136,7 +157,7 @@ impl LocalBackend {
         }
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<(String, i64), Held>> {
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<Grant, Held>> {
         self.held.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -152,18 +173,20 @@ impl LocalBackend {
             .ok()
     }
 
-    /// Keeps `liveness` locked for as long as the grant `token` of `name` is ours.
-    fn granted(&self, request: &AcquireRequest, token: i64, liveness: Option<Held>) -> Acquire {
+    /// Keeps `liveness` locked for as long as `lease` (the grant `token` of a lock or of a
+    /// semaphore permit) is ours.
+    fn granted(&self, lease: Lease, token: i64, liveness: Option<Held>) -> Acquire {
         if let Some(held) = liveness {
-            self.held()
-                .insert((request.name.as_str().to_owned(), token), held);
+            let grant = (Kind::of(&lease), lease.name().as_str().to_owned(), token);
+            self.held().insert(grant, held);
         }
-        Acquire::Acquired(lease(request, token))
+        Acquire::Acquired(lease)
     }
 
-    /// Unlocks and removes our liveness file for the grant `token` of `name`.
-    fn forget(&self, name: &LockName, token: i64) {
-        let held = self.held().remove(&(name.as_str().to_owned(), token));
+    /// Unlocks and removes our liveness file for the grant `token` of `lease`.
+    fn forget(&self, lease: &Lease, token: i64) {
+        let grant = (Kind::of(lease), lease.name().as_str().to_owned(), token);
+        let held = self.held().remove(&grant);
         drop(held);
     }
 
@@ -195,71 +218,6 @@ impl LocalBackend {
     }
 }
 
-impl LocalBackend {
-    /// What a refresh of `lease` (grant `token`) that did or did not extend it returns:
-    /// a lease we lost also loses its liveness file.
-    fn refreshed(&self, lease: &Lease, token: i64, extended: bool) -> Result<Lease> {
-        if extended {
-            return Ok(lease.clone());
-        }
-        self.forget(lease.name(), token);
-        Err(Error::lost(
-            "the lease expired, was broken, or was taken over",
-        ))
-    }
-
-    /// One statement for `leases` (at most [`BATCH`]), their claims made (and the clock
-    /// read) before it, as a single refresh makes its claim before its statement. A lease
-    /// this backend did not issue fails alone; a failed statement fails every lease it
-    /// carried, with a temporary error for a busy or unavailable database, and forgets no
-    /// liveness file.
-    async fn refresh_chunk(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
-        let tokens: Vec<Result<i64>> = leases.iter().map(token_of).collect();
-        let now_ms = self.now_ms();
-        let sent: Vec<Extension<'_>> = leases
-            .iter()
-            .zip(&tokens)
-            .filter_map(|(lease, token)| {
-                let token = *token.as_ref().ok()?;
-                let ttl = i64::try_from(lease.ttl().as_millis()).unwrap_or(i64::MAX);
-                Some(Extension {
-                    name: lease.name().as_str(),
-                    owner: lease.owner().as_str(),
-                    token,
-                    expires_ms: now_ms.saturating_add(ttl),
-                })
-            })
-            .collect();
-        let outcomes: Vec<Result<bool>> = if sent.is_empty() {
-            Vec::new()
-        } else {
-            match self
-                .client
-                .extend_many(&sent, now_ms, host::boot_id())
-                .await
-            {
-                Ok(extended) => extended.into_iter().map(Ok).collect(),
-                Err(err) => err.copies(sent.len()).into_iter().map(Err).collect(),
-            }
-        };
-        let mut outcomes = outcomes.into_iter();
-        leases
-            .iter()
-            .zip(tokens)
-            .map(|(lease, token)| {
-                let token = token?;
-                let extended = outcomes.next().unwrap_or_else(|| {
-                    Err(Error::new(
-                        ErrorKind::Protocol,
-                        "a lease got no refresh result",
-                    ))
-                })?;
-                self.refreshed(lease, token, extended)
-            })
-            .collect()
-    }
-}
-
 impl LocalConfig {
     /// Opens the database this config names, with [`LocalBackend::connect`] (here rather
     /// than in the config's module, which the backend depends on).
@@ -268,31 +226,6 @@ impl LocalConfig {
     /// As [`LocalBackend::connect`].
     pub async fn build(self) -> Result<LocalBackend> {
         LocalBackend::connect(self).await
-    }
-}
-
-/// Whether a new owner's grant would go through `row` now (the `WHERE` of the grant's
-/// upsert, less the same-owner retake), for waking waiters.
-#[cfg(target_os = "linux")]
-fn holder_state(row: Option<&Row>, now: i64) -> crate::wake::Holder {
-    use crate::wake::Holder;
-    match row {
-        Some(row)
-            if row.owner.is_some()
-                && row.boot_id.as_deref() == Some(host::boot_id())
-                && row.expires_ms.is_none_or(|expires| expires > now) =>
-        {
-            Holder::Held(row.liveness.clone())
-        }
-        _ => Holder::Free,
-    }
-}
-
-#[cfg(target_os = "linux")]
-impl crate::wake::ReadHolder for LocalBackend {
-    async fn holder(&self, name: &LockName) -> Option<crate::wake::Holder> {
-        let row = self.client.read(name.as_str()).await.ok()?;
-        Some(holder_state(row.as_ref(), self.now_ms()))
     }
 }
 
@@ -323,6 +256,7 @@ fn token_of(lease: &Lease) -> Result<i64> {
     })
 }
 
+/// The lease of the grant `token` of `request` (a permit's is marked as one by its caller).
 fn lease(request: &AcquireRequest, token: i64) -> Lease {
     let fence = FenceToken::new(u64::try_from(token).unwrap_or(0));
     Lease::new(
@@ -351,7 +285,7 @@ impl LockBackend for LocalBackend {
             request.note.as_ref(),
         );
         if let Some(token) = self.client.grant(&claim).await? {
-            return Ok(self.granted(request, token, liveness));
+            return Ok(self.granted(lease(request, token), token, liveness));
         }
         let row = self.client.read(claim.name).await?;
         let Some(row) = row else {
@@ -367,7 +301,7 @@ impl LockBackend for LocalBackend {
         };
         let taken = self.take_over_if_dead(&claim, &row, &request.name).await;
         if let Some(token) = taken? {
-            return Ok(self.granted(request, token, liveness));
+            return Ok(self.granted(lease(request, token), token, liveness));
         }
         Ok(Acquire::Held(holder))
     }
@@ -375,13 +309,17 @@ impl LockBackend for LocalBackend {
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
         let token = token_of(lease)?;
         let claim = self.claim(lease.name(), lease.owner(), lease.ttl(), None, None);
-        let extended = self.client.extend(&claim, token).await?;
+        let extended = match Kind::of(lease) {
+            Kind::Lock => self.client.extend(&claim, token).await?,
+            Kind::Permit => self.client.extend_permit(&claim, token).await?,
+        };
         self.refreshed(lease, token, extended)
     }
 
     /// One statement (one commit, one sync to disk) per 250 leases
     /// (`refresh_batch_limit`), each lease refreshed under the condition a single refresh
-    /// uses and judged by the rule a single refresh uses.
+    /// uses and judged by the rule a single refresh uses; a chunk that mixes locks and
+    /// semaphore permits is one statement for each.
     async fn refresh_many(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
         let mut results = Vec::with_capacity(leases.len());
         for chunk in leases.chunks(BATCH) {
@@ -397,27 +335,30 @@ impl LockBackend for LocalBackend {
     async fn detach(&self, lease: &Lease) -> Result<()> {
         let token = token_of(lease)?;
         let claim = self.claim(lease.name(), lease.owner(), lease.ttl(), None, None);
-        let detached = self.client.detach(&claim, token).await;
-        if !detached? {
+        let detached = match Kind::of(lease) {
+            Kind::Lock => self.client.detach(&claim, token).await?,
+            Kind::Permit => self.client.detach_permit(&claim, token).await?,
+        };
+        if !detached {
             return Err(Error::lost(
                 "the lease expired, was broken, or was taken over",
             ));
         }
         // The row names our liveness file no more: unlock and remove it.
-        self.forget(lease.name(), token);
+        self.forget(lease, token);
         Ok(())
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
         let token = token_of(lease)?;
-        let name = lease.name();
-        let cleared = self
-            .client
-            .clear(name.as_str(), lease.owner().as_str(), token)
-            .await;
+        let (name, owner) = (lease.name().as_str(), lease.owner().as_str());
+        let cleared = match Kind::of(lease) {
+            Kind::Lock => self.client.clear(name, owner, token).await,
+            Kind::Permit => self.client.delete_permit(name, owner, token).await,
+        };
         // Even when the clear failed: a missing liveness file only makes contenders wait
-        // for the TTL, which is safe.
-        self.forget(name, token);
+        // for the TTL, which is safe. Its removal wakes the waiters (`wake.rs`).
+        self.forget(lease, token);
         cleared.map(drop)
     }
 
@@ -481,6 +422,14 @@ impl LockBackend for LocalBackend {
         Ok(Some(holder))
     }
 
+    async fn acquire_permit(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.attempt_permit(request).await
+    }
+
+    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
+        self.permit_holders(name).await
+    }
+
     fn guarantees(&self) -> Guarantees {
         crate::guarantees::guarantees()
     }
@@ -493,6 +442,10 @@ impl LockBackend for LocalBackend {
     }
 }
 
+#[path = "permits.rs"]
+mod permits;
+#[path = "refresh.rs"]
+mod refresh;
 #[cfg(test)]
 #[path = "backend_tests.rs"]
 mod tests;

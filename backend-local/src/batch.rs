@@ -6,8 +6,11 @@
 //! trip to sqlx's worker thread and one commit, whatever the batch's size. `json_each`
 //! turns the array into rows, and each row finds its lease row through the primary key,
 //! under exactly the condition of the single refresh (`EXTEND` in `client.rs`).
+//! Semaphore permits have the same statement on their own table (`EXTEND_PERMITS`), found
+//! through its primary key (name, owner); a batch that mixes locks and permits is one
+//! statement for each.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 
 use lockcore::Error;
@@ -37,6 +40,17 @@ const EXTEND_MANY: &str = "UPDATE anylock_leases SET expires_ms = batch.expires_
       AND anylock_leases.expires_ms > ?2
     RETURNING name, owner, token";
 
+/// [`EXTEND_MANY`] for semaphore permits, under the single permit refresh's condition
+/// (`EXTEND` in `permit_store.rs`).
+const EXTEND_PERMITS: &str = "UPDATE anylock_permits SET expires_ms = batch.expires_ms
+    FROM (SELECT value ->> 0 AS name, value ->> 1 AS owner, value ->> 2 AS token,
+                 value ->> 3 AS expires_ms
+          FROM json_each(?1)) AS batch
+    WHERE anylock_permits.name = batch.name AND anylock_permits.owner = batch.owner
+      AND anylock_permits.token = batch.token AND anylock_permits.boot_id = ?3
+      AND anylock_permits.expires_ms > ?2
+    RETURNING name, owner, token";
+
 /// One lease of a batched refresh.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Extension<'a> {
@@ -48,36 +62,40 @@ pub(crate) struct Extension<'a> {
 }
 
 impl Client {
-    /// Extends each lease of `batch` that is still ours and unexpired at `now_ms` on the
-    /// boot `boot_id`, in one statement (one commit, so one sync to disk); `true` for each
-    /// lease extended, in order. A failure fails the whole batch and changes nothing.
+    /// Extends each lease of `batch` (all semaphore permits when `permits`, else all
+    /// locks) that is still ours and unexpired at `now_ms` on the boot `boot_id`, in one
+    /// statement (one commit, so one sync to disk); `true` for each lease extended, in
+    /// order. A failure fails the whole batch and changes nothing.
     pub(crate) async fn extend_many(
         &self,
+        permits: bool,
         batch: &[Extension<'_>],
         now_ms: i64,
         boot_id: &str,
     ) -> Result<Vec<bool>, Error> {
-        let rows = sqlx::query(EXTEND_MANY)
+        let statement = if permits { EXTEND_PERMITS } else { EXTEND_MANY };
+        let rows = sqlx::query(statement)
             .bind(encode(&longest_of_each_grant(batch)))
             .bind(now_ms)
             .bind(boot_id)
             .fetch_all(self.pool())
             .await
             .map_err(map_error)?;
-        // One row per name (the primary key): the grant (owner, token) it now holds.
-        let mut extended: HashMap<String, (String, i64)> = HashMap::with_capacity(rows.len());
+        // The grants (name, owner, token) extended: each lease whose grant is among them
+        // was extended (a row is one name, or one name and owner, so that is exactly the
+        // single refresh's condition).
+        let mut extended: HashSet<(String, String, i64)> = HashSet::with_capacity(rows.len());
         for row in rows {
             let name: String = row.try_get(0).map_err(map_error)?;
             let owner: String = row.try_get(1).map_err(map_error)?;
             let token: i64 = row.try_get(2).map_err(map_error)?;
-            extended.insert(name, (owner, token));
+            extended.insert((name, owner, token));
         }
         Ok(batch
             .iter()
             .map(|lease| {
-                extended
-                    .get(lease.name)
-                    .is_some_and(|(owner, token)| owner == lease.owner && *token == lease.token)
+                let grant = (lease.name.to_owned(), lease.owner.to_owned(), lease.token);
+                extended.contains(&grant)
             })
             .collect())
     }

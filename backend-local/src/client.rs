@@ -29,6 +29,29 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS anylock_leases (
     note        TEXT
 ) STRICT";
 
+/// The semaphores' tables (`permit_store.rs`): one row per live permit, keyed by semaphore
+/// and owner (deleted on release), and one fence counter per semaphore name, never deleted,
+/// so a semaphore's tokens only grow. A database made by an older version gets them at
+/// its next open; older versions ignore them.
+const PERMIT_SCHEMA: [&str; 2] = [
+    "CREATE TABLE IF NOT EXISTS anylock_permits (
+    name        TEXT NOT NULL,
+    owner       TEXT NOT NULL,
+    permits     INTEGER NOT NULL,
+    token       INTEGER NOT NULL,
+    boot_id     TEXT NOT NULL,
+    liveness    TEXT,
+    acquired_ms INTEGER,
+    expires_ms  INTEGER NOT NULL,
+    note        TEXT,
+    PRIMARY KEY (name, owner)
+) STRICT",
+    "CREATE TABLE IF NOT EXISTS anylock_semaphores (
+    name  TEXT PRIMARY KEY NOT NULL,
+    token INTEGER NOT NULL
+) STRICT",
+];
+
 /// Whether the table has the column `?1`.
 const HAS_COLUMN: &str = "SELECT COUNT(*) FROM pragma_table_info('anylock_leases') WHERE name = ?1";
 
@@ -134,7 +157,8 @@ pub(crate) struct Claim<'a> {
 }
 
 impl Claim<'_> {
-    fn expires_ms(&self) -> i64 {
+    /// When the grant or refresh the claim makes ends, on the expiry clock.
+    pub(crate) fn expires_ms(&self) -> i64 {
         self.now_ms
             .saturating_add(i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX))
     }
@@ -210,6 +234,12 @@ impl Client {
             .map_err(map_error)?;
         for (column, add) in ADDED_COLUMNS {
             add_column(&pool, column, add).await?;
+        }
+        for schema in PERMIT_SCHEMA {
+            sqlx::query(schema)
+                .execute(&pool)
+                .await
+                .map_err(map_error)?;
         }
         // Opened once the table exists.
         let unsynced = pools().connect_with(unsynced).await.map_err(map_error)?;
@@ -351,9 +381,14 @@ impl Client {
         Ok(())
     }
 
-    /// The pool, for the statements of other modules (`batch.rs`).
+    /// The pool, for the statements of other modules (`batch.rs`, `permit_store.rs`).
     pub(crate) fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// The pool whose commits are not synced (see the field), for a permit's release.
+    pub(crate) fn unsynced(&self) -> &SqlitePool {
+        &self.unsynced
     }
 
     /// Closes the pool.

@@ -1,6 +1,8 @@
 //! What the embedded backend promises, without opening a database.
 
-use lockcore::{Durability, Exclusion, ExpiryClock, Fairness, Fencing, Guarantees, Waiting};
+use lockcore::{
+    Durability, Exclusion, ExpiryClock, Fairness, Fencing, Guarantees, Semaphores, Waiting,
+};
 
 /// What the embedded backend promises (the same for every instance).
 pub fn guarantees() -> Guarantees {
@@ -18,6 +20,7 @@ pub fn guarantees() -> Guarantees {
     .with_same_owner_retake(true)
     .with_durability(Durability::SurvivesRestart)
     .with_listing(true)
+    .with_semaphores(Semaphores::Supported)
     .with_notes(
         "One machine only (a SQLite file on a local filesystem). Expiry uses the \
              machine's monotonic clock, shared by every process and stopped during \
@@ -26,6 +29,7 @@ pub fn guarantees() -> Guarantees {
              (flock) is gone, with every process that inherited it, is taken over at once, \
              in any PID namespace; nothing else ends a lease early. Leases end with a \
              reboot; fence counters survive it. Waiters are woken on release and break by \
-             inotify on Linux, and poll elsewhere.",
+             inotify on Linux, and poll elsewhere. Semaphore permits have the same \
+             liveness, expiry and durability, and a fence counter per semaphore name.",
     )
 }

@@ -9,6 +9,8 @@
 //! holders are still recovered at once: each holder also holds a `flock` on a file of its
 //! own, and a contender that can take that kernel lock knows the holder (and every command
 //! it started while holding the lease) is gone, in whatever PID namespace it ran.
+//! Semaphores (at most N holders of a name, `LockBackend::acquire_permit`) are a table of
+//! their own in the same file, with the same liveness files.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -29,6 +31,7 @@ mod error;
 mod guarantees;
 mod host;
 mod liveness;
+mod permit_store;
 #[cfg(test)]
 mod prop_tests;
 #[cfg(test)]

@@ -9,16 +9,26 @@
 //! deleted files to the waiters; it needs nothing from the async runtime. A lock found free
 //! never opens a watch.
 //!
-//! Each waiter's stream remembers the liveness key of its lock's holder; when that key's
-//! file goes it wakes the waiter at once (the row was cleared before the file went, unless
-//! the lease was taken over or detached: then the waiter's attempt finds it held); when
-//! events were missed, or the row named no file, it reads the row again and wakes the
-//! waiter only if the lock is free now.
+//! Each waiter's stream remembers the liveness keys of the holders it waits for; when one
+//! of those files goes it wakes the waiter at once (the row was cleared before the file
+//! went, unless the lease was taken over or detached: then the waiter's attempt finds it
+//! held); when events were missed, or a holder's row named no file, it reads the rows
+//! again and wakes the waiter only if the name is free now.
+//!
+//! A name is a lock and a semaphore at once, and `subscribe` does not say which its
+//! waiter wants: the name is free when the lock is free *and* the semaphore has a place,
+//! and the keys waited for are the lock holder's (when held) and every permit holder's
+//! (when the semaphore is full). So a permit's release wakes a permit waiter, a release
+//! of the lock wakes a lock waiter, and a waiter of one may be woken for the other
+//! (spuriously: its attempt finds it held and waits again). The one case this misses: a
+//! waiter whose own kind came free while the other kind of the same name is busy is not
+//! woken by a read, only by the next of those deletions or its backoff.
 //! Deletions of other files (other locks' holders, and the file a contender creates and
 //! removes on every refused attempt) never wake it, so waiters cannot wake each other in a
 //! loop. A holder that dies leaves its file behind (only its kernel lock goes): the next
 //! attempt's liveness probe finds that, within the waiter's backoff, as before.
 
+use std::collections::HashSet;
 use std::ffi::OsString;
 use std::io;
 use std::os::fd::AsFd;
@@ -37,18 +47,23 @@ const BACKLOG: usize = 1024;
 /// How often the thread looks whether anyone still listens (milliseconds).
 const IDLE_CHECK_MS: u16 = 1000;
 
-/// What a read of the lock's row found, for the wake-up filter.
+/// What a read of the name's rows found, for the wake-up filter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Holder {
-    /// A new owner's grant would go through now (free, expired, an earlier boot's).
+    /// A new owner's grant would go through now, of the lock and of a permit (free,
+    /// expired, an earlier boot's; the semaphore has a place).
     Free,
-    /// Held; the key of the holder's liveness file, when its row names one.
-    Held(Option<String>),
+    /// Held: the keys of the liveness files of the holders to wait for, and whether some
+    /// such holder's row names no file (then any deletion makes the waiter read again).
+    Held {
+        keys: HashSet<String>,
+        unnamed: bool,
+    },
 }
 
-/// Reads the lock's row (the backend does).
+/// Reads the name's rows (the backend does).
 pub(crate) trait ReadHolder: Clone + Send + Sync + 'static {
-    /// The holder of `name` now; `None` when the read failed.
+    /// The holders of `name` now; `None` when the read failed.
     fn holder(&self, name: &LockName) -> impl Future<Output = Option<Holder>> + Send;
 }
 
@@ -93,9 +108,9 @@ impl Watcher {
             let deleted = listening.as_mut()?;
             // Whom to wait for, read after we listen: no deletion is missed in between.
             // A failed read is no news: wait for the next deletion and read again.
-            let mut key = match reader.holder(name).await {
+            let mut holders = match reader.holder(name).await {
                 Some(Holder::Free) => return Some(((), state)),
-                Some(Holder::Held(key)) => key,
+                Some(held) => Some(held),
                 None => None,
             };
             loop {
@@ -105,22 +120,25 @@ impl Watcher {
                     Err(broadcast::error::RecvError::Lagged(_)) => None,
                     Err(broadcast::error::RecvError::Closed) => return None,
                 };
-                match (&key, gone) {
-                    // Another file: not our holder's.
-                    (Some(k), Some(file)) if file.as_os_str() != k.as_str() => {}
-                    // Our holder's file went: its lease ended (a release or a break clears
+                match (&holders, gone) {
+                    // A holder's file went: its lease ended (a release or a break clears
                     // the row before it removes the file), or, rarely, the row names it no
                     // more (a takeover, a detach). Wake the waiter without reading the row
                     // first: its attempt reads and decides, a statement sooner; after a
-                    // takeover or a detach it finds the lock held and waits again, and this
-                    // stream then reads the new holder.
-                    (Some(_), Some(_)) => return Some(((), state)),
-                    // No key to watch for, or events were missed: read again; only a free
-                    // lock wakes the waiter.
+                    // takeover or a detach it finds the name held and waits again, and this
+                    // stream then reads the new holders.
+                    (Some(Holder::Held { keys, .. }), Some(file))
+                        if file.to_str().is_some_and(|file| keys.contains(file)) =>
+                    {
+                        return Some(((), state));
+                    }
+                    // Another file: not a holder's we wait for.
+                    (Some(Holder::Held { unnamed: false, .. }), Some(_)) => {}
+                    // A holder without a file, or events were missed, or the last read
+                    // failed: read again; only a free name wakes the waiter.
                     _ => match reader.holder(name).await {
                         Some(Holder::Free) => return Some(((), state)),
-                        Some(Holder::Held(now)) => key = now,
-                        None => key = None,
+                        now => holders = now,
                     },
                 }
             }
@@ -197,7 +215,10 @@ mod tests {
     impl ReadHolder for HeldBy {
         async fn holder(&self, _: &LockName) -> Option<Holder> {
             Some(match self.0.join(self.1).exists() {
-                true => Holder::Held(Some(self.1.to_owned())),
+                true => Holder::Held {
+                    keys: HashSet::from([self.1.to_owned()]),
+                    unnamed: false,
+                },
                 false => Holder::Free,
             })
         }

@@ -59,6 +59,12 @@ impl LockBackend for Reopenable {
     async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
         self.get().subscribe(name).await
     }
+    async fn acquire_permit(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.get().acquire_permit(request).await
+    }
+    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
+        self.get().inspect_permits(name).await
+    }
 }
 
 struct LocalHarness {
