@@ -9,7 +9,7 @@ use futures_util::TryStreamExt;
 use lockcore::{
     Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, ExpiryClock, Fairness,
     FenceToken, Fencing, Guarantees, HeldLock, HolderInfo, Identity, Lease, LockBackend, LockName,
-    Note, ReleaseEvents, Result, TlsDetails, Transport, Waiting,
+    ReleaseEvents, Result, Semaphores, TlsDetails, Transport, Waiting,
 };
 use sqlx::Row;
 use sqlx::postgres::{PgPool, PgRow};
@@ -17,7 +17,9 @@ use sqlx::postgres::{PgPool, PgRow};
 use crate::client::Client;
 use crate::config::PostgresConfig;
 use crate::error::{BACKEND, Effect};
+use crate::holder::holder;
 use crate::notify::Notifier;
+use crate::permits;
 use crate::refresh;
 pub(crate) use crate::refresh::grant_token;
 use crate::sql;
@@ -32,7 +34,9 @@ const NOTES: &str = "Linearizable on one PostgreSQL primary; leases and tokens s
     lock_timeout (statement_timeout_ms, default the client timeout), fenced ones included. \
     No session state: works behind PgBouncer transaction pooling (prepared_statements=false \
     before PgBouncer 1.21), except LISTEN, which needs a session connection (listen_url). \
-    begin_fenced/fenced make writes in the same database commit only while the lease holds.";
+    begin_fenced/fenced make writes in the same database commit only while the lease holds. \
+    Semaphore permits: a table and a token sequence of their own; an acquire is one \
+    transaction serialized per semaphore name by a transaction-scoped advisory lock.";
 
 /// The owner reported when a lock changed hands twice while one attempt ran.
 const UNKNOWN_HOLDER: &str = "(unknown: the lock changed hands during this attempt)";
@@ -44,7 +48,9 @@ const UNKNOWN_HOLDER: &str = "(unknown: the lock changed hands during this attem
 /// refresh and release are one statement each, expiry is decided by the database's clock,
 /// fence tokens come from a sequence and never go back, and releases wake waiters through
 /// `NOTIFY`. [`begin_fenced`](Self::begin_fenced) makes writes in the same database
-/// conditional on the lease. The statements are in `docs/postgres.md`.
+/// conditional on the lease. Semaphore permits are rows of a table of their own (one per
+/// holder), granted by one transaction per attempt. The statements are in
+/// `docs/postgres.md`.
 #[derive(Clone)]
 pub struct PostgresBackend {
     inner: Arc<Inner>,
@@ -227,10 +233,14 @@ impl LockBackend for PostgresBackend {
         refresh::BATCH
     }
 
+    /// A permit's release deletes its row; a lock's clears it (both notify).
     async fn release(&self, lease: &Lease) -> Result<()> {
         let token = grant_token(lease)?;
         let c = self.client();
         let channel = &self.inner.channel;
+        if lease.permits().is_some() {
+            return permits::release(c, lease, token, channel).await;
+        }
         c.run(Effect::Write, async |conn| {
             c.query(&c.statements.release)
                 .bind(lease.name().as_str())
@@ -314,6 +324,16 @@ impl LockBackend for PostgresBackend {
             }
         })
         .await
+    }
+
+    /// One transaction: `BEGIN`, the semaphore's advisory lock, the deciding statement,
+    /// `COMMIT` (docs/postgres.md, Semaphores).
+    async fn acquire_permit(&self, request: &AcquireRequest) -> Result<Acquire> {
+        permits::acquire(self.client(), request).await
+    }
+
+    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
+        permits::holders(self.client(), name).await
     }
 
     fn guarantees(&self) -> Guarantees {
@@ -402,24 +422,6 @@ pub fn guarantees() -> Guarantees {
     .with_same_owner_retake(true)
     .with_durability(Durability::SurvivesRestart)
     .with_listing(true)
+    .with_semaphores(Semaphores::Supported)
     .with_notes(NOTES)
-}
-
-/// A holder from a row with `owner, token, note, acquired_at_us, expires_in_us`.
-fn holder(row: &PgRow) -> Result<HolderInfo, sqlx::Error> {
-    let owner: String = row.try_get("owner")?;
-    let token: i64 = row.try_get("token")?;
-    let note: Option<String> = row.try_get("note")?;
-    let acquired_at: Option<i64> = row.try_get("acquired_at_us")?;
-    let expires_in: Option<i64> = row.try_get("expires_in_us")?;
-    let mut info = HolderInfo::new(Identity::from_stored(owner))
-        .with_token(FenceToken::new(token.max(0) as u64))
-        .with_note(note.as_deref().and_then(Note::from_stored));
-    if let Some(at) = acquired_at.and_then(|us| u64::try_from(us).ok()) {
-        info = info.with_acquired_at(UNIX_EPOCH + Duration::from_micros(at));
-    }
-    if let Some(left) = expires_in {
-        info = info.with_expires_in(Duration::from_micros(left.max(0).unsigned_abs()));
-    }
-    Ok(info)
 }

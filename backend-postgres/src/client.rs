@@ -13,6 +13,7 @@ use crate::denied::Who;
 use crate::error::{Effect, connect_failed, map_error_as, timed_out};
 use crate::limits;
 use crate::names::Names;
+use crate::permit_sql::{self, PermitStatements};
 use crate::sql::{self, Statements};
 
 /// The pool plus the statements, shared by every clone of a backend.
@@ -20,6 +21,8 @@ use crate::sql::{self, Statements};
 pub(crate) struct Client {
     pub(crate) pool: PgPool,
     pub(crate) statements: Statements,
+    /// The statements of semaphore permits.
+    pub(crate) permits: PermitStatements,
     pub(crate) names: Names,
     pub(crate) timeout: Duration,
     pub(crate) prepared: bool,
@@ -61,6 +64,7 @@ impl Client {
         Self {
             pool,
             statements: Statements::new(&names),
+            permits: PermitStatements::new(&names),
             who,
             names,
             timeout: config.timeout(),
@@ -107,6 +111,26 @@ impl Client {
         effect: Effect,
         work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
     ) -> lockcore::Result<T> {
+        self.attempt(effect, false, work).await
+    }
+
+    /// [`run`](Self::run), always inside one transaction (`BEGIN` … `COMMIT`, begun as
+    /// every explicit transaction is, with the statement timeout where needed), for work
+    /// of more than one statement. An error or a timeout leaves it rolled back.
+    pub(crate) async fn run_tx<T>(
+        &self,
+        effect: Effect,
+        work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+    ) -> lockcore::Result<T> {
+        self.attempt(effect, true, work).await
+    }
+
+    async fn attempt<T>(
+        &self,
+        effect: Effect,
+        transaction: bool,
+        work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
+    ) -> lockcore::Result<T> {
         let deadline = Instant::now() + self.timeout;
         let mut conn = match timeout_at(deadline, self.pool.acquire()).await {
             Ok(Ok(conn)) => conn,
@@ -120,7 +144,7 @@ impl Client {
             }
         };
         let attempt = async {
-            if self.prepared {
+            if self.prepared && !transaction {
                 work(&mut conn).await
             } else {
                 pinned(&mut conn, self.begin.clone(), work).await
@@ -133,29 +157,45 @@ impl Client {
         }
     }
 
-    /// Creates the schema, sequence and table unless they exist, and adds the `note`
-    /// column to a table made by an older version.
+    /// Creates the schema, sequence and table unless they exist, adds the `note` column to
+    /// a table made by an older version, and creates the permits' table and sequence
+    /// (semaphores) when they are missing.
     ///
     /// Concurrent creators (many processes starting at once) serialize on a
     /// transaction-scoped advisory lock, so none fails on a duplicate catalog entry. When
     /// the objects (and the column) exist no DDL runs, so a role without `CREATE` or
-    /// ownership can use a table an operator made.
+    /// ownership can use a table an operator made. A role that may not create the permit
+    /// objects next to an existing lock table still connects: locks work, and permits fail
+    /// with the missing table's error until an owner creates them.
     pub(crate) async fn ensure_schema(&self, create: bool) -> lockcore::Result<()> {
         let names = self.names.clone();
         let found = self
             .run(Effect::Write, async |conn| {
                 let found = exists(conn, &names).await?;
-                if found.complete() || !create {
+                if (found.complete() && found.permits) || !create {
                     return Ok(found);
                 }
-                create_schema_retrying(conn, &names).await.map(|()| Found {
-                    present: true,
-                    has_note: true,
-                    // A sequence made just now has CACHE 1; an existing one was read.
-                    cache: found.cache,
-                })
+                match create_schema_retrying(conn, &names).await {
+                    Ok(()) => Ok(Found {
+                        present: true,
+                        has_note: true,
+                        permits: true,
+                        // A sequence made just now has CACHE 1; an existing one was read.
+                        ..found
+                    }),
+                    Err(err) if found.complete() && is_insufficient_privilege(&err) => {
+                        tracing::warn!(table = %names.permits, error = %err,
+                            "cannot create the semaphore permits table; locks work, permits \
+                             fail until its owner creates it (docs/postgres.md, Semaphores)");
+                        Ok(found)
+                    }
+                    Err(err) => Err(err),
+                }
             })
             .await?;
+        if let Some(cache) = found.permit_cache.filter(|&cache| cache > 1) {
+            return Err(cached_sequence(&self.names.permit_sequence, cache));
+        }
         if let Some(cache) = found.cache.filter(|&cache| cache > 1) {
             return Err(cached_sequence(&self.names.sequence, cache));
         }
@@ -189,6 +229,10 @@ struct Found {
     has_note: bool,
     /// The sequence's `CACHE`.
     cache: Option<i64>,
+    /// The permits table and its sequence exist.
+    permits: bool,
+    /// The permits sequence's `CACHE`.
+    permit_cache: Option<i64>,
 }
 
 impl Found {
@@ -225,15 +269,24 @@ async fn create_schema_retrying(conn: &mut PgConnection, names: &Names) -> Resul
 
 /// SQLSTATE 55P03: a lock wait ran into `lock_timeout`.
 fn is_lock_not_available(err: &sqlx::Error) -> bool {
-    err.as_database_error()
-        .and_then(|e| e.code())
-        .is_some_and(|code| code == "55P03")
+    sqlstate_is(err, "55P03")
 }
 
-/// Creates the missing objects and adds a missing `note` column, in one transaction, after
-/// taking a transaction-scoped advisory lock so that concurrent creators queue. What
-/// exists is checked again under the lock: a creator that queued behind another runs no
-/// DDL.
+/// SQLSTATE 42501: a privilege is missing.
+fn is_insufficient_privilege(err: &sqlx::Error) -> bool {
+    sqlstate_is(err, "42501")
+}
+
+fn sqlstate_is(err: &sqlx::Error, sqlstate: &str) -> bool {
+    err.as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == sqlstate)
+}
+
+/// Creates the missing objects (the permits' among them) and adds a missing `note` column,
+/// in one transaction, after taking a transaction-scoped advisory lock so that concurrent
+/// creators queue. What exists is checked again under the lock: a creator that queued
+/// behind another runs no DDL.
 async fn create_schema(conn: &mut PgConnection, names: &Names) -> Result<(), sqlx::Error> {
     let mut tx = conn.begin().await?;
     let key = format!("anylock schema {}", names.table);
@@ -263,6 +316,14 @@ async fn create_schema(conn: &mut PgConnection, names: &Names) -> Result<(), sql
             .execute(&mut *tx)
             .await?;
     }
+    if !found.permits {
+        for statement in permit_sql::create_statements(names) {
+            sqlx::query(statement)
+                .persistent(false)
+                .execute(&mut *tx)
+                .await?;
+        }
+    }
     tx.commit().await
 }
 
@@ -285,11 +346,13 @@ async fn pinned<T>(
 }
 
 /// Whether the table and sequence exist, whether the table has its `note` column, and the
-/// sequence's `CACHE` when it exists.
+/// sequence's `CACHE` when it exists; the same for the permits' table and sequence.
 async fn exists(conn: &mut PgConnection, names: &Names) -> Result<Found, sqlx::Error> {
     let row = sqlx::query(sql::EXISTS)
         .bind(&names.table)
         .bind(&names.sequence)
+        .bind(&names.permits)
+        .bind(&names.permit_sequence)
         .persistent(false)
         .fetch_one(conn)
         .await?;
@@ -297,6 +360,8 @@ async fn exists(conn: &mut PgConnection, names: &Names) -> Result<Found, sqlx::E
         present: row.try_get("present")?,
         has_note: row.try_get("has_note")?,
         cache: row.try_get("cache")?,
+        permits: row.try_get("permits")?,
+        permit_cache: row.try_get("permit_cache")?,
     })
 }
 

@@ -61,6 +61,16 @@ fn privilege(message: &str, user: &str, who: Option<&Who>) -> String {
             schema = quote(schema),
             table = w.names.table,
         ),
+        (Some(("table", table)), Some(w)) if table == w.names.permit_objects[0] => format!(
+            "GRANT SELECT, INSERT, UPDATE, DELETE ON {permits} TO {role} (semaphore permits)",
+            permits = w.names.permits
+        ),
+        (Some(("sequence", sequence)), Some(w)) if sequence == w.names.permit_objects[1] => {
+            format!(
+                "GRANT USAGE ON SEQUENCE {sequence} TO {role} (semaphore permits)",
+                sequence = w.names.permit_sequence
+            )
+        }
         (Some(("table", _)), Some(w)) => format!(
             "GRANT SELECT, INSERT, UPDATE ON {table} TO {role}",
             table = w.names.table
@@ -127,6 +137,14 @@ mod tests {
             (
                 "permission denied for sequence leases_fence",
                 "GRANT USAGE ON SEQUENCE",
+            ),
+            (
+                "permission denied for table leases_sem",
+                "GRANT SELECT, INSERT, UPDATE, DELETE ON \"anylock\".\"leases_sem\"",
+            ),
+            (
+                "permission denied for sequence leases_semf",
+                "GRANT USAGE ON SEQUENCE \"anylock\".\"leases_semf\"",
             ),
         ] {
             let shown = hint("42501", message, Some(&w)).expect("denied");

@@ -19,6 +19,10 @@
 //! matters.) Acquire attempts on a live lease never lock the row, so waiters keep getting
 //! `Held` at once.
 //!
+//! A permit of a semaphore fences the same way, on its own row in the permits table: the
+//! permit's retake by its owner and the removal of its row once expired wait for the
+//! transaction; other owners' grants (other places) do not.
+//!
 //! A client paused *inside* a fenced transaction would hold the row lock and block every
 //! takeover; the check therefore sets `idle_in_transaction_session_timeout` for this
 //! transaction to the lease's TTL, and the server ends a session that sits idle longer.
@@ -219,8 +223,13 @@ impl PostgresBackend {
             .ttl()
             .as_millis()
             .clamp(1, i32::MAX.unsigned_abs().into());
+        // A permit's grant is its row in the permits table.
+        let fence = match lease.permits() {
+            Some(_) => &client.permits.fence,
+            None => &client.statements.fence,
+        };
         let row = client
-            .query(&client.statements.fence)
+            .query(fence)
             .bind(lease.name().as_str())
             .bind(lease.owner().as_str())
             .bind(token)

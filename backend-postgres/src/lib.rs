@@ -28,6 +28,8 @@
 //! - [`PostgresConfig`]: URL, TLS mode, schema and table, pool size, timeouts.
 //! - [`PostgresBackend`]: the [`LockBackend`](lockcore::LockBackend) implementation.
 //! - [`FencedTx`]: a transaction fenced by a lease ([`PostgresBackend::begin_fenced`]).
+//! - Semaphore permits ([`LockBackend::acquire_permit`](lockcore::LockBackend::acquire_permit)):
+//!   a table and token sequence of their own next to the lock table.
 //!
 //! `docs/postgres.md` in the repository has the table layout, every statement, the
 //! guarantees and what PgBouncer users must configure.
@@ -39,9 +41,12 @@ mod denied;
 mod error;
 pub mod fenced;
 mod from_url;
+mod holder;
 mod limits;
 mod names;
 mod notify;
+mod permit_sql;
+mod permits;
 #[cfg(test)]
 mod prop_tests;
 mod refresh;

@@ -11,6 +11,16 @@ pub const MAX_TABLE_LEN: usize = MAX_IDENTIFIER_LEN - FENCE_SUFFIX.len();
 
 /// The suffix of the fence-token sequence's name.
 pub(crate) const FENCE_SUFFIX: &str = "_fence";
+/// The suffix of the semaphore permits table's name (`<table>_sem`).
+pub(crate) const PERMITS_SUFFIX: &str = "_sem";
+/// The suffix of the permits' own fence-token sequence (`<table>_semf`).
+pub(crate) const PERMIT_FENCE_SUFFIX: &str = "_semf";
+
+// Every object is named `<table><suffix>`: no suffix may be longer than the one
+// [`MAX_TABLE_LEN`] leaves room for.
+const _: () = assert!(
+    PERMITS_SUFFIX.len() <= FENCE_SUFFIX.len() && PERMIT_FENCE_SUFFIX.len() <= FENCE_SUFFIX.len()
+);
 
 /// Quotes an identifier for SQL: `"` + the name with every `"` doubled + `"`.
 ///
@@ -37,6 +47,12 @@ pub(crate) struct Names {
     pub(crate) table: String,
     /// `"schema"."table_fence"`
     pub(crate) sequence: String,
+    /// `"schema"."table_sem"`: one row per live permit of a semaphore.
+    pub(crate) permits: String,
+    /// `"schema"."table_semf"`: the permits' fence tokens.
+    pub(crate) permit_sequence: String,
+    /// `table_sem` and `table_semf` unquoted, as PostgreSQL names them in messages.
+    pub(crate) permit_objects: [String; 2],
 }
 
 impl Names {
@@ -45,12 +61,20 @@ impl Names {
         let schema = quote_identifier(schema);
         let table_name = table;
         let table = format!("{schema}.{}", quote_identifier(table_name));
-        let sequence_name = format!("{table_name}{FENCE_SUFFIX}");
-        let sequence = format!("{schema}.{}", quote_identifier(&sequence_name));
+        let qualified = |suffix: &str| {
+            let name = format!("{table_name}{suffix}");
+            (format!("{schema}.{}", quote_identifier(&name)), name)
+        };
+        let (sequence, _) = qualified(FENCE_SUFFIX);
+        let (permits, permits_name) = qualified(PERMITS_SUFFIX);
+        let (permit_sequence, permit_sequence_name) = qualified(PERMIT_FENCE_SUFFIX);
         Self {
             schema,
             table,
             sequence,
+            permits,
+            permit_sequence,
+            permit_objects: [permits_name, permit_sequence_name],
         }
     }
 }

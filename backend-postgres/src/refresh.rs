@@ -2,6 +2,10 @@
 //! single refresh is a batch of one, sent in the statement's one-lease form (scalar
 //! parameters, the plan of a statement written for one lease); both forms come from one
 //! template (`sql::refresh`) and their rows are read here, so the two cannot drift apart.
+//!
+//! Semaphore permits live in a table of their own: a batch is split by
+//! [`Lease::permits`], locks and permits go in statements of their own (run side by side),
+//! and the results are put back in the batch's order.
 
 use lockcore::{Error, ErrorKind, Lease, Result};
 use sqlx::Row;
@@ -22,20 +26,67 @@ use crate::error::Effect;
 /// [`LockBackend::refresh_batch_limit`]: lockcore::LockBackend::refresh_batch_limit
 pub(crate) const BATCH: usize = 1000;
 
+/// Which table a lease's grant lives in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Lock,
+    Permit,
+}
+
+impl Kind {
+    fn of(lease: &Lease) -> Self {
+        if lease.permits().is_some() {
+            Self::Permit
+        } else {
+            Self::Lock
+        }
+    }
+}
+
 /// Refreshes `leases`, [`BATCH`] at a time, one statement each: one result per lease, in
-/// order. A lease whose grant this backend did not issue fails alone; a statement that
-/// fails fails each lease it carried with the error a single refresh would get.
+/// order. Locks and permits go in separate statements (at most one of each kind per
+/// [`BATCH`] leases of that kind), run concurrently. A lease whose grant this backend did
+/// not issue fails alone; a statement that fails fails each lease it carried with the
+/// error a single refresh would get.
 pub(crate) async fn refresh_leases(c: &Client, leases: &[Lease]) -> Vec<Result<Lease>> {
+    let (locks, permits): (Vec<usize>, Vec<usize>) =
+        (0..leases.len()).partition(|&i| Kind::of(&leases[i]) == Kind::Lock);
+    let pick = |indices: &[usize]| indices.iter().map(|&i| &leases[i]).collect::<Vec<_>>();
+    let (lock_results, permit_results) = futures_util::future::join(
+        refresh_kind(c, Kind::Lock, &pick(&locks)),
+        refresh_kind(c, Kind::Permit, &pick(&permits)),
+    )
+    .await;
+    let mut results: Vec<Option<Result<Lease>>> = leases.iter().map(|_| None).collect();
+    let answered = locks.iter().zip(lock_results);
+    for (&i, result) in answered.chain(permits.iter().zip(permit_results)) {
+        results[i] = Some(result);
+    }
+    results
+        .into_iter()
+        .map(|result| {
+            result.unwrap_or_else(|| {
+                Err(Error::new(
+                    ErrorKind::Protocol,
+                    "a lease got no refresh result",
+                ))
+            })
+        })
+        .collect()
+}
+
+/// [`refresh_leases`] for leases of one kind.
+async fn refresh_kind(c: &Client, kind: Kind, leases: &[&Lease]) -> Vec<Result<Lease>> {
     let mut results = Vec::with_capacity(leases.len());
     for chunk in leases.chunks(BATCH) {
-        results.extend(refresh_chunk(c, chunk).await);
+        results.extend(refresh_chunk(c, kind, chunk).await);
     }
     results
 }
 
-/// One statement for `leases` (at most [`BATCH`]).
-async fn refresh_chunk(c: &Client, leases: &[Lease]) -> Vec<Result<Lease>> {
-    let tokens: Vec<Result<i64>> = leases.iter().map(grant_token).collect();
+/// One statement for `leases` (at most [`BATCH`], all of `kind`).
+async fn refresh_chunk(c: &Client, kind: Kind, leases: &[&Lease]) -> Vec<Result<Lease>> {
+    let tokens: Vec<Result<i64>> = leases.iter().map(|lease| grant_token(lease)).collect();
     // The leases sent, by their index in `leases`, with their tokens.
     let sent: Vec<(usize, i64)> = tokens
         .iter()
@@ -45,11 +96,11 @@ async fn refresh_chunk(c: &Client, leases: &[Lease]) -> Vec<Result<Lease>> {
     let outcomes: Vec<Result<Lease>> = if sent.is_empty() {
         Vec::new()
     } else {
-        match seen(c, leases, &sent).await {
+        match seen(c, kind, leases, &sent).await {
             Ok(seen) => sent
                 .iter()
                 .zip(seen)
-                .map(|(&(i, token), seen)| seen.outcome(&leases[i], token))
+                .map(|(&(i, token), seen)| seen.outcome(kind, leases[i], token))
                 .collect(),
             Err(err) => err.copies(sent.len()).into_iter().map(Err).collect(),
         }
@@ -73,23 +124,32 @@ async fn refresh_chunk(c: &Client, leases: &[Lease]) -> Vec<Result<Lease>> {
 
 /// Runs the refresh statement for the `sent` leases: one [`Seen`] each, in order. One
 /// lease goes with scalar parameters, more as arrays; the rows mean the same.
-async fn seen(c: &Client, leases: &[Lease], sent: &[(usize, i64)]) -> Result<Vec<Seen>> {
+async fn seen(
+    c: &Client,
+    kind: Kind,
+    leases: &[&Lease],
+    sent: &[(usize, i64)],
+) -> Result<Vec<Seen>> {
+    let (one, many) = match kind {
+        Kind::Lock => (&c.statements.refresh, &c.statements.refresh_many),
+        Kind::Permit => (&c.permits.refresh, &c.permits.refresh_many),
+    };
     let query = match sent {
         &[(i, token)] => {
-            let lease = &leases[i];
-            c.query(&c.statements.refresh)
+            let lease = leases[i];
+            c.query(one)
                 .bind(lease.name().as_str())
                 .bind(lease.owner().as_str())
                 .bind(token)
                 .bind(lease.ttl().as_micros())
         }
         _ => {
-            let lease = |&(i, _): &(usize, i64)| &leases[i];
+            let lease = |&(i, _): &(usize, i64)| leases[i];
             let names: Vec<&str> = sent.iter().map(|s| lease(s).name().as_str()).collect();
             let owners: Vec<&str> = sent.iter().map(|s| lease(s).owner().as_str()).collect();
             let tokens: Vec<i64> = sent.iter().map(|&(_, token)| token).collect();
             let ttls: Vec<i64> = sent.iter().map(|s| lease(s).ttl().as_micros()).collect();
-            c.query(&c.statements.refresh_many)
+            c.query(many)
                 .bind(names)
                 .bind(owners)
                 .bind(tokens)
@@ -139,12 +199,29 @@ impl Seen {
         })
     }
 
-    /// The refresh's outcome for `lease` (grant `token`).
-    fn outcome(&self, lease: &Lease, token: i64) -> Result<Lease> {
+    /// The refresh's outcome for `lease` (grant `token`, of `kind`).
+    fn outcome(&self, kind: Kind, lease: &Lease, token: i64) -> Result<Lease> {
         if self.refreshed {
             Ok(lease.clone())
+        } else if kind == Kind::Permit {
+            Err(Error::lost(self.why_not_permit(token)))
         } else {
             Err(Error::lost(self.why_not(lease, token)))
+        }
+    }
+
+    /// Why a refresh of a permit (grant `token`) changed nothing. The statement read the
+    /// row of the lease's semaphore *and owner*, so a row found is the owner's.
+    fn why_not_permit(&self, token: i64) -> String {
+        match self.token {
+            None => "the permit was released, or removed after it expired".to_owned(),
+            Some(t) if t == token && self.live => {
+                "the permit changed during the refresh".to_owned()
+            }
+            Some(t) if t == token => {
+                "the permit expired on the database clock before this refresh".to_owned()
+            }
+            Some(t) => format!("the permit was replaced by a newer grant of its owner (token {t})"),
         }
     }
 

@@ -15,7 +15,7 @@ use crate::names::Names;
 
 /// Columns describing a holder: identity, token, note, grant time and time left, both in
 /// microseconds so no date-time crate is needed.
-const HOLDER: &str = "owner, token, note, \
+pub(crate) const HOLDER: &str = "owner, token, note, \
     (extract(epoch FROM acquired_at) * 1000000)::bigint AS acquired_at_us, \
     greatest(0, extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint \
     AS expires_in_us";
@@ -60,8 +60,8 @@ impl Statements {
                 "SELECT {HOLDER} FROM {t} \
                  WHERE name = $1 AND owner IS NOT NULL AND expires_at > clock_timestamp()"
             )),
-            refresh: sql(refresh(t, &ONE_LEASE)),
-            refresh_many: sql(refresh(t, &MANY_LEASES)),
+            refresh: refresh_one(t, LOCK_ROW),
+            refresh_many: refresh_many(t, LOCK_ROW),
             release: sql(format!(
                 "WITH released AS ( \
                    UPDATE {t} SET owner = NULL, acquired_at = NULL, expires_at = NULL, \
@@ -148,7 +148,24 @@ const MANY_LEASES: Leases = Leases {
     join: "FULL JOIN",
 };
 
+/// How the refresh statement finds a lock's row, to report why a lease was not refreshed.
+const LOCK_ROW: &str = "l.name = b.name";
+
+/// The refresh statement for one lease of the table `t`, whose row `row` finds (an `ON`
+/// condition over the table `l` and the lease `b`).
+pub(crate) fn refresh_one(t: &str, row: &str) -> SqlStr {
+    sql(refresh(t, &ONE_LEASE, row))
+}
+
+/// The refresh statement for a batch of leases of the table `t` ([`refresh_one`]).
+pub(crate) fn refresh_many(t: &str, row: &str) -> SqlStr {
+    sql(refresh(t, &MANY_LEASES, row))
+}
+
 /// The one-statement refresh of one lease or a batch.
+///
+/// The same template serves the permits table (`crate::permit_sql`): there `row` also
+/// matches the owner, since a semaphore has one row per holder.
 ///
 /// Extends only each live grant `(name, owner, token)`, never re-creates a row, and reports
 /// each lease's row as it was so a failure can say why. The leases are numbered (`i`), so
@@ -162,7 +179,7 @@ const MANY_LEASES: Leases = Leases {
 /// generic plan of the prepared statement, whose estimates (10 leases, 1 refreshed row) do
 /// not know the arrays: every lease compared with every refreshed row, 84 ms instead of
 /// 12 ms for 1,000 leases (`EXPLAIN ANALYZE` with `plan_cache_mode = force_generic_plan`).
-fn refresh(t: &str, leases: &Leases) -> String {
+fn refresh(t: &str, leases: &Leases, row: &str) -> String {
     let Leases {
         rows,
         distinct,
@@ -181,7 +198,7 @@ fn refresh(t: &str, leases: &Leases) -> String {
            FROM batch AS b \
            {join} refreshed AS r \
              ON r.name = b.name AND r.owner = b.owner AND r.token = b.token \
-           LEFT JOIN {t} AS l ON l.name = b.name \
+           LEFT JOIN {t} AS l ON {row} \
           ORDER BY b.i"
     )
 }
@@ -223,6 +240,7 @@ pub(crate) fn create_statements(names: &Names) -> Vec<SqlStr> {
         schema,
         table,
         sequence,
+        ..
     } = names;
     let seq = dollar_quote(sequence);
     vec![
@@ -247,16 +265,20 @@ pub(crate) fn create_statements(names: &Names) -> Vec<SqlStr> {
     ]
 }
 
-/// `$1` table, `$2` sequence (quoted, qualified): whether both exist already, whether the
-/// table has the `note` column (added after the first release), and the sequence's
-/// `CACHE` (NULL when it does not exist). Catalog reads only: no privilege on the objects
-/// is needed.
+/// `$1` table, `$2` sequence, `$3` permits table, `$4` permits sequence (quoted,
+/// qualified): whether the lock table and sequence exist already, whether the table has
+/// the `note` column (added after the first release), the sequence's `CACHE` (NULL when it
+/// does not exist), and the same for the permits table and its sequence (added with
+/// semaphores). Catalog reads only: no privilege on the objects is needed.
 pub(crate) const EXISTS: &str = "SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AS present, \
             EXISTS (SELECT 1 FROM pg_catalog.pg_attribute \
                      WHERE attrelid = to_regclass($1) AND attname = 'note' \
                        AND NOT attisdropped) AS has_note, \
             (SELECT seqcache FROM pg_catalog.pg_sequence WHERE seqrelid = to_regclass($2)) \
-            AS cache";
+            AS cache, \
+            to_regclass($3) IS NOT NULL AND to_regclass($4) IS NOT NULL AS permits, \
+            (SELECT seqcache FROM pg_catalog.pg_sequence WHERE seqrelid = to_regclass($4)) \
+            AS permit_cache";
 
 /// Upgrades a table made by a version without notes. A nullable column without a default
 /// is a catalog change only (no table rewrite), but it needs the table's owner and briefly
@@ -282,7 +304,7 @@ pub(crate) const CREATE_LOCK: &str = "SELECT pg_advisory_xact_lock(hashtextexten
 
 /// A string literal that means `text` whatever `standard_conforming_strings` says: dollar
 /// quoting with a tag that does not occur in `text`.
-fn dollar_quote(text: &str) -> String {
+pub(crate) fn dollar_quote(text: &str) -> String {
     let mut tag = String::from("$n$");
     // The first occurrence of the tag after the opening one must be the closing one.
     while format!("{text}{tag}").find(&tag) != Some(text.len()) {
@@ -291,7 +313,7 @@ fn dollar_quote(text: &str) -> String {
     format!("{tag}{text}{tag}")
 }
 
-fn sql(text: String) -> SqlStr {
+pub(crate) fn sql(text: String) -> SqlStr {
     AssertSqlSafe(std::sync::Arc::<str>::from(text)).into_sql_str()
 }
 
