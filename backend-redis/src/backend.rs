@@ -8,15 +8,17 @@ use async_trait::async_trait;
 use lockcore::{
     Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion,
     ExpiryClock, Fairness, Fencing, Guarantees, HeldLock, HolderInfo, Lease, LockBackend, LockName,
-    Note, ReleaseEvents, Result, Waiting,
+    Note, ReleaseEvents, Result, Semaphores, Waiting,
 };
 
 use crate::client::{Node, REFRESH_BATCH_LIMIT, RefreshItem};
 use crate::config::RedisConfig;
+use crate::error::{Call, malformed};
 use crate::eviction;
-use crate::keys::{self, Found, LockKeys, StoredValue};
-use crate::pipeline::Queue;
-use crate::replies::{AcquireReply, RefreshReply};
+use crate::keys::{self, Found, LockKeys, PermitKeys, StoredValue};
+use crate::permits;
+use crate::pipeline::{Batch, Queue};
+use crate::replies::{AcquireReply, RefreshReply, decode_refresh};
 
 const NOTES: &str = "One Redis node keeps the lock in memory: a crash or restart without \
     appendfsync=always, or a failover to an asynchronously replicated replica, can forget a \
@@ -29,8 +31,11 @@ const NOTES: &str = "One Redis node keeps the lock in memory: a crash or restart
     replica whose clock is behind) can repeat tokens; tokens are microsecond timestamps, \
     so they leave large gaps. A server whose maxmemory-policy may evict keys (allkeys-* or \
     volatile-* with a maxmemory limit) is refused at connect, because eviction deletes held \
-    locks. Expiry is decided by the server's clock. Good for efficiency locks; for \
-    correctness locks, have the protected resource check the fence token.";
+    locks. Expiry is decided by the server's clock. Semaphore permits live in a sorted set \
+    per name (expiry scores from the server clock) with the same node, expiry and fencing \
+    rules, a fence counter of their own and no key shared with the lock of the same name. \
+    Good for efficiency locks; for correctness locks, have the protected resource check the \
+    fence token.";
 
 /// The lock on one Redis server (the single-instance algorithm of the Redlock page,
 /// "Distributed Locks with Valkey", plus fencing).
@@ -49,6 +54,13 @@ const NOTES: &str = "One Redis node keeps the lock in memory: a crash or restart
 ///   read-only script reading the candidates' values, `PTTL`s and notes.
 /// - A note is stored with the grant, by the acquire script, in the note key (see
 ///   [`LockKeys`]).
+/// - Semaphores ([`acquire_permit`](LockBackend::acquire_permit),
+///   [`inspect_permits`](LockBackend::inspect_permits)): one script per operation on the
+///   keys of [`PermitKeys`]: a sorted set of permits scored by their expiry on the server
+///   clock, a hash of records (owner index, limit, note) and a fence counter of their own.
+///   `refresh`, `release` and `refresh_many` route a permit's lease (marked with
+///   [`Lease::permits`]) to the permit scripts; a batch may mix locks and permits and is
+///   still one pipeline.
 ///
 /// Cheap to clone; clones share the connections.
 #[derive(Clone)]
@@ -131,6 +143,11 @@ impl RedisBackend {
         LockKeys::new(self.inner.config.prefix(), name)
     }
 
+    /// The Redis keys and channel of the semaphore `name` (apart from the lock's keys).
+    pub fn permit_keys(&self, name: &LockName) -> PermitKeys {
+        PermitKeys::new(self.inner.config.prefix(), name)
+    }
+
     fn node(&self) -> &Node {
         &self.inner.node
     }
@@ -162,6 +179,7 @@ pub fn guarantees() -> Guarantees {
     .with_same_owner_retake(true)
     .with_durability(Durability::LostOnRestart)
     .with_listing(true)
+    .with_semaphores(Semaphores::Supported)
     .with_notes(NOTES)
 }
 
@@ -174,6 +192,19 @@ pub(crate) fn only(results: Vec<Result<Lease>>) -> Result<Lease> {
             "refresh: no result for the lease",
         ))
     })
+}
+
+/// The result of refreshing the lock `lease`, from its script reply.
+fn lock_refreshed(lease: &Lease, reply: redis::Value, node: &Node) -> Result<Lease> {
+    match decode_refresh(reply) {
+        Some(RefreshReply::Extended) => Ok(lease.clone()),
+        Some(RefreshReply::Missing) => Err(Error::lost("the lock key was deleted or expired")),
+        Some(RefreshReply::Changed(value)) => Err(Error::lost(format!(
+            "taken over by {}",
+            keys::owner_of(&value)
+        ))),
+        None => Err(malformed(Call::Refresh, node.label())),
+    }
 }
 
 /// The note argument of the acquire script: the request's note, or `""` for none.
@@ -215,27 +246,29 @@ impl LockBackend for RedisBackend {
     }
 
     async fn refresh_many(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
+        let (node, prefix) = (self.node(), self.inner.config.prefix());
         let mut results = Vec::with_capacity(leases.len());
         for chunk in leases.chunks(REFRESH_BATCH_LIMIT) {
-            let items: Vec<RefreshItem<'_>> = (chunk.iter())
-                .map(|lease| RefreshItem {
-                    keys: self.keys(lease.name()),
-                    value: lease.grant(),
-                    ttl_ms: lease.ttl().as_millis(),
-                })
-                .collect();
-            let replies = self.node().refresh_many(&items).await;
-            results.extend(chunk.iter().zip(replies).map(|(lease, reply)| {
-                reply.and_then(|reply| match reply {
-                    RefreshReply::Extended => Ok(lease.clone()),
-                    RefreshReply::Missing => {
-                        Err(Error::lost("the lock key was deleted or expired"))
+            // One pipeline per chunk: each lease's call is its kind's refresh script.
+            let mut batch = Batch::default();
+            for lease in chunk {
+                match lease.permits() {
+                    Some(_) => permits::push_refresh(&mut batch, prefix, lease),
+                    None => RefreshItem {
+                        keys: self.keys(lease.name()),
+                        value: lease.grant(),
+                        ttl_ms: lease.ttl().as_millis(),
                     }
-                    RefreshReply::Changed(value) => Err(Error::lost(format!(
-                        "taken over by {}",
-                        keys::owner_of(&value)
-                    ))),
-                })
+                    .push_to(&mut batch),
+                }
+            }
+            let replies = node.run_batch(Call::Refresh, &batch).await;
+            results.extend(chunk.iter().zip(replies).map(|(lease, reply)| {
+                let reply = reply?;
+                match lease.permits() {
+                    Some(_) => permits::refreshed(lease, &reply, node),
+                    None => lock_refreshed(lease, reply, node),
+                }
             }));
         }
         results
@@ -246,6 +279,9 @@ impl LockBackend for RedisBackend {
     }
 
     async fn release(&self, lease: &Lease) -> Result<()> {
+        if lease.permits().is_some() {
+            return permits::release(self.node(), self.inner.config.prefix(), lease).await;
+        }
         let name = lease.name();
         let released = self.node().release(&self.keys(name), lease.grant()).await?;
         if !released {
@@ -276,6 +312,14 @@ impl LockBackend for RedisBackend {
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let removed = self.node().break_lock(&self.keys(name)).await?;
         Ok(removed.as_ref().map(keys::holder_info))
+    }
+
+    async fn acquire_permit(&self, request: &AcquireRequest) -> Result<Acquire> {
+        permits::acquire(self.node(), self.inner.config.prefix(), request).await
+    }
+
+    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
+        permits::inspect(self.node(), self.inner.config.prefix(), name).await
     }
 
     fn guarantees(&self) -> Guarantees {

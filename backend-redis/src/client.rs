@@ -20,7 +20,8 @@ use crate::error::{Call, Refusal, is_refusal, malformed, map_error, refusal_of, 
 use crate::keys::{self, Found, LockKeys};
 use crate::node_url::NodeUrl;
 use crate::notify::Notifier;
-use crate::pipeline::{Queue, run_all};
+use crate::permit_scripts::PERMIT_LUA;
+use crate::pipeline::{Batch, Queue, run_all};
 use crate::replies::{
     AcquireReply, RefreshReply, decode_acquire, decode_found, decode_many, decode_refresh,
     time_from_reply,
@@ -47,6 +48,18 @@ pub(crate) struct RefreshItem<'a> {
     pub(crate) keys: LockKeys,
     pub(crate) value: &'a str,
     pub(crate) ttl_ms: u64,
+}
+
+impl RefreshItem<'_> {
+    /// Adds this lease's refresh script call to `batch`.
+    pub(crate) fn push_to(&self, batch: &mut Batch) {
+        (batch
+            .call(&REFRESH)
+            .key(self.keys.lock())
+            .key(self.keys.note()))
+        .arg(self.value)
+        .arg(self.ttl_ms);
+    }
 }
 
 /// One Redis server: a reconnecting multiplexed connection with per-call timeouts, and a
@@ -208,7 +221,7 @@ impl Node {
             Err(_) => return Err(timed_out(Call::Ping, &self.label, limit)),
         }
         let mut load = redis::pipe();
-        for lua in crate::scripts::ALL_LUA {
+        for lua in crate::scripts::ALL_LUA.iter().chain(&PERMIT_LUA) {
             load.cmd("SCRIPT").arg("LOAD").arg(lua);
         }
         let left = limit.saturating_sub(started.elapsed());
@@ -273,59 +286,49 @@ impl Node {
         decode_acquire(reply).ok_or_else(|| malformed(Call::Acquire, &self.label))
     }
 
-    /// Runs the refresh script for every item in one pipeline (one round trip; one
-    /// `EVALSHA` per item): `PEXPIRE` the lock and note keys where the lock key still holds
-    /// the item's value. Items answered `NOSCRIPT` (after a `SCRIPT FLUSH` or a restart) are
-    /// sent again behind a `SCRIPT LOAD` in a second pipeline, as a single call would load
-    /// and retry ([`run_all`]). Both together wait at most the per-call timeout plus an
-    /// allowance per script in flight on the backend's connections, this batch's included
-    /// ([`wait_limit`](crate::pipeline::wait_limit)): the per-call timeout alone fails full
-    /// batches sent together on a busy machine.
-    ///
-    /// One result per item, in order: a script call the server refused (a `WRONGTYPE` on a
-    /// planted key) fails its item alone, decoded as one call would be; a failure of the
-    /// whole call (connection, timeout, a reply count that does not match) fails every item
-    /// with the error one call would get ([`Call::Refresh`] writes: `OutcomeUnknown` unless
-    /// the connection was refused), never `Lost`. When only the `NOSCRIPT` retry fails, the
-    /// items the first pipeline answered keep their answers.
+    /// Runs the refresh script for every item in one pipeline ([`run_batch`](Self::run_batch)):
+    /// `PEXPIRE` the lock and note keys where the lock key still holds the item's value.
+    /// One result per item, in order, decoded as one call would be.
     pub(crate) async fn refresh_many(
         &self,
         items: &[RefreshItem<'_>],
     ) -> Vec<Result<RefreshReply>> {
-        let invocations: Vec<ScriptInvocation<'_>> = items
-            .iter()
-            .map(|item| {
-                let mut invocation = REFRESH.prepare_invoke();
-                (invocation.key(item.keys.lock()).key(item.keys.note()))
-                    .arg(item.value)
-                    .arg(item.ttl_ms);
-                invocation
-            })
-            .collect();
-        // Built before the clock starts: the limit bounds the wait for the server.
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        for invocation in &invocations {
-            pipe.invoke_script(invocation);
+        let mut batch = Batch::default();
+        for item in items {
+            item.push_to(&mut batch);
         }
-        let queued = self.queue.enqueue(invocations.len());
-        let mut conn = self.manager.clone();
-        let (call, label, within) = (Call::Refresh, &*self.label, (&queued, self.timeout));
-        let replies = run_all(
-            &mut conn,
-            call,
-            label,
-            &REFRESH,
-            &invocations,
-            &pipe,
-            within,
-        )
-        .await;
-        (replies.into_iter())
+        (self.run_batch(Call::Refresh, &batch).await.into_iter())
             .map(|reply| {
                 decode_refresh(reply?).ok_or_else(|| malformed(Call::Refresh, &self.label))
             })
             .collect()
+    }
+
+    /// Runs every script call of `batch` in one pipeline (one round trip; one `EVALSHA`
+    /// each; the calls may be of different scripts). Calls answered `NOSCRIPT` (after a
+    /// `SCRIPT FLUSH` or a restart) are sent again behind a `SCRIPT LOAD` of their scripts
+    /// in a second pipeline, as a single call would load and retry ([`run_all`]). Both
+    /// together wait at most the per-call timeout plus an allowance per script in flight on
+    /// the backend's connections, this batch's included
+    /// ([`wait_limit`](crate::pipeline::wait_limit)): the per-call timeout alone fails full
+    /// batches sent together on a busy machine.
+    ///
+    /// One reply per call, in order: a call the server refused (a `WRONGTYPE` on a planted
+    /// key) fails alone; a failure of the whole pipeline (connection, timeout, a reply count
+    /// that does not match) fails every call with the error one call would get (for a
+    /// writing `call`: `OutcomeUnknown` unless the connection was refused), never `Lost`.
+    /// When only the `NOSCRIPT` retry fails, the calls the first pipeline answered keep
+    /// their answers.
+    pub(crate) async fn run_batch(&self, call: Call, batch: &Batch) -> Vec<Result<Value>> {
+        if batch.is_empty() {
+            return Vec::new();
+        }
+        // Built before the clock starts: the limit bounds the wait for the server.
+        let pipe = batch.pipeline();
+        let queued = self.queue.enqueue(batch.len());
+        let mut conn = self.manager.clone();
+        let within = (&queued, self.timeout);
+        run_all(&mut conn, call, &self.label, batch, &pipe, within).await
     }
 
     /// Runs the release script; `true` when our key was deleted (and waiters notified).
@@ -430,7 +433,7 @@ impl Node {
     /// plus the allowance for the scripts in flight with it
     /// ([`wait_limit`](crate::pipeline::wait_limit)): an acquire or release sent during a
     /// burst of refresh batches waits for them too.
-    async fn run(&self, call: Call, invocation: &ScriptInvocation<'_>) -> Result<Value> {
+    pub(crate) async fn run(&self, call: Call, invocation: &ScriptInvocation<'_>) -> Result<Value> {
         let mut conn = self.manager.clone();
         let queued = self.queue.enqueue(1);
         let reply = queued.within(self.timeout, invocation.invoke_async(&mut conn));

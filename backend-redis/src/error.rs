@@ -63,6 +63,9 @@ impl fmt::Display for Call {
 fn classify(err: &RedisError, call: Call) -> ErrorKind {
     use redis::ErrorKind as K;
     use redis::ServerErrorKind as S;
+    if refused_inside_a_script(err) {
+        return ErrorKind::PermissionDenied;
+    }
     match err.kind() {
         K::AuthenticationFailed | K::Server(S::NoPerm) => ErrorKind::PermissionDenied,
         K::InvalidClientConfig | K::RESP3NotSupported | K::Client => ErrorKind::Config,
@@ -150,8 +153,20 @@ pub(crate) fn refusal_of(err: &RedisError) -> Option<Refusal> {
             Some(Refusal::Credentials)
         }
         (K::Server(redis::ServerErrorKind::NoPerm), _) | (_, Some("NOPERM")) => Some(Refusal::Acl),
+        _ if refused_inside_a_script(err) => Some(Refusal::Acl),
         _ => None,
     }
+}
+
+/// Whether the ACL refused a command a script called: Redis answers that with a plain
+/// `ERR` ("The user executing the script can't run this command or subcommand"), not
+/// `NOPERM`, so the code alone does not tell (a user of an older least-privilege recipe
+/// that lacks a command a newer script uses).
+fn refused_inside_a_script(err: &RedisError) -> bool {
+    err.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+        && err
+            .detail()
+            .is_some_and(|d| d.contains("can't run this command or subcommand"))
 }
 
 /// The ACL user named in a (redacted) node URL; `default` without one.
@@ -278,5 +293,21 @@ mod tests {
         assert_eq!(err.kind(), ErrorKind::PermissionDenied);
         assert!(err.message().contains("user \"default\""), "{err}");
         assert!(err.message().contains("ACL SETUSER"), "{err}");
+        let in_script = RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "ResponseError",
+            "The user executing the script can't run this command or subcommand script: \
+             d3e1, on @user_script:14."
+                .to_owned(),
+        ));
+        let err = map_error(&in_script, Call::Acquire, "redis://h:1");
+        assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+        assert!(err.message().contains("ACL SETUSER"), "{err}");
+        let other = RedisError::from((
+            redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+            "ResponseError",
+            "WRONGTYPE Operation against a key holding the wrong kind of value".to_owned(),
+        ));
+        assert_eq!(classify(&other, Call::Acquire), ErrorKind::Protocol);
     }
 }

@@ -96,6 +96,65 @@ impl LockKeys {
     }
 }
 
+/// The Redis names of one semaphore (permits, see `docs/redis.md`, "Semaphores"): the
+/// permits, their records, the semaphore's own fence counter, and the release channel,
+/// which it shares with the lock of the same name (a spurious wake is allowed).
+///
+/// Under the lock's hash tag, so a Redis Cluster keeps them in the lock's slot, but with
+/// key names no lock key can have: a semaphore and a lock of one name never share a key.
+///
+/// ```
+/// use backend_redis::PermitKeys;
+/// let keys = PermitKeys::new("anylock", &lockcore::LockName::new("jobs")?);
+/// assert_eq!(keys.permits(), "{anylock:jobs}:permits");
+/// assert_eq!(keys.info(), "{anylock:jobs}:permit-info");
+/// assert_eq!(keys.fence(), "{anylock:jobs}:permit-fence");
+/// assert_eq!(keys.channel(), "{anylock:jobs}:released");
+/// # Ok::<(), lockcore::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PermitKeys {
+    permits: String,
+    info: String,
+    fence: String,
+    channel: String,
+}
+
+impl PermitKeys {
+    /// The names for the semaphore `name` under `prefix`.
+    pub fn new(prefix: &str, name: &LockName) -> Self {
+        let key = |suffix: &str| format!("{{{prefix}:{name}}}{suffix}", name = name.as_str());
+        Self {
+            permits: key(":permits"),
+            info: key(":permit-info"),
+            fence: key(":permit-fence"),
+            channel: key(":released"),
+        }
+    }
+
+    /// The sorted set of live permits: member = the grant value (the lock value's format,
+    /// `<token>:<acquired unix ms>:<nonce>:<owner>`), score = its expiry in server Unix ms.
+    pub fn permits(&self) -> &str {
+        &self.permits
+    }
+
+    /// The hash of permit records: `o:<owner>` = the owner's grant value, and
+    /// `g:<grant value>` = `<limit>:<note>` (the note empty for none).
+    pub fn info(&self) -> &str {
+        &self.info
+    }
+
+    /// The semaphore's fence counter (an integer, never deleted), apart from the lock's.
+    pub fn fence(&self) -> &str {
+        &self.fence
+    }
+
+    /// The pub/sub channel a permit's release publishes on: the lock's.
+    pub fn channel(&self) -> &str {
+        &self.channel
+    }
+}
+
 /// Redis Cluster's hash-tag rule: the text between the first `{` and the next `}`, when
 /// non-empty; otherwise the whole key.
 fn hash_tag(key: &str) -> &str {
@@ -263,6 +322,35 @@ mod tests {
         }
         let keys = LockKeys::new("anylock", &LockName::new("deploy").expect("valid"));
         assert_eq!(keys.channel(), "{anylock:deploy}:released");
+    }
+
+    #[test]
+    fn permit_keys_share_the_lock_slot_and_no_lock_key() {
+        let names = [
+            "deploy",
+            "a}b",
+            "x}:permit",
+            "x}:permits",
+            "x}:permit-",
+            "}",
+            "a:b",
+        ];
+        let mut locks = std::collections::HashSet::new();
+        let mut permits = std::collections::HashSet::new();
+        for name in names {
+            let name = LockName::new(name).expect("valid");
+            let lock = LockKeys::new("p", &name);
+            let sem = PermitKeys::new("p", &name);
+            for key in [sem.permits(), sem.info(), sem.fence()] {
+                assert_eq!(hash_tag(key), lock.hash_tag(), "{name}");
+                permits.insert(key.to_owned());
+            }
+            assert_eq!(sem.channel(), lock.channel());
+            locks.extend([lock.lock(), lock.fence(), lock.note()].map(str::to_owned));
+            assert_eq!(name_of_lock_key("p", "", sem.permits().as_bytes()), None);
+        }
+        assert_eq!(permits.len(), 3 * names.len(), "distinct permit keys");
+        assert!(locks.is_disjoint(&permits), "a permit key is a lock key");
     }
 
     #[test]

@@ -5,9 +5,14 @@
 //!   ([`refresh_many`](lockcore::LockBackend::refresh_many)) is one pipeline (one round
 //!   trip); every grant gets a fencing token from a counter key that is
 //!   never deleted; a release publishes a notification so waiters wake at once.
+//!   Semaphores (at most N holders of a name,
+//!   [`acquire_permit`](lockcore::LockBackend::acquire_permit)) take one script call per
+//!   operation too, on keys of their own ([`PermitKeys`]).
 //! - [`RedlockBackend`]: Redlock ("Distributed Locks with Valkey") over N independent
 //!   servers: a quorum of N/2+1, validity = TTL − elapsed − drift, release everywhere on
-//!   failure. No fencing tokens.
+//!   failure. No fencing tokens, and no semaphores (a count kept on independent nodes
+//!   has no single point where it is decided; see its
+//!   [`guarantees`](redlock_guarantees)).
 //!
 //! # Which one to use
 //! - **Efficiency locks** (a lock that saves duplicate work; a rare double grant costs a
@@ -94,6 +99,8 @@ mod eviction;
 mod keys;
 mod node_url;
 mod notify;
+mod permit_scripts;
+mod permits;
 mod pipeline;
 #[cfg(test)]
 mod prop_tests;
@@ -110,7 +117,7 @@ pub use config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_NODE_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT, MAX_PREFIX_LEN,
     RedisConfig,
 };
-pub use keys::LockKeys;
+pub use keys::{LockKeys, PermitKeys};
 pub use lockcore;
 pub use redlock::{RedlockBackend, RedlockConfig, guarantees as redlock_guarantees};
 

@@ -1,5 +1,6 @@
 //! How long a script call may wait on a node's connection, and a pipeline of script calls
-//! with its `NOSCRIPT` retry (used by [`Node`](crate::client::Node) for batched refresh).
+//! ([`Batch`]) with its `NOSCRIPT` retry (used by [`Node`](crate::client::Node) for
+//! batched refresh).
 //!
 //! Every call on a node shares one multiplexed connection to one single-threaded server,
 //! and every node of a backend shares the client thread that encodes the requests and
@@ -102,22 +103,62 @@ impl Drop for Queued {
     }
 }
 
-/// Sends `pipe` (every invocation of `script`, with `ignore_errors`), then the
-/// invocations answered `NOSCRIPT` again behind a `SCRIPT LOAD` in one more pipeline (a
-/// failed load is their error, as for [`ScriptInvocation::invoke_async`]), both within
-/// the limit of `queued` (these invocations, counted) for the per-call `timeout`. Each
-/// invocation's reply, in order, errors mapped for `call` on node `label`:
+/// Script calls to send in one pipeline, each with its script (for the `SCRIPT LOAD`
+/// after `NOSCRIPT`); one batch may mix scripts.
+#[derive(Debug, Default)]
+pub(crate) struct Batch {
+    scripts: Vec<&'static Script>,
+    invocations: Vec<ScriptInvocation<'static>>,
+}
+
+impl Batch {
+    /// Adds a call of `script`; its keys and arguments go on the returned invocation.
+    pub(crate) fn call(&mut self, script: &'static Script) -> &mut ScriptInvocation<'static> {
+        let at = self.invocations.len();
+        self.scripts.push(script);
+        self.invocations.push(script.prepare_invoke());
+        &mut self.invocations[at]
+    }
+
+    /// How many calls.
+    pub(crate) fn len(&self) -> usize {
+        self.invocations.len()
+    }
+
+    /// Whether it has no call.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.invocations.is_empty()
+    }
+
+    /// The pipeline of every call (`EVALSHA` each), with `ignore_errors`, so each call
+    /// gets its own reply or error.
+    pub(crate) fn pipeline(&self) -> redis::Pipeline {
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        for invocation in &self.invocations {
+            pipe.invoke_script(invocation);
+        }
+        pipe
+    }
+}
+
+/// Sends `pipe` ([`Batch::pipeline`]: every call of `batch`, which may mix scripts), then
+/// the calls answered `NOSCRIPT` again behind one `SCRIPT LOAD` per script they need, in
+/// one more pipeline (a failed load is the error of its script's calls, as for
+/// [`ScriptInvocation::invoke_async`]), both within the limit of `queued` (these calls,
+/// counted) for the per-call `timeout`. Each call's reply, in order, errors mapped for
+/// `call` on node `label`:
 /// when the first pipeline fails as a whole (or does not answer once per call, or not in
-/// time) every invocation has its error; when the retry does, only the retried ones.
+/// time) every call has its error; when the retry does, only the retried ones.
 pub(crate) async fn run_all(
     conn: &mut ConnectionManager,
     call: Call,
     label: &str,
-    script: &Script,
-    invocations: &[ScriptInvocation<'_>],
+    batch: &Batch,
     pipe: &redis::Pipeline,
     (queued, timeout): (&Queued, Duration),
 ) -> Vec<Result<Value>> {
+    let (scripts, invocations) = (&batch.scripts, &batch.invocations);
     let first = queued.within(timeout, pipelined(pipe, conn, invocations.len()));
     let first = first.await;
     let first = match first {
@@ -134,12 +175,17 @@ pub(crate) async fn run_all(
     if unloaded.is_empty() {
         return replies;
     }
+    let loads = scripts_of(scripts, &unloaded);
     let mut retry = redis::pipe();
-    retry.ignore_errors().load_script(script);
+    retry.ignore_errors();
+    for script in &loads {
+        retry.load_script(script);
+    }
     for &at in &unloaded {
         retry.invoke_script(&invocations[at]);
     }
-    let retried = queued.within(timeout, pipelined(&retry, conn, unloaded.len() + 1));
+    let expected = unloaded.len() + loads.len();
+    let retried = queued.within(timeout, pipelined(&retry, conn, expected));
     let retried = retried.await;
     let retried = match retried {
         Ok(Ok(retried)) => Ok(retried),
@@ -157,14 +203,28 @@ pub(crate) async fn run_all(
             return replies;
         }
     };
-    let loaded = retried.remove(0);
-    for (at, reply) in unloaded.into_iter().zip(retried) {
-        replies[at] = mapped(match &loaded {
-            Ok(_) => reply,
-            Err(err) => Err(err.clone()),
+    let invoked = retried.split_off(loads.len());
+    for (at, reply) in unloaded.into_iter().zip(invoked) {
+        let load = loads
+            .iter()
+            .position(|s| s.get_hash() == scripts[at].get_hash());
+        replies[at] = mapped(match load.and_then(|i| retried[i].as_ref().err()) {
+            Some(err) => Err(err.clone()),
+            None => reply,
         });
     }
     replies
+}
+
+/// The scripts of the calls at `at`, each once, in the order first needed.
+fn scripts_of(scripts: &[&'static Script], at: &[usize]) -> Vec<&'static Script> {
+    let mut distinct: Vec<&'static Script> = Vec::new();
+    for script in at.iter().map(|&i| scripts[i]) {
+        if !distinct.iter().any(|s| s.get_hash() == script.get_hash()) {
+            distinct.push(script);
+        }
+    }
+    distinct
 }
 
 /// `err` for each of `n` calls that failed together.

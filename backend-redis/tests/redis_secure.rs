@@ -29,6 +29,11 @@ const OPERATOR_RECIPE: &str = "resetkeys resetchannels -@all ~{anylock:* &{anylo
     +ping +evalsha +script|load +get +set +pttl +pexpire +del +publish +time \
     +hset +hget +hmget +scan +subscribe +unsubscribe +acl|whoami";
 
+/// What semaphores (permits) need on top of [`RECIPE`]: the sorted-set commands of the
+/// permit scripts, `HDEL` and `PEXPIREAT` (docs/redis.md, "Semaphores").
+const SEMAPHORE_RULES: &str = "+zadd +zrem +zscore +zcount +zrange +zrangebyscore \
+    +zremrangebyscore +hdel +pexpireat";
+
 /// Connects with `url` and expects the error kind; checks the password never shows and
 /// returns the error's text.
 async fn refused(url: &str, kind: ErrorKind, password: &str) -> String {
@@ -396,4 +401,70 @@ async fn bad_tls_settings_are_refused_before_connecting() {
             "{err:?}"
         );
     }
+}
+
+/// A user of [`RECIPE`] is refused permits with `PermissionDenied` before anything is
+/// written (no permit, no counter); with [`SEMAPHORE_RULES`] added it acquires, is refused
+/// when full, refreshes (alone and in a batch with a lock), inspects and releases permits.
+#[tokio::test]
+async fn permits_need_the_semaphore_rules_on_top_of_the_recipe() {
+    let Some(secure) = Secure::from_env() else {
+        return;
+    };
+    let ttl = lockcore::Ttl::new(Duration::from_secs(10)).expect("valid TTL");
+    let two = lockcore::Permits::new(2).expect("valid count");
+    let name = common::fresh_name("recipe-permits");
+    let ask = || AcquireRequest::new(name.clone(), Identity::unique(), ttl).with_permits(two);
+
+    let plain = RecipeUser::create(&secure).await;
+    let url = secure.url_as(&plain.name, &secure.password);
+    let backend = RedisBackend::from_url(&url).await.expect("connect");
+    let err = backend.acquire_permit(&ask()).await.expect_err("no ZCOUNT");
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    let mut admin = secure.admin().await;
+    let keys = backend.permit_keys(&name);
+    for key in [keys.permits(), keys.info(), keys.fence()] {
+        assert!(!common::exists(&mut admin, key).await, "{key} written");
+    }
+
+    let rules = format!("{RECIPE} {SEMAPHORE_RULES}");
+    let user = RecipeUser::create_with(&secure, &rules).await;
+    let url = secure.url_as(&user.name, &secure.password);
+    let backend = RedisBackend::from_url(&url).await.expect("connect");
+    let mut leases = Vec::new();
+    for _ in 0..2 {
+        match backend
+            .acquire_permit(&ask())
+            .await
+            .expect("acquire_permit")
+        {
+            Acquire::Acquired(lease) => leases.push(lease),
+            Acquire::Held(holder) => panic!("held by {}", holder.owner()),
+        }
+    }
+    let third = backend.acquire_permit(&ask()).await.expect("call");
+    assert!(matches!(third, Acquire::Held(_)), "{third:?}");
+    backend.refresh(&leases[0]).await.expect("refresh");
+    let lock = AcquireRequest::new(name.clone(), Identity::unique(), ttl);
+    let Acquire::Acquired(lock) = backend.acquire(&lock).await.expect("acquire") else {
+        panic!("the lock of the same name is held");
+    };
+    let batch = [leases[1].clone(), lock.clone()];
+    for result in backend.refresh_many(&batch).await {
+        result.expect("batch refresh");
+    }
+    assert_eq!(
+        backend.inspect_permits(&name).await.expect("inspect").len(),
+        2
+    );
+    for lease in leases.iter().chain([&lock]) {
+        backend.release(lease).await.expect("release");
+    }
+    assert!(
+        backend
+            .inspect_permits(&name)
+            .await
+            .expect("inspect")
+            .is_empty()
+    );
 }

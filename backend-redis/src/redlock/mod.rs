@@ -18,7 +18,7 @@ use futures_util::future::join_all;
 use lockcore::{
     Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, Exclusion, ExpiryClock,
     Fairness, FenceToken, Fencing, Guarantees, HeldLock, HolderInfo, Lease, LockBackend, LockName,
-    ReleaseEvents, Result, Waiting,
+    ReleaseEvents, Result, Semaphores, Waiting,
 };
 use tokio::time::Instant;
 
@@ -44,6 +44,15 @@ const NOTES: &str = "Mutual exclusion holds only while clock drift, network dela
     decides its key's expiry; the client's validity is the TTL minus the time the quorum \
     took and a drift allowance.";
 
+/// Why Redlock grants no permits (its `guarantees().semaphores`).
+const NO_SEMAPHORES: &str = "a count of holders kept on independent nodes has no single \
+    point where it is decided: a grant needs only a majority, so grants land on different \
+    majorities (a node that timed out, restarted or expired a permit early) and the nodes' \
+    counts disagree; more than N clients can then each find a majority with a free place \
+    (N = 2 on 5 nodes: A holds on nodes 1-3, B on 3-5, and a third client finds room on 1, \
+    2, 4 and 5). Two majorities overlapping in one node excludes a second holder only for \
+    N = 1, the lock; and without fencing nothing would catch the excess";
+
 /// Redlock over N independent Redis nodes ("Distributed Locks with Valkey").
 ///
 /// - `acquire` sends one script (`SET key value NX PX ttl`, or a retake of our own key) to
@@ -65,6 +74,9 @@ const NOTES: &str = "Mutual exclusion holds only while clock drift, network dela
 ///   would: a snapshot per node, not one linearizable read.
 /// - No fencing: [`fence_token`](LockBackend::fence_token) is always `None` (Kleppmann,
 ///   "How to do distributed locking").
+/// - No semaphores: [`acquire_permit`](LockBackend::acquire_permit) is `Unsupported`, and
+///   [`guarantees`] says why (a count kept on independent nodes has no single point where
+///   it is decided).
 ///
 /// Cheap to clone; clones share the connections.
 #[derive(Clone)]
@@ -111,6 +123,7 @@ pub fn guarantees() -> Guarantees {
     .with_same_owner_retake(true)
     .with_durability(Durability::LostOnRestart)
     .with_listing(true)
+    .with_semaphores(Semaphores::Unsupported(NO_SEMAPHORES))
     .with_notes(NOTES)
 }
 
