@@ -123,13 +123,26 @@ fn mixed_permit_counts_are_refused() {
     stop(&mut holder);
 }
 
-/// GCS has no semaphores yet: a permit is refused with a message, the command never runs.
+/// Redlock has no semaphores (a count over a majority is not a count): a permit is
+/// refused with a message, and the command never runs.
 #[test]
 fn a_backend_without_semaphores_refuses_plainly() {
-    let scene = Scene::gcs();
+    let Some(urls) = test_kit::env::require("ANYLOCK_TEST_REDLOCK_URLS", "Redlock") else {
+        return;
+    };
+    let hosts: Vec<&str> = (urls.split(','))
+        .map(|url| url.trim().trim_start_matches("redis://").trim_end_matches('/'))
+        .collect();
+    let scene = Scene::local();
+    let prefix = format!("cli-{:016x}", rand::random::<u64>());
+    let backend = format!("redlock://{}/?prefix={prefix}", hosts.join(","));
     let marker = scene.path("ran");
     let script = format!("touch {}", marker.display());
-    let out = scene.output(&["run", "job", "--permits", "2", "-c", &script]);
+    let out = scene
+        .command(&["run", "job", "--permits", "2", "-c", &script])
+        .env("ANYLOCK_BACKEND", &backend)
+        .output()
+        .expect("run anylock");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(code(&out), 125, "{stderr}");
     assert!(stderr.contains("no semaphores"), "{stderr}");
