@@ -5,8 +5,8 @@ use lockcore::{Durability, ExpiryClock, Fairness, Fencing, Guarantees, Semaphore
 /// A Markdown table with one row per `(backend, guarantees)`.
 pub fn guarantees_markdown(rows: &[(&str, Guarantees)]) -> String {
     let mut out = String::from(
-        "| backend | mutual exclusion | fencing tokens | expiry decided by | waiters | fairness | same-owner retake | server restart | `list` | semaphores |\n\
-         |---|---|---|---|---|---|---|---|---|---|\n",
+        "| backend | mutual exclusion | fencing tokens | expiry decided by | waiters | fairness | same-owner retake | server restart | `list` | semaphores | leader election |\n\
+         |---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for (name, g) in rows {
         let cells = [
@@ -38,6 +38,11 @@ pub fn guarantees_markdown(rows: &[(&str, Guarantees)]) -> String {
                 Semaphores::Supported => "yes".to_owned(),
                 Semaphores::Unsupported(_) => "no".to_owned(),
             },
+            // Built on the lock, so every backend; terms are its fencing tokens.
+            match g.fencing {
+                Fencing::Monotonic => "yes, rising terms".to_owned(),
+                Fencing::None => "yes, no terms".to_owned(),
+            },
         ];
         out.push_str(&format!("| {} |\n", cells.join(" | ")));
     }
@@ -62,7 +67,7 @@ mod tests {
         ];
         let table = guarantees_markdown(&rows);
         assert_eq!(table.lines().count(), 4);
-        assert!(table.contains("| `memory` | in-process | monotonic | server clock | notified | none | yes | locks lost | yes | yes |"), "{table}");
+        assert!(table.contains("| `memory` | in-process | monotonic | server clock | notified | none | yes | locks lost | yes | yes | yes, rising terms |"), "{table}");
         assert!(
             table.contains("| `redlock` | timing-dependent quorum | none |"),
             "{table}"
