@@ -9,7 +9,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::ser::{Serialize, SerializeMap, Serializer};
 
-use crate::guarantees::{Durability, ExpiryClock, Fairness, Fencing, Guarantees, Waiting};
+use crate::guarantees::{
+    Durability, ExpiryClock, Fairness, Fencing, Guarantees, Semaphores, Waiting,
+};
 use crate::identity::Identity;
 use crate::name::LockName;
 use crate::note::Note;
@@ -127,6 +129,13 @@ impl Serialize for Guarantees {
             },
         )?;
         map.serialize_entry("listing", &self.listing)?;
+        match self.semaphores {
+            Semaphores::Supported => map.serialize_entry("semaphores", &true)?,
+            Semaphores::Unsupported(why) => {
+                map.serialize_entry("semaphores", &false)?;
+                map.serialize_entry("semaphores_unsupported_because", why)?;
+            }
+        }
         map.serialize_entry("notes", self.notes)?;
         map.end()
     }
@@ -176,5 +185,6 @@ mod tests {
         assert_eq!(json["waiting"], "notified");
         assert_eq!(json["durability"], "lost_on_restart");
         assert_eq!(json["listing"], true);
+        assert_eq!(json["semaphores"], true);
     }
 }
