@@ -50,6 +50,34 @@ pub(crate) async fn status(name: &str, json: bool, config: &Config) -> Result<bo
     Ok(holder.is_some())
 }
 
+/// `anylock status NAME --permits`: the live permits of the semaphore NAME, earliest
+/// grant first; `Ok(true)` when at least one is held.
+pub(crate) async fn permits_status(name: &str, json: bool, config: &Config) -> Result<bool, Error> {
+    let name = LockName::new(name)?;
+    let backend = crate::select::connect(&crate::select::backend_url(config)?).await?;
+    let holders = Locker::new(backend).inspect_permits(&name).await?;
+    if json {
+        let permits: Vec<serde_json::Value> = (holders.iter())
+            .map(|h| to_json(HeldLock::new(name.clone(), h.clone())))
+            .collect();
+        out!(
+            "{}",
+            serde_json::json!({ "name": name, "held": !holders.is_empty(), "permits": permits })
+        );
+    } else if holders.is_empty() {
+        out!("semaphore {name}: no permit is held");
+    } else {
+        out!("semaphore {name}: {} permits held", holders.len());
+        for holder in &holders {
+            out!(
+                "{}",
+                describe(name.as_str(), holder).replacen(" is held by ", ": a permit held by ", 1)
+            );
+        }
+    }
+    Ok(!holders.is_empty())
+}
+
 /// `status --json`: one object; fields that are unknown are left out (lockcore's
 /// `Serialize` shapes, so `list --json` and the library agree).
 fn status_json(name: &LockName, holder: Option<&HolderInfo>) -> serde_json::Value {

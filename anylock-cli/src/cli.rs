@@ -109,9 +109,14 @@ pub(crate) enum Command {
         /// The lock name.
         name: String,
         /// One JSON object on stdout: name, held, owner, acquired_at (RFC 3339),
-        /// expires_in_ms, fence_token, note (each absent when unknown).
+        /// expires_in_ms, fence_token, note (each absent when unknown). With --permits:
+        /// name, held, and permits (an array of those objects).
         #[arg(long)]
         json: bool,
+        /// Show the permits of the semaphore NAME (`run --permits`) instead of the lock
+        /// NAME; exit 0 when at least one is held.
+        #[arg(long)]
+        permits: bool,
     },
     /// List the locks held now whose names start with PREFIX (every lock without one),
     /// sorted by name: holder, expiry, fence token and note. Exit 0 even when none is

@@ -149,8 +149,16 @@ async fn dispatch(cli: Cli) -> u8 {
                 }
             };
         }
-        Command::Status { name, json } => {
-            return match admin::status(&name, json, &config).await {
+        Command::Status {
+            name,
+            json,
+            permits,
+        } => {
+            let status = match permits {
+                true => admin::permits_status(&name, json, &config).await,
+                false => admin::status(&name, json, &config).await,
+            };
+            return match status {
                 Ok(true) => 0,
                 Ok(false) => exit::FREE,
                 Err(err) => {

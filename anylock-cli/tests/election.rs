@@ -24,13 +24,21 @@ fn elect_runs_the_command_only_while_leader(scene: &Scene) {
         ready.exists()
     });
     let second = scene.output(&["elect", "job", "--no-wait", "--", "true"]);
-    assert_eq!(code(&second), 123, "{}", String::from_utf8_lossy(&second.stderr));
+    assert_eq!(
+        code(&second),
+        123,
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
     let shown = scene.output(&["leader", "job", "--json"]);
     assert_eq!(code(&shown), 0);
     let shown = json(&shown);
     assert_eq!(shown["leader"], true, "{shown}");
     assert_eq!(shown["value"], "node-a", "{shown}");
-    assert!(shown["term"].as_u64().is_some(), "every backend here fences: {shown}");
+    assert!(
+        shown["term"].as_u64().is_some(),
+        "every backend here fences: {shown}"
+    );
     support::send(first.id(), nix::sys::signal::Signal::SIGTERM);
     wait_child(&mut first, Duration::from_secs(30));
     let none = scene.output(&["leader", "job"]);

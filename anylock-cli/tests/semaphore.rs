@@ -86,6 +86,37 @@ fn a_semaphore_is_apart_from_the_lock_of_its_name(scene: &Scene) {
     stop(&mut holder);
 }
 
+/// `status --permits` lists the live permits (the lock of the name stays free), and
+/// says so when none is held.
+fn status_lists_the_permits(scene: &Scene) {
+    let mut holders = Vec::new();
+    for who in ["a", "b"] {
+        let ready = scene.path(who);
+        let script = format!("touch {}; sleep 30", ready.display());
+        holders.push(scene.spawn(&["run", "job", "--permits", "3", "--note", who, "-c", &script]));
+        support::wait_until(Duration::from_secs(20), "a permit is held", || {
+            ready.exists()
+        });
+    }
+    let out = scene.output(&["status", "job", "--permits", "--json"]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let shown: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let permits = shown["permits"].as_array().expect("an array of permits");
+    let notes: Vec<&str> = permits.iter().filter_map(|p| p["note"].as_str()).collect();
+    assert_eq!(notes, ["a", "b"], "earliest grant first: {shown}");
+    assert_eq!(
+        code(&scene.output(&["status", "job"])),
+        1,
+        "the lock job is free"
+    );
+    for holder in &mut holders {
+        stop(holder);
+    }
+    let out = scene.output(&["status", "job", "--permits"]);
+    assert_eq!(code(&out), 1);
+    assert!(String::from_utf8_lossy(&out.stdout).contains("no permit is held"));
+}
+
 /// Stops a holding `anylock run` the way a person would (SIGTERM: it stops its command and
 /// releases).
 fn stop(holder: &mut Child) {
@@ -95,7 +126,8 @@ fn stop(holder: &mut Child) {
 
 on_every_backend!(
     at_most_n_commands_run_at_once,
-    a_semaphore_is_apart_from_the_lock_of_its_name
+    a_semaphore_is_apart_from_the_lock_of_its_name,
+    status_lists_the_permits
 );
 
 #[test]
@@ -131,7 +163,11 @@ fn a_backend_without_semaphores_refuses_plainly() {
         return;
     };
     let hosts: Vec<&str> = (urls.split(','))
-        .map(|url| url.trim().trim_start_matches("redis://").trim_end_matches('/'))
+        .map(|url| {
+            url.trim()
+                .trim_start_matches("redis://")
+                .trim_end_matches('/')
+        })
         .collect();
     let scene = Scene::local();
     let prefix = format!("cli-{:016x}", rand::random::<u64>());
