@@ -10,7 +10,8 @@
 //! once its outcome is settled: answered and not a grant, or released (by the guard that
 //! claimed it, when that guard is done, or here when nobody claimed it).
 //!
-//! The key is the lock name and the owner, not the backend: two `Arc`s over one store (two
+//! The key is the lock name, the owner and whether it is the semaphore of that name, not
+//! the backend: two `Arc`s over one store (two
 //! `anylock::connect` calls) are the same store, and a lock name with one owner on two
 //! different stores only loses a little concurrency.
 
@@ -33,8 +34,9 @@ use crate::identity::Identity;
 use crate::name::LockName;
 use crate::types::{Acquire, AcquireRequest, HolderInfo, Lease};
 
-/// Lock name and owner.
-type Key = (LockName, Identity);
+/// Lock name and owner, and whether it is the semaphore of that name (a namespace of its
+/// own: a permit guard never holds up the lock of its name, nor the other way round).
+type Key = (bool, LockName, Identity);
 
 /// Attempts in flight in this process, each with the wake-up its waiters share: created
 /// by the first owner that has to wait, so an uncontended slot costs one insert and one
@@ -156,7 +158,11 @@ impl InFlight {
         limit: Option<Instant>,
         release_limit: Duration,
     ) -> Option<InFlight> {
-        let key = (request.name.clone(), request.owner.clone());
+        let key = (
+            request.permits.is_some(),
+            request.name.clone(),
+            request.owner.clone(),
+        );
         let slot = Slot::take(key, limit).await?;
         let backend = Arc::clone(backend);
         let request = request.clone();

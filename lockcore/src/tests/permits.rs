@@ -115,3 +115,25 @@ impl LockBackend for NoSemaphores {
         self.0.guarantees()
     }
 }
+
+#[test]
+fn one_identity_holds_a_permit_and_the_lock_of_its_name_at_once() {
+    bounded(|| async {
+        let locker = Locker::new(Arc::new(MemoryBackend::new()))
+            .with_identity(crate::Identity::named("job-7").expect("id"))
+            .with_options(LockOptions::new(ms(30_000)).with_wait(WaitMode::TryOnce));
+        let permit = locker.acquire_permit("s", 2).await.expect("a permit");
+        let lock = locker
+            .acquire("s")
+            .await
+            .expect("the lock s is apart from the semaphore s");
+        lock.release().await.expect("release");
+        let election = locker.election("s").expect("name");
+        let leader = election.try_campaign(None).await.expect("call");
+        assert!(
+            leader.is_some(),
+            "a permit does not hold up the election of its name"
+        );
+        permit.release().await.expect("release");
+    });
+}
