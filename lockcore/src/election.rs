@@ -27,6 +27,9 @@ use crate::types::{FenceToken, HolderInfo};
 /// How often an [`Observer`] reads the leader when nothing wakes it sooner.
 pub const DEFAULT_OBSERVE_INTERVAL: Duration = Duration::from_millis(500);
 
+/// The least time between two reads of an [`Observer`], however often it is woken.
+const MIN_READ_GAP: Duration = Duration::from_millis(10);
+
 /// An election of one leader among the candidates that campaign for `name` (a lock name:
 /// the election is that lock, and [`Locker::inspect`] shows its leader too).
 ///
@@ -239,10 +242,12 @@ impl fmt::Debug for Leader {
 
 /// Reports each change of an election's leader (a new term, or nobody leading).
 ///
-/// It reads the leader when the backend notifies a release and every observe interval
-/// otherwise, so it reports every term that lasts longer than that interval; terms
-/// shorter than it may be skipped (never reported out of order). Use it to follow who
-/// leads, not to count terms.
+/// It reads the leader when the backend notifies a release (while someone leads) and every
+/// observe interval otherwise, so it reports every term that lasts longer than that
+/// interval; terms shorter than it may be skipped. Where the backend fences, a term older
+/// than one already reported is never reported. Without fencing (Redlock) a term is told
+/// apart by its owner only, so a new term of the same identity is not reported. Use it to
+/// follow who leads, not to count terms.
 pub struct Observer {
     election: Election,
     /// The last reported state: `None` before the first report.
@@ -272,27 +277,45 @@ impl Observer {
     pub async fn next(&mut self) -> Result<Option<Leader>> {
         loop {
             if !self.subscribed {
-                self.subscribed = true;
                 let backend = self.election.locker.backend();
-                self.events = backend.subscribe(&self.election.name).await.ok().flatten();
+                // Marked only once the call is done: a call dropped here subscribes again.
+                let events = backend.subscribe(&self.election.name).await;
+                self.subscribed = true;
+                // Without notifications (or when subscribing fails) it polls.
+                self.events = events.ok().flatten();
             }
             let leader = self.election.leader().await?;
             let key = leader.as_ref().map(Leader::key);
-            if self.last.as_ref() != Some(&key) {
+            if self.last.as_ref() != Some(&key) && !self.is_older(&key) {
                 self.last = Some(key);
                 return Ok(leader);
             }
             let interval = self.election.interval;
+            let leading = matches!(self.last, Some(Some(_)));
             match self.events.as_mut() {
-                Some(events) => {
+                // A release matters only while someone leads: with nobody leading, a
+                // backend may report the name free at once (the embedded one does), so
+                // the observer polls then.
+                Some(events) if leading => {
                     let woke = tokio::time::timeout(interval, events.next()).await;
                     if let Ok(None) = woke {
                         // The stream ended (connection gone): poll from now on.
                         self.events = None;
                     }
+                    // Whatever the backend's wake-ups, reads stay at least this far apart.
+                    tokio::time::sleep(MIN_READ_GAP).await;
                 }
-                None => tokio::time::sleep(interval).await,
+                _ => tokio::time::sleep(interval).await,
             }
+        }
+    }
+
+    /// Whether `key` is a term older than the last one reported (a stale read): never
+    /// reported, so terms are reported in order.
+    fn is_older(&self, key: &Option<(Identity, Option<FenceToken>)>) -> bool {
+        match (&self.last, key) {
+            (Some(Some((_, Some(last)))), Some((_, Some(term)))) => term < last,
+            _ => false,
         }
     }
 }

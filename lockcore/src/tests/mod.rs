@@ -14,6 +14,7 @@ mod inline;
 mod keeper;
 mod keeper_edges;
 mod leave;
+mod observe;
 mod orphan;
 mod permits;
 mod poll;

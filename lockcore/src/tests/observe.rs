@@ -1,0 +1,89 @@
+//! The election `Observer`: paced reads whatever the backend's wake-ups, and reports in
+//! order.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use futures_util::stream;
+
+use super::{bounded, ms};
+use crate::{
+    Acquire, AcquireRequest, Guarantees, HolderInfo, Lease, LockBackend, LockName, Locker,
+    MemoryBackend, ReleaseEvents, Result,
+};
+
+/// A memory backend whose release stream wakes at once, for ever (the embedded backend's
+/// stream does that while the name is free), and which counts `inspect` calls.
+#[derive(Debug, Default)]
+struct EagerWake {
+    memory: MemoryBackend,
+    inspects: AtomicUsize,
+}
+
+#[async_trait]
+impl LockBackend for EagerWake {
+    fn backend_name(&self) -> &str {
+        "eager"
+    }
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.memory.acquire(request).await
+    }
+    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        self.memory.refresh(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.memory.release(lease).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        self.inspects.fetch_add(1, Ordering::SeqCst);
+        self.memory.inspect(name).await
+    }
+    fn guarantees(&self) -> Guarantees {
+        self.memory.guarantees()
+    }
+    async fn subscribe(&self, _: &LockName) -> Result<Option<ReleaseEvents>> {
+        Ok(Some(Box::pin(stream::repeat(()))))
+    }
+}
+
+#[test]
+fn an_observer_paces_its_reads_whatever_wakes_it() {
+    bounded(|| async {
+        let backend = Arc::new(EagerWake::default());
+        let locker = Locker::new(backend.clone());
+        let election = (locker.election("e").expect("name")).with_observe_interval(ms(100));
+        let mut observer = election.observe();
+        assert!(observer.next().await.expect("read").is_none());
+        // Nobody leads: polled every 100 ms, not spun on the eager wake-ups.
+        let waiting = tokio::spawn(async move { observer.next().await });
+        tokio::time::sleep(ms(1000)).await;
+        let reads = backend.inspects.load(Ordering::SeqCst);
+        assert!(reads <= 12, "{reads} reads in 1 s with a 100 ms interval");
+        let leadership = election
+            .try_campaign(None)
+            .await
+            .expect("call")
+            .expect("leads");
+        let seen = waiting
+            .await
+            .expect("task")
+            .expect("read")
+            .expect("a leader");
+        assert_eq!(seen.term(), leadership.term());
+        // Someone leads: woken at once, still at most one read per 10 ms.
+        let mut observer = election.observe();
+        observer.next().await.expect("read");
+        let before = backend.inspects.load(Ordering::SeqCst);
+        let waiting = tokio::spawn(async move { observer.next().await });
+        tokio::time::sleep(ms(1000)).await;
+        let reads = backend.inspects.load(Ordering::SeqCst) - before;
+        assert!(
+            reads <= 101,
+            "{reads} reads in 1 s while woken without pause"
+        );
+        leadership.resign().await.expect("resign");
+        let vacancy = waiting.await.expect("task").expect("read");
+        assert!(vacancy.is_none());
+    });
+}
