@@ -6,16 +6,18 @@ use async_trait::async_trait;
 use lockcore::{
     Acquire, AcquireRequest, Durability, Error, Exclusion, ExpiryClock, Fairness, FenceToken,
     Fencing, Guarantees, HeldLock, HolderInfo, Lease, LockBackend, LockName, LockOptions, Result,
-    Waiting,
+    Semaphores, Waiting,
 };
 
 use crate::client::{Answer, BATCH_LIMIT, GcsClient, Preconditions};
-use crate::config::{GcsConfig, MAX_OBJECT_NAME_LEN, MIN_REFRESH_INTERVAL};
+use crate::config::{GcsConfig, MIN_REFRESH_INTERVAL};
 use crate::error::{no_bucket, protocol};
 use crate::object::{self, LockObject};
+use crate::permit_names::{PermitNames, Target};
 use crate::reply::Reply;
 
 mod batch;
+mod list;
 
 /// The object name (after the prefix) that `server_time` reads; never created.
 const CLOCK_PROBE: &str = ".anylock-clock";
@@ -23,7 +25,9 @@ const CLOCK_PROBE: &str = ".anylock-clock";
 const NOTES: &str = "Real GCS sustains about one mutation per second per object, so the \
 refresh interval must be at least 1 s (the Locker refuses shorter ones); each call costs tens of milliseconds. Expiry is judged by comparing the object's `updated` \
 plus its TTL with the server's one-second-resolution Date header, so a lapsed lock is taken \
-over up to 2 s after its TTL.";
+over up to 2 s after its TTL. A semaphore keeps one slot object per permit and a fence \
+object whose generation is the token: every attempt that finds a place rewrites that one \
+object, so a semaphore grants about one permit per second on real GCS; waiters poll.";
 
 /// What [`GcsBackend`] promises, without connecting. See `docs/gcs.md`.
 pub fn guarantees() -> Guarantees {
@@ -37,6 +41,7 @@ pub fn guarantees() -> Guarantees {
     .with_same_owner_retake(true)
     .with_durability(Durability::SurvivesRestart)
     .with_listing(true)
+    .with_semaphores(Semaphores::Supported)
     .with_notes(NOTES)
 }
 
@@ -73,7 +78,7 @@ fn check_refresh(options: &LockOptions, min: Duration) -> Result<()> {
 /// A lock backend over one GCS bucket: one object per lock name.
 #[derive(Debug, Clone)]
 pub struct GcsBackend {
-    client: GcsClient,
+    pub(crate) client: GcsClient,
 }
 
 impl GcsConfig {
@@ -181,30 +186,30 @@ impl GcsBackend {
         }
     }
 
-    async fn try_refresh(&self, object: &str, lease: &Lease) -> Result<Lease> {
-        let (generation, metageneration) = object::parse_grant(lease.grant())?;
-        match self
-            .extend(object, lease, generation, metageneration)
-            .await?
-        {
+    async fn try_refresh(&self, target: &Target, lease: &Lease) -> Result<Lease> {
+        match self.extend(target, lease, target.metageneration).await? {
             Some(refreshed) => Ok(refreshed),
-            None => self.recover_refresh(object, lease, generation).await,
+            None => self.recover_refresh(target, lease).await,
         }
     }
 
     /// One PATCH rewriting our metadata, which moves the server's `updated` (and so the
-    /// expiry) to when GCS applies it, under exact preconditions; `None` on 412.
+    /// expiry) to when GCS applies it, under exact preconditions (the grant's generation,
+    /// `metageneration`); `None` on 412.
     async fn extend(
         &self,
-        object: &str,
+        target: &Target,
         lease: &Lease,
-        generation: u64,
         metageneration: u64,
     ) -> Result<Option<Lease>> {
         let metadata = object::metadata(lease.owner(), lease.ttl());
-        let exact = Preconditions::exact(generation, metageneration);
-        let reply = self.client.patch(object, metadata, exact).await?.reply;
-        extended(reply, lease, (generation, metageneration))
+        let exact = Preconditions::exact(target.generation, metageneration);
+        let reply = self
+            .client
+            .patch(&target.object, metadata, exact)
+            .await?
+            .reply;
+        extended(reply, lease, target, metageneration)
     }
 
     /// After a refresh's 412: an earlier PATCH whose reply was lost may have applied and
@@ -212,18 +217,15 @@ impl GcsBackend {
     /// identity) and fresh on the server's clock, extend it once more under its current
     /// metageneration: adopting it as it stands would report a full TTL although its
     /// `updated` is as old as that earlier PATCH (issue #14, item 6). Otherwise it is lost.
-    async fn recover_refresh(&self, object: &str, lease: &Lease, generation: u64) -> Result<Lease> {
+    async fn recover_refresh(&self, target: &Target, lease: &Lease) -> Result<Lease> {
         let lost = || Error::lost("the lock object changed (deleted, taken over or replaced)");
-        let Some((obj, date)) = self.own_object(object, lease, generation).await? else {
+        let Some((obj, date)) = self.own_object(target, lease).await? else {
             return Err(lost());
         };
         if obj.is_stale(date) {
             return Err(lost());
         }
-        match self
-            .extend(object, lease, generation, obj.metageneration)
-            .await?
-        {
+        match self.extend(target, lease, obj.metageneration).await? {
             Some(refreshed) => Ok(refreshed),
             None => Err(Error::unavailable(
                 "the lock object changed again during the refresh; retry",
@@ -231,33 +233,33 @@ impl GcsBackend {
         }
     }
 
-    /// The object of `object` when it is still `lease`'s grant: the same generation (no
+    /// The object of `target` when it is still `lease`'s grant: the same generation (no
     /// one recreated it) and our identity, with the server time it was read at.
     async fn own_object(
         &self,
-        object: &str,
+        target: &Target,
         lease: &Lease,
-        generation: u64,
     ) -> Result<Option<(LockObject, SystemTime)>> {
-        let found = self.read(object).await?;
-        Ok(found.filter(|(obj, _)| obj.generation == generation && obj.is_owned_by(lease.owner())))
+        let found = self.read(&target.object).await?;
+        Ok(found.filter(|(obj, _)| {
+            obj.generation == target.generation && obj.is_owned_by(lease.owner())
+        }))
     }
 
     /// Deletes our object under exact preconditions. A 412 may mean only that a refresh
     /// whose reply was lost moved the metageneration: when the object is still this grant,
     /// delete it under its current metageneration; otherwise (404, or another generation or
     /// owner) nothing of ours is left.
-    async fn try_release(&self, object: &str, lease: &Lease) -> Result<()> {
-        let (generation, metageneration) = object::parse_grant(lease.grant())?;
-        let exact = Preconditions::exact(generation, metageneration);
-        let reply = self.client.delete(object, exact).await?.reply;
+    async fn try_release(&self, target: &Target, lease: &Lease) -> Result<()> {
+        let exact = Preconditions::exact(target.generation, target.metageneration);
+        let reply = self.client.delete(&target.object, exact).await?.reply;
         if !matches!(reply, Reply::PreconditionFailed) {
             return Ok(());
         }
-        if let Some((obj, _)) = self.own_object(object, lease, generation).await? {
+        if let Some((obj, _)) = self.own_object(target, lease).await? {
             // A 412 or 404 here means someone else moved first: nothing of ours is left.
-            let current = Preconditions::exact(generation, obj.metageneration);
-            self.client.delete(object, current).await?;
+            let current = Preconditions::exact(target.generation, obj.metageneration);
+            self.client.delete(&target.object, current).await?;
         }
         Ok(())
     }
@@ -266,37 +268,6 @@ impl GcsBackend {
     async fn current(&self, object: &str) -> Result<Option<(LockObject, SystemTime)>> {
         let found = self.read(object).await?;
         Ok(found.filter(|(obj, date)| !obj.is_stale(*date)))
-    }
-
-    /// Pages through `objects.list` under the configured prefix + `prefix` (GCS matches
-    /// prefixes byte for byte: no pattern language to escape) and keeps the objects
-    /// `inspect` would report, judged stale or not on each page's `Date`.
-    async fn try_list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
-        let base = self.config().prefix();
-        let under = format!("{base}{prefix}");
-        if under.len() > MAX_OBJECT_NAME_LEN {
-            return Ok(Vec::new()); // no object name is that long
-        }
-        let mut held = Vec::new();
-        let mut token: Option<String> = None;
-        loop {
-            let page = self.client.list(&under, token.as_deref()).await?;
-            held.extend(
-                page.items
-                    .iter()
-                    .filter_map(|item| held_lock(item, base, prefix, page.date)),
-            );
-            match page.next_page_token {
-                None => break,
-                Some(next) if token.as_deref() == Some(next.as_str()) => {
-                    return Err(protocol("GCS answered the same list page token twice"));
-                }
-                next => token = next,
-            }
-        }
-        held.sort_by(|a, b| a.name().as_str().cmp(b.name().as_str()));
-        held.dedup_by(|a, b| a.name() == b.name());
-        Ok(held)
     }
 
     async fn try_break(&self, object: &str) -> Result<Option<HolderInfo>> {
@@ -320,33 +291,17 @@ impl GcsBackend {
     }
 }
 
-/// The held lock a list item stands for, as `inspect` would report it at server time
-/// `date`; `None` for a stale grant, and for an item that is not a lock object under
-/// `base + prefix` (a name that is no lock name, a resource without a valid generation or
-/// `updated`): one odd object never spoils the listing.
-fn held_lock(
-    item: &serde_json::Value,
-    base: &str,
-    prefix: &str,
-    date: SystemTime,
-) -> Option<HeldLock> {
-    let object = item.get("name")?.as_str()?;
-    let name = object.strip_prefix(base)?;
-    if !name.starts_with(prefix) {
-        return None;
-    }
-    let name = LockName::new(name).ok()?;
-    let obj = LockObject::from_json(item).ok()?;
-    (!obj.is_stale(date)).then(|| HeldLock::new(name, obj.holder(Some(date))))
-}
-
-/// The refreshed lease a refresh's PATCH under `sent` (generation, metageneration)
-/// answered (alone or in a batch); `None` on 412. A 200 without the object, with another
+/// The refreshed lease a refresh's PATCH of `target` under `metageneration` answered (alone or in a batch); `None` on 412. A 200 without the object, with another
 /// object's generation, or with a metageneration the PATCH did not move (a batch answer
 /// matched to the wrong call) proves nothing about the new metageneration: the outcome is
 /// unknown, and the next refresh's 412 recovery decides.
-fn extended(reply: Reply, lease: &Lease, sent: (u64, u64)) -> Result<Option<Lease>> {
-    let (generation, metageneration) = sent;
+fn extended(
+    reply: Reply,
+    lease: &Lease,
+    target: &Target,
+    metageneration: u64,
+) -> Result<Option<Lease>> {
+    let generation = target.generation;
     let unknown = |what: &str| {
         Error::new(
             lockcore::ErrorKind::OutcomeUnknown,
@@ -362,7 +317,7 @@ fn extended(reply: Reply, lease: &Lease, sent: (u64, u64)) -> Result<Option<Leas
             Err(unknown("with a metageneration it did not move"))
         }
         Reply::Ok(Some(obj)) if obj.is_owned_by(lease.owner()) => {
-            Ok(Some(lease.clone().with_grant(obj.grant())))
+            Ok(Some(lease.clone().with_grant(target.grant(&obj))))
         }
         Reply::Ok(Some(_)) => Err(Error::lost("the lock object now names another owner")),
         Reply::Ok(None) => Err(unknown("without the object")),
@@ -397,10 +352,11 @@ impl LockBackend for GcsBackend {
         self.try_acquire(&object, request).await
     }
 
+    /// A lock's object or a permit's slot object, alike (see [`Target`]).
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
-        let object = self.config().object_name(lease.name())?;
+        let target = Target::of(self.config(), lease)?;
         let _slot = self.client.slot().await?;
-        self.try_refresh(&object, lease).await
+        self.try_refresh(&target, lease).await
     }
 
     /// The PATCHes of up to 100 leases (GCS's batch limit) in one batch request
@@ -423,10 +379,11 @@ impl LockBackend for GcsBackend {
         }
     }
 
+    /// A lock's object or a permit's slot object, alike (see [`Target`]).
     async fn release(&self, lease: &Lease) -> Result<()> {
-        let object = self.config().object_name(lease.name())?;
+        let target = Target::of(self.config(), lease)?;
         let _slot = self.client.slot().await?;
-        self.try_release(&object, lease).await
+        self.try_release(&target, lease).await
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
@@ -434,6 +391,27 @@ impl LockBackend for GcsBackend {
         let _slot = self.client.slot().await?;
         let current = self.current(&object).await?;
         Ok(current.map(|(obj, date)| obj.holder(Some(date))))
+    }
+
+    /// One list of the semaphore's objects; when there is room (or our own permit to
+    /// retake), the fence object's and the slot's conditional writes. See
+    /// `docs/gcs.md`, "Semaphores".
+    async fn acquire_permit(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let Some(limit) = request.permits else {
+            return Err(Error::invalid_input(
+                "a permit request without a number of permits",
+            ));
+        };
+        let names = PermitNames::new(self.config(), &request.name)?;
+        let _slot = self.client.slot().await?;
+        self.try_acquire_permit(&names, request, limit).await
+    }
+
+    /// One list of the semaphore's objects (one request per 1000).
+    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
+        let names = PermitNames::new(self.config(), name)?;
+        let _slot = self.client.slot().await?;
+        self.try_inspect_permits(&names).await
     }
 
     fn guarantees(&self) -> Guarantees {

@@ -332,7 +332,7 @@ fn token_command() -> Option<String> {
 }
 
 /// GCS object naming rules (cloud.google.com/storage/docs/objects#naming).
-fn validate_object_name(object: &str) -> Result<()> {
+pub(crate) fn validate_object_name(object: &str) -> Result<()> {
     let problem = if object.is_empty() {
         Some("is empty".to_owned())
     } else if object.len() > MAX_OBJECT_NAME_LEN {

@@ -10,7 +10,10 @@
 //! A lapsed lock is detected on the *server's* clock: the object's `updated` plus its TTL
 //! against the response's `Date` header. An uncontended cycle is two API calls. A note
 //! given at acquire is the metadata key `note` of the create; `list` pages through
-//! `objects.list` (one request per 1000 objects under the prefix).
+//! `objects.list` (one request per 1000 objects under the prefix). A semaphore (permits)
+//! keeps one slot object per permit, `prefix + name + TAB + "permit-<i>"` (no lock name
+//! has a TAB, so no lock object is ever one), and a fence object whose generation is
+//! the permit token; an attempt lists the slots and writes one conditionally.
 //!
 //! See `docs/gcs.md` for the algorithm, costs, auth and limits.
 //!
@@ -53,6 +56,8 @@ mod error;
 mod external_account;
 mod http;
 mod object;
+mod permit_names;
+mod permits;
 #[cfg(test)]
 mod prop_tests;
 mod renew;

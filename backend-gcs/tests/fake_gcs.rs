@@ -300,3 +300,66 @@ async fn a_batched_refresh_is_applied_call_by_call() {
         );
     }
 }
+
+/// A semaphore's objects on a server we did not write: slot and fence object names with a
+/// TAB (in paths, list prefixes and JSON names), the fence object's unconditional
+/// rewrite, a slot's create-if-absent and a same-owner retake's overwrite under the
+/// slot's generation and metageneration, the list reading each slot's metadata, and
+/// release. (No refresh: fake-gcs-server's PATCH reply has no `metageneration`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_cycle() {
+    let Some(h) = harness().await else { return };
+    let backend = &h.backend;
+    let sem = LockName::new("permits/ü %*?[").expect("name");
+    let ttl = lockcore::Ttl::new(Duration::from_secs(30)).expect("valid TTL");
+    let one = lockcore::Permits::new(1).expect("permits");
+    let ask =
+        |owner: &Identity| AcquireRequest::new(sem.clone(), owner.clone(), ttl).with_permits(one);
+    let (a, b) = (Identity::unique(), Identity::unique());
+    let note = Note::new("permit note").expect("note");
+    let Acquire::Acquired(first) = backend
+        .acquire_permit(&ask(&a).with_note(Some(note.clone())))
+        .await
+        .expect("permit")
+    else {
+        panic!("a free semaphore");
+    };
+    let listed = backend
+        .inspect_permits(&sem)
+        .await
+        .expect("inspect_permits");
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0].owner(), &a);
+    assert_eq!(listed[0].token(), first.token());
+    assert_eq!(listed[0].note(), Some(&note));
+    let Acquire::Held(holder) = backend.acquire_permit(&ask(&b)).await.expect("attempt") else {
+        panic!("a second permit of 1");
+    };
+    assert_eq!(holder.owner(), &a);
+    let lock = AcquireRequest::new(sem.clone(), b.clone(), ttl);
+    let Acquire::Acquired(lock) = backend.acquire(&lock).await.expect("lock") else {
+        panic!("the lock of the semaphore's name is free");
+    };
+    backend.release(&lock).await.expect("release the lock");
+    let Acquire::Acquired(retake) = backend.acquire_permit(&ask(&a)).await.expect("retake") else {
+        panic!("same-owner retake refused");
+    };
+    assert!(retake.token() > first.token());
+    assert_eq!(
+        backend.inspect_permits(&sem).await.expect("inspect").len(),
+        1
+    );
+    backend.release(&retake).await.expect("release");
+    assert!(
+        backend
+            .inspect_permits(&sem)
+            .await
+            .expect("inspect")
+            .is_empty()
+    );
+    let Acquire::Acquired(next) = backend.acquire_permit(&ask(&b)).await.expect("permit") else {
+        panic!("released");
+    };
+    assert!(next.token() > retake.token());
+    backend.release(&next).await.expect("release");
+}

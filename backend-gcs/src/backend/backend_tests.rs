@@ -19,9 +19,24 @@ fn a_refresh_reply_counts_only_for_our_object_of_its_generation() {
         ttl: Some(Duration::from_secs(30)),
         note: None,
     };
-    let ours = extended(Reply::Ok(Some(object(7, owner.as_str()))), &lease, (7, 1));
+    let target = Target {
+        object: "l".to_owned(),
+        slot: None,
+        generation: 7,
+        metageneration: 1,
+    };
+    let ours = extended(
+        Reply::Ok(Some(object(7, owner.as_str()))),
+        &lease,
+        &target,
+        1,
+    );
     assert_eq!(ours.expect("ok").expect("refreshed").grant(), "7:2");
-    let kind = |reply| extended(reply, &lease, (7, 1)).expect_err("refused").kind();
+    let kind = |reply| {
+        extended(reply, &lease, &target, 1)
+            .expect_err("refused")
+            .kind()
+    };
     use lockcore::ErrorKind::{Lost, OutcomeUnknown};
     assert_eq!(
         kind(Reply::Ok(Some(object(8, owner.as_str())))),
@@ -36,7 +51,7 @@ fn a_refresh_reply_counts_only_for_our_object_of_its_generation() {
     assert_eq!(kind(Reply::Ok(Some(object(7, "someone-else")))), Lost);
     assert_eq!(kind(Reply::NotFound), Lost);
     assert!(matches!(
-        extended(Reply::PreconditionFailed, &lease, (7, 1)),
+        extended(Reply::PreconditionFailed, &lease, &target, 1),
         Ok(None)
     ));
 }

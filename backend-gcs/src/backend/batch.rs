@@ -8,14 +8,13 @@ use super::GcsBackend;
 use crate::client::{BATCH_LIMIT, PartAnswer, PatchCall, Preconditions};
 use crate::error::{Call, Failure, map_error};
 use crate::object;
+use crate::permit_names::Target;
 
-/// A lease ready to batch: its object name and grant.
+/// A lease ready to batch: the object its grant is pinned to (a lock's or a permit's).
 struct Prepared<'a> {
     index: usize,
     lease: &'a Lease,
-    object: String,
-    generation: u64,
-    metageneration: u64,
+    target: Target,
 }
 
 /// What the batch left to do for one lease.
@@ -64,11 +63,11 @@ impl GcsBackend {
         }
         let recovered = join_all(recover.iter().map(|p| async move {
             let _slot = self.client.slot().await?;
-            self.recover_refresh(&p.object, p.lease, p.generation).await
+            self.recover_refresh(&p.target, p.lease).await
         }));
         let lone = join_all(alone.iter().map(|p| async move {
             let _slot = self.client.slot().await?;
-            self.try_refresh(&p.object, p.lease).await
+            self.try_refresh(&p.target, p.lease).await
         }));
         let (recovered, lone) = tokio::join!(recovered, lone);
         for (p, result) in recover.iter().zip(recovered).chain(alone.iter().zip(lone)) {
@@ -89,9 +88,9 @@ impl GcsBackend {
         let calls: Vec<PatchCall<'_>> = chunk
             .iter()
             .map(|p| PatchCall {
-                object: &p.object,
+                object: &p.target.object,
                 metadata: object::metadata(p.lease.owner(), p.lease.ttl()),
-                preconditions: Preconditions::exact(p.generation, p.metageneration),
+                preconditions: Preconditions::exact(p.target.generation, p.target.metageneration),
             })
             .collect();
         let answers = match self.client.slot().await {
@@ -116,11 +115,8 @@ impl GcsBackend {
     fn next(&self, prepared: &Prepared<'_>, answer: PartAnswer) -> Next {
         match answer {
             PartAnswer::Reply(reply) => {
-                match super::extended(
-                    reply,
-                    prepared.lease,
-                    (prepared.generation, prepared.metageneration),
-                ) {
+                let sent = prepared.target.metageneration;
+                match super::extended(reply, prepared.lease, &prepared.target, sent) {
                     Ok(Some(refreshed)) => Next::Done(Ok(refreshed)),
                     Ok(None) => Next::Recover,
                     Err(e) => Next::Done(Err(e)),
@@ -136,13 +132,10 @@ impl GcsBackend {
 }
 
 fn prepare<'a>(backend: &GcsBackend, index: usize, lease: &'a Lease) -> Result<Prepared<'a>> {
-    let object = backend.config().object_name(lease.name())?;
-    let (generation, metageneration) = object::parse_grant(lease.grant())?;
+    let target = Target::of(backend.config(), lease)?;
     Ok(Prepared {
         index,
         lease,
-        object,
-        generation,
-        metageneration,
+        target,
     })
 }
