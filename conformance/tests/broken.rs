@@ -218,3 +218,99 @@ async fn a_leader_that_never_expires_is_caught() {
     .await;
     assert!(message.contains("elected within TTL + slack"), "{message}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_permit_for_one_owner_is_caught() {
+    let message = failure_of(
+        Defect::PermitIgnoresOwner,
+        cases::same_owner_retakes_its_permit,
+    )
+    .await;
+    assert!(message.contains("one owner holds 2 permits"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_limits_admitted_are_caught() {
+    let message = failure_of(
+        Defect::PermitIgnoresLimit,
+        cases::mixed_permit_limits_are_refused,
+    )
+    .await;
+    assert!(
+        message.contains("a limit of 3 against a held limit of 2"),
+        "{message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_that_never_expire_are_caught() {
+    let message = failure_of(
+        Defect::PermitNeverExpires,
+        cases::expired_permits_free_their_places,
+    )
+    .await;
+    assert!(
+        message.contains("a place freed within TTL + slack"),
+        "{message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_that_revives_a_permit_is_caught() {
+    let message = failure_of(
+        Defect::PermitRefreshRecreates,
+        cases::stale_permit_cannot_release_or_refresh,
+    )
+    .await;
+    assert!(message.contains("a stale refresh must fail"), "{message}");
+    let message = failure_of(
+        Defect::PermitRefreshRecreates,
+        cases::refresh_many_mixes_locks_and_permits,
+    )
+    .await;
+    assert!(message.contains("the released permit"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refresh_that_extends_nothing_is_caught() {
+    let message = failure_of(
+        Defect::PermitRefreshNoop,
+        cases::refresh_keeps_a_permit_beyond_its_ttl,
+    )
+    .await;
+    assert!(message.contains("the permit lapsed"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_of_another_owners_permit_is_caught() {
+    let message = failure_of(
+        Defect::PermitReleaseOldest,
+        cases::stale_permit_cannot_release_or_refresh,
+    )
+    .await;
+    assert!(
+        message.contains("freed the new holder's permit"),
+        "{message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_release_that_wakes_nobody_is_caught() {
+    let message = failure_of(
+        Defect::PermitReleaseSilent,
+        cases::permit_waiter_gets_a_released_place,
+    )
+    .await;
+    assert!(message.contains("slept on after the release"), "{message}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_that_holds_the_lock_of_its_name_is_caught() {
+    let message = failure_of(
+        Defect::PermitBlocksLock,
+        cases::a_permit_and_the_lock_of_its_name_are_apart,
+    )
+    .await;
+    assert!(message.contains("unexpectedly held"), "{message}");
+    still_basically_works(Defect::PermitBlocksLock).await;
+}

@@ -17,7 +17,7 @@ use crate::guarantees::{
 use crate::identity::Identity;
 use crate::name::LockName;
 use crate::note::Note;
-use crate::permit_table::PermitTable;
+use crate::permit_table::{Bend, PermitTable};
 use crate::types::HeldLock;
 use crate::types::{Acquire, AcquireRequest, FenceToken, HolderInfo, Lease};
 
@@ -209,17 +209,36 @@ impl Entry {
 }
 
 impl MemoryBackend {
-    /// Grants a permit of `request` with room for one holder too many (for
+    /// A permit attempt bent by `bend` (for [`crate::testing::Broken`]).
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn bent_acquire_permit(
+        &self,
+        request: &AcquireRequest,
+        bend: Bend,
+    ) -> Result<Acquire> {
+        self.table().permits.acquire(request, bend)
+    }
+
+    /// A permit refresh bent by `bend` (for [`crate::testing::Broken`]).
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn bent_refresh_permit(&self, lease: &Lease, bend: Bend) -> Result<Lease> {
+        self.table().permits.refresh(lease, bend)
+    }
+
+    /// A permit release bent by `bend`, notifying waiters only when `notify` (for
     /// [`crate::testing::Broken`]).
     #[cfg(any(test, feature = "testing"))]
-    pub(crate) fn over_grant_permit(&self, request: &AcquireRequest) -> Result<Acquire> {
-        self.table().permits.acquire(request, true)
+    pub(crate) fn bent_release_permit(&self, lease: &Lease, bend: Bend, notify: bool) {
+        let released = self.table().permits.release(lease, bend);
+        if released && notify {
+            self.notify(lease.name());
+        }
     }
 
     /// Extends `lease` if `table` still holds exactly that grant.
     fn refresh_in(table: &mut Table, lease: &Lease) -> Result<Lease> {
         if lease.permits().is_some() {
-            return table.permits.refresh(lease);
+            return table.permits.refresh(lease, Bend::default());
         }
         match Self::live(table, lease.name()) {
             Some(entry) if entry.is_grant_of(lease) => {
@@ -267,7 +286,7 @@ impl LockBackend for MemoryBackend {
     async fn release(&self, lease: &Lease) -> Result<()> {
         let mut table = self.table();
         if lease.permits().is_some() {
-            let released = table.permits.release(lease);
+            let released = table.permits.release(lease, Bend::default());
             drop(table);
             if released {
                 self.notify(lease.name());
@@ -291,7 +310,7 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn acquire_permit(&self, request: &AcquireRequest) -> Result<Acquire> {
-        self.table().permits.acquire(request, false)
+        self.table().permits.acquire(request, Bend::default())
     }
 
     async fn inspect_permits(&self, name: &LockName) -> Result<Vec<HolderInfo>> {

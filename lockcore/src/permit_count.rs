@@ -19,6 +19,9 @@ pub const MAX_PERMITS: u32 = 10_000;
 pub struct Permits(NonZeroU32);
 
 impl Permits {
+    /// One permit.
+    pub const MIN: Self = Self(NonZeroU32::MIN);
+
     /// `n` permits.
     ///
     /// # Errors

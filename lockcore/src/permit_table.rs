@@ -14,6 +14,26 @@ use crate::permit_count::Permits;
 use crate::permits::limit_conflict;
 use crate::types::{Acquire, AcquireRequest, FenceToken, HolderInfo, Lease};
 
+/// How a deliberately broken table bends the rules (for [`crate::testing::Broken`]); the
+/// default keeps them all.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Bend {
+    /// Admits one holder too many.
+    pub(crate) over_grant: bool,
+    /// Gives an owner a second permit instead of retaking its first.
+    pub(crate) ignore_owner: bool,
+    /// Admits a request whatever limit the live permits were taken with.
+    pub(crate) ignore_limit: bool,
+    /// Grants permits that never expire.
+    pub(crate) never_expire: bool,
+    /// A refresh of a permit that is gone puts it back.
+    pub(crate) refresh_recreates: bool,
+    /// A refresh answers `Ok` and extends nothing.
+    pub(crate) refresh_noop: bool,
+    /// A release removes the semaphore's oldest permit, whoever holds it.
+    pub(crate) release_oldest: bool,
+}
+
 /// Every semaphore's permits; expired ones are dropped when their semaphore is read.
 #[derive(Debug, Default)]
 pub(crate) struct PermitTable {
@@ -55,13 +75,9 @@ impl PermitTable {
         permits
     }
 
-    /// One attempt at a permit (see [`LockBackend::acquire_permit`](crate::LockBackend::acquire_permit)).
-    /// `over_grant` admits one holder too many (for [`crate::testing::Broken`]).
-    pub(crate) fn acquire(
-        &mut self,
-        request: &AcquireRequest,
-        over_grant: bool,
-    ) -> Result<Acquire> {
+    /// One attempt at a permit (see [`LockBackend::acquire_permit`](crate::LockBackend::acquire_permit)),
+    /// bent by `bend`.
+    pub(crate) fn acquire(&mut self, request: &AcquireRequest, bend: Bend) -> Result<Acquire> {
         let Some(limit) = request.permits else {
             return Err(Error::new(
                 crate::ErrorKind::InvalidInput,
@@ -70,21 +86,28 @@ impl PermitTable {
         };
         let name = &request.name;
         let permits = self.live(name);
-        if let Some(other) = permits.iter().find(|p| p.limit != limit) {
+        if let Some(other) = permits
+            .iter()
+            .find(|p| p.limit != limit && !bend.ignore_limit)
+        {
             return Err(limit_conflict(
                 name.as_str(),
                 other.limit.get(),
                 limit.get(),
             ));
         }
-        let others = permits.iter().filter(|p| p.owner != request.owner);
+        let others = permits
+            .iter()
+            .filter(|p| p.owner != request.owner || bend.ignore_owner);
         let taken = others.clone().count();
-        let room = limit.get() as usize + usize::from(over_grant);
+        let room = limit.get() as usize + usize::from(bend.over_grant);
         if taken >= room {
             let first = others.min_by_key(|p| p.expires).map(Permit::holder);
             return Ok(Acquire::Held(first.expect("a full semaphore has holders")));
         }
-        permits.retain(|p| p.owner != request.owner);
+        if !bend.ignore_owner {
+            permits.retain(|p| p.owner != request.owner);
+        }
         let counter = self.counters.entry(name.clone()).or_insert(0);
         *counter += 1;
         let token = *counter;
@@ -94,7 +117,7 @@ impl PermitTable {
             token,
             note: request.note.clone(),
             acquired_at: SystemTime::now(),
-            expires: Instant::now() + request.ttl.get(),
+            expires: Instant::now() + request.ttl.get() * if bend.never_expire { 1000 } else { 1 },
         };
         self.held.entry(name.clone()).or_default().push(permit);
         let lease = Lease::new(
@@ -108,15 +131,26 @@ impl PermitTable {
         ))
     }
 
-    /// Extends the permit `lease` if it is still live and exactly that grant.
-    pub(crate) fn refresh(&mut self, lease: &Lease) -> Result<Lease> {
-        match self
-            .live(lease.name())
-            .iter_mut()
-            .find(|p| p.is_grant_of(lease))
-        {
+    /// Extends the permit `lease` if it is still live and exactly that grant, bent by
+    /// `bend`.
+    pub(crate) fn refresh(&mut self, lease: &Lease, bend: Bend) -> Result<Lease> {
+        let expires = Instant::now() + lease.ttl().get();
+        let live = self.live(lease.name());
+        match live.iter_mut().find(|p| p.is_grant_of(lease)) {
+            Some(_) if bend.refresh_noop => Ok(lease.clone()),
             Some(permit) => {
-                permit.expires = Instant::now() + lease.ttl().get();
+                permit.expires = expires;
+                Ok(lease.clone())
+            }
+            None if bend.refresh_recreates => {
+                live.push(Permit {
+                    owner: lease.owner().clone(),
+                    limit: lease.permits().unwrap_or(Permits::MIN),
+                    token: lease.grant().parse().unwrap_or(0),
+                    note: None,
+                    acquired_at: SystemTime::now(),
+                    expires,
+                });
                 Ok(lease.clone())
             }
             None => Err(Error::lost(
@@ -125,19 +159,33 @@ impl PermitTable {
         }
     }
 
-    /// Removes the permit `lease` if it is exactly that grant; `true` when it was there.
-    pub(crate) fn release(&mut self, lease: &Lease) -> bool {
+    /// Removes the permit `lease` if it is exactly that grant (bent by `bend`); `true`
+    /// when it was there.
+    pub(crate) fn release(&mut self, lease: &Lease, bend: Bend) -> bool {
         let Some(permits) = self.held.get_mut(lease.name()) else {
             return false;
         };
         let before = permits.len();
-        permits.retain(|p| !p.is_grant_of(lease));
-        permits.len() < before
+        if bend.release_oldest {
+            if let Some(oldest) = (0..permits.len()).min_by_key(|&i| permits[i].token) {
+                permits.remove(oldest);
+            }
+        } else {
+            permits.retain(|p| !p.is_grant_of(lease));
+        }
+        let released = permits.len() < before;
+        if permits.is_empty() {
+            self.held.remove(lease.name());
+        }
+        released
     }
 
     /// The live permits of `name`, earliest grant first.
     pub(crate) fn holders(&mut self, name: &LockName) -> Vec<HolderInfo> {
         let mut permits = self.live(name).clone();
+        if permits.is_empty() {
+            self.held.remove(name);
+        }
         permits.sort_by_key(|p| p.token);
         permits.iter().map(Permit::holder).collect()
     }

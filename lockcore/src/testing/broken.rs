@@ -16,6 +16,7 @@ use crate::identity::Identity;
 use crate::memory::MemoryBackend;
 use crate::name::LockName;
 use crate::note::Note;
+use crate::permit_table::Bend;
 use crate::types::{Acquire, AcquireRequest, FenceToken, HeldLock, HolderInfo, Lease};
 
 /// Deliberate bugs for [`Broken`], so the conformance suite can prove that each of its
@@ -54,6 +55,22 @@ pub enum Defect {
     PermitOverGrant,
     /// Releasing a permit answers `Ok` and leaves it held until its TTL (a leaked permit).
     PermitReleaseKeeps,
+    /// `acquire_permit` gives an owner a second permit instead of retaking its first.
+    PermitIgnoresOwner,
+    /// `acquire_permit` admits a request whatever limit the live permits were taken with.
+    PermitIgnoresLimit,
+    /// Permits never expire.
+    PermitNeverExpires,
+    /// Refreshing a permit that is gone puts it back.
+    PermitRefreshRecreates,
+    /// Refreshing a permit answers `Ok` and extends nothing.
+    PermitRefreshNoop,
+    /// Releasing a permit removes the semaphore's oldest permit, whoever holds it.
+    PermitReleaseOldest,
+    /// Releasing a permit wakes nobody.
+    PermitReleaseSilent,
+    /// A live permit of a name makes the lock of that name look held (one namespace).
+    PermitBlocksLock,
 }
 
 /// A [`MemoryBackend`] with one [`Defect`]; every call the defect does not concern is the
@@ -121,6 +138,22 @@ impl Broken {
         }
     }
 
+    /// How the defect bends the semaphore rules.
+    fn bend(&self) -> Bend {
+        let mut bend = Bend::default();
+        match self.defect {
+            Defect::PermitOverGrant => bend.over_grant = true,
+            Defect::PermitIgnoresOwner => bend.ignore_owner = true,
+            Defect::PermitIgnoresLimit => bend.ignore_limit = true,
+            Defect::PermitNeverExpires => bend.never_expire = true,
+            Defect::PermitRefreshRecreates => bend.refresh_recreates = true,
+            Defect::PermitRefreshNoop => bend.refresh_noop = true,
+            Defect::PermitReleaseOldest => bend.release_oldest = true,
+            _ => {}
+        }
+        bend
+    }
+
     fn listed(&self, prefix: &str, keep_expired: bool) -> Vec<HeldLock> {
         let patterns = self.defect == Defect::ListReadsPatterns;
         let mut held: Vec<HeldLock> = (self.memory.entries().into_iter())
@@ -153,6 +186,12 @@ impl LockBackend for Broken {
     }
 
     async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        if self.defect == Defect::PermitBlocksLock {
+            let permits = self.memory.inspect_permits(&request.name).await?;
+            if let Some(holder) = permits.into_iter().next() {
+                return Ok(Acquire::Held(holder));
+            }
+        }
         if self.defect == Defect::RacyAcquire {
             let free = self.memory.inspect(&request.name).await?.is_none();
             tokio::task::yield_now().await;
@@ -170,7 +209,7 @@ impl LockBackend for Broken {
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
         let name = lease.name();
         if lease.permits().is_some() {
-            return self.memory.refresh(lease).await;
+            return self.memory.bent_refresh_permit(lease, self.bend());
         }
         match self.defect {
             Defect::RefreshIgnoresOwner => {
@@ -222,10 +261,11 @@ impl LockBackend for Broken {
         // never also deletes a third owner's grant taken in between.
         let name = lease.name();
         if lease.permits().is_some() {
-            if self.defect == Defect::PermitReleaseKeeps {
-                return Ok(());
+            if self.defect != Defect::PermitReleaseKeeps {
+                let notify = self.defect != Defect::PermitReleaseSilent;
+                self.memory.bent_release_permit(lease, self.bend(), notify);
             }
-            return self.memory.release(lease).await;
+            return Ok(());
         }
         match self.defect {
             Defect::ReleaseIgnoresOwner => self.memory.remove_if(name, |_| true),
@@ -246,10 +286,7 @@ impl LockBackend for Broken {
     }
 
     async fn acquire_permit(&self, request: &AcquireRequest) -> Result<Acquire> {
-        if self.defect == Defect::PermitOverGrant {
-            return self.memory.over_grant_permit(request);
-        }
-        self.memory.acquire_permit(request).await
+        self.memory.bent_acquire_permit(request, self.bend())
     }
 
     async fn inspect_permits(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
