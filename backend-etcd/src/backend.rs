@@ -14,7 +14,7 @@ use futures_util::stream;
 use lockcore::{
     Acquire, AcquireRequest, ConnectionSecurity, Durability, Error, Exclusion, ExpiryClock,
     Fairness, Fencing, Guarantees, HeldLock, HolderInfo, Lease, LockBackend, LockName, QueueTicket,
-    ReleaseEvents, Result, Waiting,
+    ReleaseEvents, Result, Semaphores, Waiting,
 };
 
 use crate::client::EtcdClient;
@@ -28,6 +28,7 @@ mod detach;
 mod grant;
 mod holder;
 mod inspect;
+mod permits;
 mod refresh;
 
 #[cfg(test)]
@@ -135,6 +136,15 @@ impl EtcdBackend {
         String::from_utf8_lossy(&prefix).into_owned()
     }
 
+    /// The etcd keys of the semaphore `name` (its permits' slot keys) all start with this
+    /// prefix: `prefix + "%sem/" + name + "/"`, with `%` and `/` in the name escaped as in
+    /// [`lock_prefix`](Self::lock_prefix); a slot is `<permits>/<index>` after it. No key
+    /// of any lock (anylock's, `etcdctl lock`'s, Go's) falls under it.
+    pub fn semaphore_prefix(&self, name: &LockName) -> String {
+        let prefix = self.layout.semaphore_prefix(name);
+        String::from_utf8_lossy(&prefix).into_owned()
+    }
+
     /// How many etcd RPCs this backend (and its clones) has started: for measuring what a
     /// lock operation costs, as etcd's `grpc_server_started_total` counts them. A watch
     /// counts one when it is created; each of the shared keep-alive streams (up to 8)
@@ -171,6 +181,7 @@ pub fn guarantees() -> Guarantees {
     .with_same_owner_retake(true)
     .with_listing(true)
     .with_durability(Durability::SurvivesRestart)
+    .with_semaphores(Semaphores::Supported)
     .with_notes(
         "Leases expire on the etcd leader's clock (whole seconds, at least ~2 s); the \
          locks one backend takes with one TTL share one session lease (Go's Session \
@@ -180,7 +191,9 @@ pub fn guarantees() -> Guarantees {
          fence token is the key's create revision (cluster-wide, so tokens jump). FIFO: \
          a waiting acquire keeps a queue key (its create revision is its place) for the \
          whole wait, in one queue shared with etcdctl/Go waiters; a waiter whose queue key \
-         is lost joins the back of the queue again. A snapshot restore rewinds revisions, so tokens can \
+         is lost joins the back of the queue again. Semaphore permits are slot keys (one per \
+         permit index) under a range of their own; their token is the slot's mod revision, and \
+         their waiters do not queue. A snapshot restore rewinds revisions, so tokens can \
          repeat unless the restore bumps them (etcdutl 3.5.10+ --bump-revision).",
     )
 }
@@ -285,6 +298,23 @@ impl LockBackend for EtcdBackend {
         self.holder(name).await
     }
 
+    /// A permit is a slot key `P + "%sem/" + escape(N) + "/" + <permits> + "/" + <index>`
+    /// on the session lease of the request's TTL, apart from the lock `N`'s keys. One
+    /// Range over the semaphore's slots, then one Txn: retake our own slot in place, or
+    /// take a free one only while no slot of another limit exists (2 RPCs; `LeaseGrant`
+    /// or a keep-alive first as for a lock). All taken: `Held` after the Range, with the
+    /// TTLs of up to 8 holders' leases read at once (1 + up to 8 RPCs, 2 round trips).
+    /// The fence token is the slot's mod revision.
+    async fn acquire_permit(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.acquire_permit_once(request).await
+    }
+
+    /// One Range over the semaphore's slots, then each distinct lease's TTL (16 at once):
+    /// `1 + leases` RPCs.
+    async fn inspect_permits(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
+        self.permit_holders(name).await
+    }
+
     /// A keys-only Range over `P + escape(prefix)` per 500 keys, then per
     /// held lock a Range for the owner key's value and a LeaseTimeToLive, concurrently,
     /// 16 locks at a time: `pages + 2 × locks` RPCs. Each entry is what `inspect` reports.
@@ -322,10 +352,17 @@ impl LockBackend for EtcdBackend {
         Ok(futures_util::future::join_all(reports).await)
     }
 
-    /// A Watch on the lock's keys for delete events (1 RPC), confirmed before returning.
+    /// A Watch (1 RPC) for delete events on the lock's keys and on the semaphore of the
+    /// same name's slot keys (two watches on one stream, both confirmed before
+    /// returning): a lock waiter also wakes on a permit's release, and the other way
+    /// round (spurious wakes, allowed).
     async fn subscribe(&self, name: &LockName) -> Result<Option<ReleaseEvents>> {
-        let prefix = self.layout.lock_prefix(name);
-        let watch = self.client.watch_deletes(&prefix).await?;
+        let lock = self.layout.lock_prefix(name);
+        let semaphore = self.layout.semaphore_prefix(name);
+        let watch = self
+            .client
+            .watch_deletes_under(&[&lock, &semaphore])
+            .await?;
         let events = stream::unfold(watch, |mut watch| async move {
             loop {
                 match watch.message().await {

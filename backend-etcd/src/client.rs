@@ -1,7 +1,8 @@
 //! The etcd client the backend makes its RPCs with: one connection per member, every RPC
 //! bounded by the request timeout, counted, its error mapped (`error.rs`), and a
 //! temporary failure moving later RPCs to the next member. The RPCs themselves are in
-//! `client/rpcs.rs`; the connect-time check of every member in `client/verify.rs`.
+//! `client/rpcs.rs` (a semaphore's in `client/slots.rs`); the connect-time check of
+//! every member in `client/verify.rs`.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -17,9 +18,11 @@ use crate::secure::{self, Who};
 
 mod keeper;
 mod rpcs;
+mod slots;
 mod verify;
 
 pub(crate) use rpcs::{Created, revision_of, txn_rpc};
+pub(crate) use slots::Taken;
 
 /// One etcd client per member, used one member at a time: every RPC goes to the current
 /// member, and a temporary failure (connection refused, no leader, timeout) moves later

@@ -30,6 +30,9 @@ pub(crate) enum Op {
     LeaseTimeToLive,
     Watch,
     Authenticate,
+    Slots,
+    TakeSlot,
+    RetakeSlot,
 }
 
 impl Op {
@@ -51,6 +54,9 @@ impl Op {
             Self::LeaseTimeToLive => "LeaseTimeToLive",
             Self::Watch => "Watch",
             Self::Authenticate => "Authenticate",
+            Self::Slots => "Range (semaphore slots)",
+            Self::TakeSlot => "Txn (take a semaphore slot)",
+            Self::RetakeSlot => "Txn (retake our semaphore slot)",
         }
     }
 
@@ -66,6 +72,8 @@ impl Op {
                 | Self::Release
                 | Self::Detach
                 | Self::Delete
+                | Self::TakeSlot
+                | Self::RetakeSlot
         )
     }
 }

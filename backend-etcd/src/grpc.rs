@@ -165,7 +165,7 @@ impl Connection {
             },
         );
         let connection = Self {
-            kv: KvClient::new(svc.clone()),
+            kv: KvClient::new(svc.clone()).max_decoding_message_size(MAX_KV_REPLY),
             lease: LeaseClient::new(svc.clone()),
             watch: WatchClient::new(svc.clone()),
             auth: AuthClient::new(svc),
@@ -246,13 +246,19 @@ impl Connection {
         Arc::ptr_eq(&self.session, &other.session)
     }
 
-    /// Opens a watch stream and sends `request` on it.
-    pub(crate) async fn watch(mut self, request: WatchRequest) -> Result<WatchStream, RpcError> {
-        let (sender, requests) = request_stream::<WatchRequest>();
-        sender
-            .send(request)
-            .await
-            .map_err(|e| RpcError::Watch(e.to_string()))?;
+    /// Opens a watch stream and sends `requests` on it.
+    pub(crate) async fn watch(
+        mut self,
+        requests: Vec<WatchRequest>,
+    ) -> Result<WatchStream, RpcError> {
+        let (sender, stream) = request_stream::<WatchRequest>();
+        for request in requests {
+            sender
+                .send(request)
+                .await
+                .map_err(|e| RpcError::Watch(e.to_string()))?;
+        }
+        let requests = stream;
         let replies = self.watch.watch(requests).await?.into_inner();
         Ok(WatchStream {
             _requests: sender,
@@ -309,6 +315,11 @@ pub(crate) fn is_invalid_token(status: &Status) -> bool {
 /// channel (`too_many_internal_resets`) and every RPC on it fails at once. h2's defaults
 /// (50 streams, 1 s) forget a stream before a late reply to an RPC abandoned at our
 /// timeout arrives; these outlast any request timeout, so our own resets never count.
+/// The largest KV reply read (gRPC's default is 4 MiB). A semaphore's attempt reads all
+/// its slots in one Range: 10,000 permits (lockcore's most) with 512-byte notes and long
+/// names are up to about 30 MB; other replies are far smaller.
+const MAX_KV_REPLY: usize = 64 * 1024 * 1024;
+
 const RESET_STREAMS_REMEMBERED: usize = 4096;
 const RESET_STREAMS_FOR: Duration = Duration::from_secs(60);
 

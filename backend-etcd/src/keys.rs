@@ -38,6 +38,11 @@ impl Layout {
         key.into_bytes()
     }
 
+    /// The key prefix (empty or ending in `/`).
+    pub(crate) fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
     /// The contender key of `name` bound to `lease`.
     pub(crate) fn key(&self, name: &LockName, lease: i64) -> Vec<u8> {
         self.key_named(name, &format!("{lease:x}"))
@@ -116,7 +121,7 @@ pub(crate) fn range_end(prefix: &[u8]) -> Vec<u8> {
     vec![0]
 }
 
-fn escape_into(name: &str, out: &mut String) {
+pub(crate) fn escape_into(name: &str, out: &mut String) {
     for ch in name.chars() {
         match ch {
             '%' => out.push_str("%25"),
@@ -231,6 +236,22 @@ pub(crate) fn decode_value(value: &[u8], lease: i64) -> Stored {
             note: None,
         },
     }
+}
+
+/// What a value anylock wrote says, strictly: `None` for anything else (an empty value,
+/// a foreign value, JSON without an owner). Semaphore slots hold only anylock's values.
+pub(crate) fn decode_own(value: &[u8]) -> Option<Stored> {
+    let parsed = serde_json::from_slice::<Value>(value).ok()?;
+    if parsed.owner.is_empty() {
+        return None;
+    }
+    Some(Stored {
+        owner: Identity::from_stored(parsed.owner),
+        acquired_at: parsed
+            .acquired_unix_ms
+            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+        note: parsed.note.as_deref().and_then(Note::from_stored),
+    })
 }
 
 /// Whether a stored value names `owner` (anylock's own keys only).

@@ -54,6 +54,16 @@
 //! A note given at acquire is an optional `note` field of the key's JSON value, written
 //! by the same `Txn` that makes the grant.
 //!
+//! # Semaphores
+//! A permit of the semaphore `N` with `L` permits is a *slot key*
+//! `P + "%sem/" + escape(N) + "/" + L + "/" + i` (`i < L`) on the session lease, apart
+//! from the lock `N`'s keys (no key of any lock, `etcdctl lock`'s included, falls under
+//! `P + "%sem/"`; see `slots.rs`). An attempt is one `Range` over the semaphore's keys and
+//! one `Txn`: retake our own slot in place if unchanged, or take the first free one of
+//! those the Range saw, only while no slot of another limit exists (`limit_conflict`
+//! otherwise). The fence token is the slot's mod revision; refresh, release and detach
+//! pin it. `subscribe(N)` watches both the lock's and the semaphore's keys.
+//!
 //! See `docs/etcd.md` for guarantees, how FIFO waiting works and its caveats, and
 //! measurements.
 //!
@@ -86,6 +96,9 @@ mod queue_tests;
 mod requests;
 mod secure;
 mod session;
+#[cfg(test)]
+mod slot_race_tests;
+mod slots;
 mod stragglers;
 
 pub use backend::{EtcdBackend, guarantees};

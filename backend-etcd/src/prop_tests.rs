@@ -301,8 +301,18 @@ proptest! {
         prop_assert_eq!(parse_grant(&ours).ok().map(|g| (g.lease, g.revision, g.session)), Some((lease, rev, false)));
         let shared = Grant::on_session(lease, rev, format!("{lease:x}-{rev}"));
         prop_assert_eq!(Grant::parse(&shared.encode()).ok(), Some(shared.clone()));
-        let moved = shared.moved_to(lease / 2);
+        let moved = shared.moved_to(lease / 2, rev / 2);
         prop_assert_eq!(Grant::parse(&moved.encode()).ok(), Some(moved));
+        // A permit's grant, on its session and moved, reads back with its lease's count.
+        let permits = lockcore::Permits::new(lockcore::MAX_PERMITS).expect("valid");
+        let index = u32::try_from(lease % i64::from(permits.get())).expect("small");
+        let permit = Grant::permit_on_session(lease, rev, index, permits.get());
+        let moved = permit.moved_to(lease / 2, rev / 2);
+        for grant in [permit, moved] {
+            let on = Lease::new(name.clone(), Identity::unique(), second, grant.encode())
+                .with_permits(permits);
+            prop_assert_eq!(parse_grant(&on).ok(), Some(grant));
+        }
         let other = Lease::new(name, Identity::unique(), second, foreign.as_str());
         if let Err(err) = parse_grant(&other) {
             prop_assert_eq!(err.kind(), ErrorKind::InvalidInput);

@@ -7,6 +7,7 @@ use anylock_etcd_proto::etcdserverpb::request_op::Request;
 use anylock_etcd_proto::etcdserverpb::{
     Compare, DeleteRangeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest,
 };
+use anylock_etcd_proto::mvccpb::KeyValue;
 
 use crate::keys::range_end;
 
@@ -65,6 +66,16 @@ pub(crate) fn keys_page(from: &[u8], range_end: &[u8], limit: i64) -> RangeReque
     }
 }
 
+/// Range on every key under `prefix`, with values, in key order (a semaphore's slots).
+pub(crate) fn under(prefix: &[u8]) -> RangeRequest {
+    let (key, range_end) = prefix_range(prefix);
+    RangeRequest {
+        key,
+        range_end,
+        ..RangeRequest::default()
+    }
+}
+
 /// Range on `prefix` that only counts.
 pub(crate) fn count(prefix: &[u8]) -> RangeRequest {
     let (key, range_end) = prefix_range(prefix);
@@ -109,6 +120,35 @@ pub(crate) fn mod_revision_is(key: &[u8], value: i64) -> Compare {
         key: key.to_vec(),
         range_end: Vec::new(),
         target_union: Some(TargetUnion::ModRevision(value)),
+    }
+}
+
+/// Which revision of its key identifies a grant: a lock key's create revision (every
+/// lock grant creates its key), or a semaphore slot key's mod revision (a same-owner
+/// retake rewrites the slot in place, keeping its create revision; see `slots.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pin {
+    Created(i64),
+    Modified(i64),
+}
+
+impl Pin {
+    /// Compare: `key` still has this revision.
+    pub(crate) fn compare(self, key: &[u8]) -> Compare {
+        match self {
+            Self::Created(revision) => {
+                create_revision(key, Vec::new(), CompareResult::Equal, revision)
+            }
+            Self::Modified(revision) => mod_revision_is(key, revision),
+        }
+    }
+
+    /// Whether `kv` (as read) still has this revision.
+    pub(crate) fn holds(self, kv: &KeyValue) -> bool {
+        match self {
+            Self::Created(revision) => kv.create_revision == revision,
+            Self::Modified(revision) => kv.mod_revision == revision,
+        }
     }
 }
 

@@ -8,7 +8,7 @@
 //! definite outcome; one that fails, times out, or is dropped by its caller (lockcore
 //! bounds a release and a detach by its own timeouts, often shorter than etcd's request
 //! timeout) leaves the key to be deleted later, on the next acquire or refresh that uses the backend's sessions,
-//! by a `Txn` that deletes it only while it still has its create revision and is still on
+//! by a `Txn` that deletes it only while it still has its grant's revision (create revision; a semaphore slot's mod revision) and is still on
 //! the session lease (never another grant's key, never a key moved to a lease of its
 //! own). A key whose `leave_for`/`detach` move failed is deleted only once the TTL it
 //! was left for has run out: a lock left to outlive its holder is never freed early.
@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::client::EtcdClient;
+use crate::requests::Pin;
 
 /// At most this many keys are remembered; beyond it the oldest is dropped (it then lasts
 /// as long as its session, as before this list existed).
@@ -29,8 +30,9 @@ const SPACING: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct Straggler {
     key: Vec<u8>,
-    /// Its create revision (the grant's fence token).
-    revision: i64,
+    /// The revision that identifies its grant (a lock key's create revision, a semaphore
+    /// slot's mod revision).
+    pin: Pin,
     /// The session lease it must still be bound to.
     lease: i64,
     /// Not deleted before this.
@@ -62,7 +64,7 @@ impl Stragglers {
         lock(&self.state)
     }
 
-    /// A release or move of `key` (create revision `revision`, on session lease `lease`)
+    /// A release or move of `key` (its grant identified by `pin`, on session lease `lease`)
     /// about to be sent. Unless [`Pending::settled`] is called (a definite answer), its
     /// drop (a failed call, or one dropped by its caller) records the key for deletion
     /// once `not_before` has passed. Calls in flight are not in the list, so they cost it
@@ -70,7 +72,7 @@ impl Stragglers {
     pub(crate) fn pending(
         &self,
         key: Vec<u8>,
-        revision: i64,
+        pin: Pin,
         lease: i64,
         not_before: Instant,
     ) -> Pending {
@@ -78,7 +80,7 @@ impl Stragglers {
             state: Arc::clone(&self.state),
             straggler: Some(Straggler {
                 key,
-                revision,
+                pin,
                 lease,
                 not_before,
             }),
@@ -121,7 +123,7 @@ impl Stragglers {
             let mut failed = Vec::new();
             while let Some(straggler) = sweep.left.pop() {
                 let deleted = client
-                    .delete_created_on(&straggler.key, straggler.revision, straggler.lease)
+                    .delete_pinned_on(&straggler.key, straggler.pin, straggler.lease)
                     .await;
                 match deleted {
                     Ok(()) => {}
@@ -200,7 +202,7 @@ mod tests {
             state: Arc::clone(state),
             straggler: Some(Straggler {
                 key: b"k".to_vec(),
-                revision,
+                pin: Pin::Created(revision),
                 lease: 1,
                 not_before: Instant::now(),
             }),
@@ -221,7 +223,7 @@ mod tests {
         in_flight.into_iter().for_each(Pending::settled);
         let keys = &lock(&state).keys;
         assert_eq!(keys.len(), 1);
-        assert_eq!(keys[0].revision, 1);
+        assert_eq!(keys[0].pin, Pin::Created(1));
     }
 
     /// A call dropped without an answer is recorded once, however often it is dropped.

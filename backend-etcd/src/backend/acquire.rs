@@ -166,7 +166,7 @@ impl EtcdBackend {
     /// An attempt's `Lost` means etcd refused the put on `session` (the lease is gone):
     /// the session is dropped and the caller told to try again (a temporary error, never
     /// `Lost`, which an acquire must not answer).
-    fn session_gone(&self, err: Error, session: Session) -> Error {
+    pub(super) fn session_gone(&self, err: Error, session: Session) -> Error {
         if err.kind() != ErrorKind::Lost {
             return err;
         }

@@ -5,7 +5,9 @@
 //! Its key is moved to a lease of its own (`LeaseGrant` + one `Txn` that rebinds the key
 //! if it still has its create revision and is still on the old lease, keeping its value
 //! and create revision, so the fence token is unchanged). Nothing then keeps that lease
-//! alive, so the lock ends by the TTL it was granted with.
+//! alive, so the lock ends by the TTL it was granted with. A semaphore permit moves the
+//! same way, pinned by its slot's mod revision: the move writes the slot, so the moved
+//! grant pins the move's revision, and its fence token (the lease's) stays the same.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -35,27 +37,24 @@ impl EtcdBackend {
         let pending = grant.session.then(|| {
             let left_until = Instant::now() + ttl.get();
             let stragglers = &self.sessions.stragglers;
-            stragglers.pending(key.clone(), grant.revision, grant.lease, left_until)
+            stragglers.pending(key.clone(), grant.pin(), grant.lease, left_until)
         });
         let (id, granted) = self.client.grant(ttl.as_secs()).await?;
-        let moved = self
-            .client
-            .rebind(&key, grant.revision, grant.lease, id)
-            .await;
+        let moved = self.client.rebind(&key, grant.pin(), grant.lease, id).await;
         // Moved, or the key was gone or replaced: either way nothing to delete later.
         if let (Ok(_), Some(pending)) = (&moved, pending) {
             pending.settled();
         }
-        match moved {
-            Ok(true) => {}
-            Ok(false) => {
+        let revision = match moved {
+            Ok(Some(revision)) => revision,
+            Ok(None) => {
                 self.revoke_in_background(id);
                 return Err(Error::lost("our lock key was deleted or replaced"));
             }
             // The outcome may be unknown: the key may be on the new lease now, and
             // revoking it would delete the lock. It stays recorded above.
             Err(err) => return Err(err),
-        }
+        };
         if !grant.session {
             self.revoke_in_background(grant.lease);
         }
@@ -66,7 +65,7 @@ impl EtcdBackend {
         };
         Ok(lease
             .clone()
-            .with_grant(grant.moved_to(id).encode())
+            .with_grant(grant.moved_to(id, revision).encode())
             .with_ttl(ttl))
     }
 
@@ -81,9 +80,10 @@ impl EtcdBackend {
         self.move_key(lease, &grant, lease.ttl()).await.map(drop)
     }
 
-    /// `release`: a key on a session is deleted if it still has its create revision (1
-    /// Txn; the session lives on); a lease of its own is revoked, which deletes exactly
-    /// its key (1 `LeaseRevoke`). Already gone is `Ok`.
+    /// `release`: a key on a session is deleted if it still has its grant's revision (a
+    /// lock key's create revision, a permit's slot's mod revision; 1 Txn; the session
+    /// lives on); a lease of its own is revoked, which deletes exactly its key (1
+    /// `LeaseRevoke`). Already gone is `Ok`.
     pub(super) async fn release_lease(&self, lease: &Lease) -> Result<()> {
         let grant = parse_grant(lease)?;
         if grant.session {
@@ -91,9 +91,8 @@ impl EtcdBackend {
             // The session outlives this lock: without a definite answer (this call fails,
             // times out or is dropped), a later sweep deletes the key.
             let stragglers = &self.sessions.stragglers;
-            let pending =
-                stragglers.pending(key.clone(), grant.revision, grant.lease, Instant::now());
-            let deleted = self.client.delete_created(&key, grant.revision).await;
+            let pending = stragglers.pending(key.clone(), grant.pin(), grant.lease, Instant::now());
+            let deleted = self.client.delete_pinned(&key, grant.pin()).await;
             if deleted.is_ok() {
                 pending.settled();
             }

@@ -8,10 +8,18 @@
 //! - `"<lease hex>:<rev>:<suffix>:s"`: the backend's session lease for the lock's TTL,
 //!   shared with its other locks of that TTL; key `P + N/<suffix>`. Released by deleting
 //!   the key if it still has the create revision; the session is never revoked.
+//!
+//! A semaphore permit's lease (marked with `Lease::permits`) carries the same strings,
+//! with `<rev>` its slot key's *mod* revision (a same-owner retake rewrites a slot in
+//! place, so the create revision does not tell grants apart) and `<suffix>` the slot's
+//! index: the key is `P + "%sem/" + escape(N) + "/" + <permits> + "/" + <index>` (see
+//! `slots.rs`). A permit moved to a lease of its own gets the move's revision in its grant
+//! string; its fence token (the lease's) stays the one it was granted.
 
 use lockcore::{Error, Lease, LockName, Result};
 
 use crate::keys::Layout;
+use crate::requests::Pin;
 
 /// A parsed grant string (see the module docs).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -24,6 +32,9 @@ pub(crate) struct Grant {
     suffix: Option<String>,
     /// Whether the lease is a session shared with other locks.
     pub(crate) session: bool,
+    /// For a semaphore permit, the semaphore's number of permits (the suffix is then the
+    /// slot's index and the revision the slot's mod revision).
+    permits: Option<u32>,
 }
 
 impl Grant {
@@ -34,6 +45,7 @@ impl Grant {
             revision,
             suffix: None,
             session: false,
+            permits: None,
         }
     }
 
@@ -44,16 +56,44 @@ impl Grant {
             revision,
             suffix: Some(suffix),
             session: true,
+            permits: None,
         }
     }
 
-    /// This grant's key moved to `lease`, a lease of its own (same key, same revision).
-    pub(crate) fn moved_to(&self, lease: i64) -> Self {
+    /// Slot `index` of a semaphore of `permits`, written at `revision` (its mod revision),
+    /// bound to the session lease `lease`.
+    pub(crate) fn permit_on_session(lease: i64, revision: i64, index: u32, permits: u32) -> Self {
         Self {
             lease,
-            revision: self.revision,
+            revision,
+            suffix: Some(index.to_string()),
+            session: true,
+            permits: Some(permits),
+        }
+    }
+
+    /// This grant's key moved to `lease`, a lease of its own, by a write at `revision`
+    /// (same key; a lock's grant keeps its create revision, a permit's pins the move's
+    /// mod revision).
+    pub(crate) fn moved_to(&self, lease: i64, revision: i64) -> Self {
+        Self {
+            lease,
+            revision: if self.permits.is_some() {
+                revision
+            } else {
+                self.revision
+            },
             suffix: Some(self.suffix()),
             session: false,
+            permits: self.permits,
+        }
+    }
+
+    /// The revision of the key that identifies this grant.
+    pub(crate) fn pin(&self) -> Pin {
+        match self.permits {
+            Some(_) => Pin::Modified(self.revision),
+            None => Pin::Created(self.revision),
         }
     }
 
@@ -64,9 +104,15 @@ impl Grant {
             .unwrap_or_else(|| format!("{:x}", self.lease))
     }
 
-    /// The key of lock `name` under `layout`.
+    /// The key of lock (or semaphore) `name` under `layout`.
     pub(crate) fn key(&self, layout: &Layout, name: &LockName) -> Vec<u8> {
-        layout.key_named(name, &self.suffix())
+        match self.permits {
+            Some(permits) => {
+                let index = self.suffix().parse().unwrap_or(u32::MAX);
+                layout.slot_key(name, permits, index)
+            }
+            None => layout.key_named(name, &self.suffix()),
+        }
     }
 
     /// The grant string.
@@ -114,16 +160,30 @@ impl Grant {
             revision,
             suffix,
             session,
+            permits: None,
         })
     }
 }
 
-/// The grant of a lease this backend issued.
+/// The grant of a lease this backend issued (a lock's, or a permit's when the lease is
+/// marked with `Lease::permits`).
 ///
 /// # Errors
-/// `InvalidInput` for a lease from another backend.
+/// `InvalidInput` for a lease from another backend, and for a permit's lease whose grant
+/// names no slot of its semaphore.
 pub(crate) fn parse_grant(lease: &Lease) -> Result<Grant> {
-    Grant::parse(lease.grant())
+    let mut grant = Grant::parse(lease.grant())?;
+    if let Some(permits) = lease.permits() {
+        let permits = permits.get();
+        let index = grant.suffix.as_deref().and_then(|s| s.parse::<u32>().ok());
+        if !index.is_some_and(|i| i < permits && Some(i.to_string()) == grant.suffix) {
+            return Err(Error::invalid_input(
+                "the permit's lease was not issued by the etcd backend",
+            ));
+        }
+        grant.permits = Some(permits);
+    }
+    Ok(grant)
 }
 
 #[cfg(test)]
@@ -152,7 +212,7 @@ mod tests {
         let shared = parse_grant(&lease("1f:42:1f-29:s")).expect("ours");
         assert_eq!(shared, Grant::on_session(0x1f, 42, "1f-29".into()));
         assert_eq!(shared.encode(), "1f:42:1f-29:s");
-        let moved = shared.moved_to(0x20);
+        let moved = shared.moved_to(0x20, 50);
         assert_eq!(moved.encode(), "20:42:1f-29");
         assert_eq!(parse_grant(&lease("20:42:1f-29")).expect("ours"), moved);
         let layout = Layout::new("p/");
@@ -172,6 +232,42 @@ mod tests {
         ] {
             let err = parse_grant(&lease(bad)).expect_err(bad);
             assert_eq!(err.kind(), ErrorKind::InvalidInput);
+        }
+    }
+
+    fn permit(grant: &str) -> Lease {
+        lease(grant).with_permits(lockcore::Permits::new(3).expect("valid"))
+    }
+
+    /// A permit's grant names its slot and pins the slot's mod revision; a move pins the
+    /// move's revision (the fence token, on the lease, is not the grant's business).
+    #[test]
+    fn permit_grants_name_their_slot_and_pin_the_mod_revision() {
+        let granted = Grant::permit_on_session(0x1f, 42, 2, 3);
+        assert_eq!(granted.encode(), "1f:42:2:s");
+        let parsed = parse_grant(&permit("1f:42:2:s")).expect("ours");
+        assert_eq!(parsed, granted);
+        assert_eq!(parsed.pin(), Pin::Modified(42));
+        let layout = Layout::new("p/");
+        let name = LockName::new("x").expect("valid");
+        assert_eq!(parsed.key(&layout, &name), b"p/%sem/x/3/2");
+        let moved = parsed.moved_to(0x20, 50);
+        assert_eq!(moved.encode(), "20:50:2");
+        assert_eq!(parse_grant(&permit("20:50:2")).expect("ours"), moved);
+        assert_eq!(moved.pin(), Pin::Modified(50));
+        // A lock's grant keeps its create revision through a move.
+        let lock = parse_grant(&lease("1f:42:1f:s")).expect("ours");
+        assert_eq!(lock.pin(), Pin::Created(42));
+        assert_eq!(lock.moved_to(0x20, 50).pin(), Pin::Created(42));
+        for bad in [
+            "1f:42",
+            "1f:42:3:s",
+            "1f:42:02:s",
+            "1f:42:x:s",
+            "1f:42:-1:s",
+        ] {
+            let err = parse_grant(&permit(bad)).expect_err(bad);
+            assert_eq!(err.kind(), ErrorKind::InvalidInput, "{bad}");
         }
     }
 }

@@ -17,6 +17,7 @@ use lockcore::{Error, ErrorKind, Lease, Result, RetryStatus, Ttl};
 
 use super::EtcdBackend;
 use super::grant::{Grant, parse_grant};
+use crate::requests::Pin;
 
 impl EtcdBackend {
     /// The one refresh path, for `refresh` (a batch of one) and `refresh_many`.
@@ -54,7 +55,7 @@ impl EtcdBackend {
                     return Err(Error::unavailable("refresh: a reply went missing"));
                 };
                 let ttl = alive.as_ref().ok().copied();
-                let refreshed = verdict(lease, (grant.lease, grant.revision), alive, stored)?;
+                let refreshed = verdict(lease, (grant.lease, grant.pin()), alive, stored)?;
                 match ttl {
                     Some(ttl) if refreshed.ttl().as_secs() > ttl => {
                         longer.push((at, grant));
@@ -169,13 +170,14 @@ fn spread<T>(result: Result<Vec<T>>, n: usize) -> Vec<Result<T>> {
 /// What refreshing one lease says, from its keep-alive reply (`alive`: the TTL etcd
 /// answered) and its key as read (`stored`):
 /// - TTL `<= 0`: the lease is gone (and took the key with it): `Lost`;
-/// - the key read, and missing, or with another create revision or lease: `Lost`;
+/// - the key read, and missing, or with another revision (`pin`: a lock key's create
+///   revision, a permit's slot's mod revision) or lease: `Lost`;
 /// - otherwise the keep-alive's error, then the read's error, else the lease.
 ///
 /// A lease is never `Lost` for a failed call: only a reply about that lease makes it so.
 pub(crate) fn verdict(
     lease: &Lease,
-    (id, revision): (i64, i64),
+    (id, pin): (i64, Pin),
     alive: Result<i64>,
     stored: Result<Option<KeyValue>>,
 ) -> Result<Lease> {
@@ -187,7 +189,7 @@ pub(crate) fn verdict(
     if let Ok(stored) = &stored {
         let ours = stored
             .as_ref()
-            .is_some_and(|kv| kv.create_revision == revision && kv.lease == id);
+            .is_some_and(|kv| pin.holds(kv) && kv.lease == id);
         if !ours {
             return Err(Error::lost("our lock key was deleted or replaced"));
         }
@@ -213,6 +215,7 @@ mod tests {
     fn key(revision: i64, lease: i64) -> Option<KeyValue> {
         Some(KeyValue {
             create_revision: revision,
+            mod_revision: revision + 7,
             lease,
             ..KeyValue::default()
         })
@@ -227,7 +230,7 @@ mod tests {
     #[test]
     fn the_verdict_is_lost_only_on_evidence_about_this_lease() {
         use ErrorKind::{Lost, Unavailable};
-        let grant = (0x1f, 42);
+        let grant = (0x1f, Pin::Created(42));
         let kind = |alive, stored| verdict(&lease(), grant, alive, stored).map_err(|e| e.kind());
         assert!(kind(Ok(10), Ok(key(42, 0x1f))).is_ok());
         assert_eq!(kind(Ok(0), Ok(key(42, 0x1f))), Err(Lost));
@@ -245,6 +248,13 @@ mod tests {
             kind(failed(Unavailable), failed(ErrorKind::OutcomeUnknown)),
             Err(Unavailable)
         );
+        // A permit is pinned by its slot's mod revision: a retake rewrote the slot in
+        // place (same create revision, new mod revision), so the old grant is Lost.
+        let permit = (0x1f, Pin::Modified(49));
+        let kind = |stored| verdict(&lease(), permit, Ok(10), stored).map_err(|e| e.kind());
+        assert!(kind(Ok(key(42, 0x1f))).is_ok());
+        assert_eq!(kind(Ok(key(43, 0x1f))), Err(Lost), "rewritten");
+        assert_eq!(kind(Ok(key(42, 0x20))), Err(Lost), "other lease");
     }
 
     #[test]

@@ -18,7 +18,7 @@ use super::EtcdClient;
 use crate::error::{Op, malformed};
 use crate::grpc::{Connection, RpcError, WatchStream};
 use crate::keys::range_end;
-use crate::requests;
+use crate::requests::{self, Pin};
 
 /// The outcome of the create-if-free transaction.
 #[derive(Debug)]
@@ -121,27 +121,23 @@ impl EtcdClient {
         }
     }
 
-    /// One Txn: delete `key` if its create revision is `revision` (a session lock's
-    /// release: the key of exactly that grant, never a later one). A key already gone is
-    /// not an error.
-    pub(crate) async fn delete_created(&self, key: &[u8], revision: i64) -> Result<()> {
-        let same = requests::create_revision(key, Vec::new(), CompareResult::Equal, revision);
-        let txn = requests::txn(vec![same], vec![requests::delete_op(key)], Vec::new());
+    /// One Txn: delete `key` if it still has `pin` (a session grant's release: the key of
+    /// exactly that grant, never a later one). A key already gone is not an error.
+    pub(crate) async fn delete_pinned(&self, key: &[u8], pin: Pin) -> Result<()> {
+        let txn = requests::txn(
+            vec![pin.compare(key)],
+            vec![requests::delete_op(key)],
+            Vec::new(),
+        );
         self.call(Op::Release, txn, txn_rpc).await.map(drop)
     }
 
-    /// One Txn: delete `key` if its create revision is `revision` and it is bound to
-    /// `lease` (a key a failed release or move left on a session lease: never another
-    /// grant's key, never one moved to a lease of its own). A key gone is not an error.
-    pub(crate) async fn delete_created_on(
-        &self,
-        key: &[u8],
-        revision: i64,
-        lease: i64,
-    ) -> Result<()> {
-        let same = requests::create_revision(key, Vec::new(), CompareResult::Equal, revision);
+    /// One Txn: delete `key` if it still has `pin` and is bound to `lease` (a key a failed
+    /// release or move left on a session lease: never another grant's key, never one
+    /// moved to a lease of its own). A key gone is not an error.
+    pub(crate) async fn delete_pinned_on(&self, key: &[u8], pin: Pin, lease: i64) -> Result<()> {
         let txn = requests::txn(
-            vec![same, requests::lease_is(key, lease)],
+            vec![pin.compare(key), requests::lease_is(key, lease)],
             vec![requests::delete_op(key)],
             Vec::new(),
         );
@@ -159,22 +155,26 @@ impl EtcdClient {
         Ok(self.call(Op::Release, txn, txn_rpc).await?.succeeded)
     }
 
-    /// One Txn: if `key` still has create revision `revision` and is bound to `from`,
-    /// bind it to `to`, keeping its value and create revision. Whether it moved.
+    /// One Txn: if `key` still has `pin` and is bound to `from`, bind it to `to`, keeping
+    /// its value and create revision. The revision of the move when it moved (the key's
+    /// new mod revision), `None` when it did not.
     pub(crate) async fn rebind(
         &self,
         key: &[u8],
-        revision: i64,
+        pin: Pin,
         from: i64,
         to: i64,
-    ) -> Result<bool> {
-        let same = requests::create_revision(key, Vec::new(), CompareResult::Equal, revision);
+    ) -> Result<Option<i64>> {
         let txn = requests::txn(
-            vec![same, requests::lease_is(key, from)],
+            vec![pin.compare(key), requests::lease_is(key, from)],
             vec![requests::rebind(key, to)],
             Vec::new(),
         );
-        Ok(self.call(Op::Detach, txn, txn_rpc).await?.succeeded)
+        let resp = self.call(Op::Detach, txn, txn_rpc).await?;
+        if !resp.succeeded {
+            return Ok(None);
+        }
+        revision_of(resp.header.as_ref(), Op::Detach).map(Some)
     }
 
     /// DeleteRange on one key; whether it existed.
@@ -260,22 +260,42 @@ impl EtcdClient {
     /// Watch: delete events under `prefix`, returned once etcd confirmed the watch exists
     /// (so no delete after this returns is missed).
     pub(crate) async fn watch_deletes(&self, prefix: &[u8]) -> Result<WatchStream> {
-        let (key, range_end) = requests::prefix_range(prefix);
-        let request = WatchRequest {
-            request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
-                key,
-                range_end,
-                filters: vec![FilterType::Noput.into()],
-                ..WatchCreateRequest::default()
-            })),
-        };
-        let start = |c: Connection, r| async move {
+        self.watch_deletes_under(&[prefix]).await
+    }
+
+    /// One Watch stream (1 RPC) carrying a watch for delete events under each of
+    /// `prefixes`, returned once etcd confirmed every one of them.
+    pub(crate) async fn watch_deletes_under(&self, prefixes: &[&[u8]]) -> Result<WatchStream> {
+        let requests: Vec<WatchRequest> = prefixes
+            .iter()
+            .map(|prefix| {
+                let (key, range_end) = requests::prefix_range(prefix);
+                WatchRequest {
+                    request_union: Some(RequestUnion::CreateRequest(WatchCreateRequest {
+                        key,
+                        range_end,
+                        filters: vec![FilterType::Noput.into()],
+                        ..WatchCreateRequest::default()
+                    })),
+                }
+            })
+            .collect();
+        let start = |c: Connection, r: Vec<WatchRequest>| async move {
+            let watches = r.len();
             let mut stream = c.watch(r).await?;
-            let first = stream.message().await?;
-            watch_started(first.as_ref())?;
+            let mut created = 0;
+            // Events that come before the last confirmation are dropped: the caller
+            // attempts once more after subscribing, which sees any release they report.
+            while created < watches {
+                let reply = stream.message().await?;
+                if reply.as_ref().is_some_and(|r| r.created) || reply.is_none() {
+                    watch_started(reply.as_ref())?;
+                    created += 1;
+                }
+            }
             Ok(stream)
         };
-        self.call(Op::Watch, request, start).await
+        self.call(Op::Watch, requests, start).await
     }
 }
 
@@ -303,7 +323,10 @@ pub(crate) async fn txn_rpc(mut c: Connection, txn: TxnRequest) -> Result<TxnRes
 }
 
 /// Range, for [`EtcdClient::call`].
-async fn range_rpc(mut c: Connection, range: RangeRequest) -> Result<RangeResponse, RpcError> {
+pub(crate) async fn range_rpc(
+    mut c: Connection,
+    range: RangeRequest,
+) -> Result<RangeResponse, RpcError> {
     Ok(c.kv.range(range).await?.into_inner())
 }
 
