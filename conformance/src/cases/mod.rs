@@ -10,6 +10,7 @@ mod expiry;
 mod health;
 mod listing;
 mod semaphore;
+mod semaphore_more;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,11 +48,13 @@ pub use health::{
 };
 pub use listing::{list_shows_held_locks, note_is_stored_with_the_grant};
 pub use semaphore::{
-    a_permit_and_the_lock_of_its_name_are_apart, expired_permits_free_their_places,
-    mixed_permit_limits_are_refused, permit_waiter_gets_a_released_place, permits_admit_at_most_n,
-    permits_never_exceed_n_under_contention, refresh_keeps_a_permit_beyond_its_ttl,
-    refresh_many_mixes_locks_and_permits, released_permit_frees_its_place,
+    expired_permits_free_their_places, mixed_permit_limits_are_refused, permits_admit_at_most_n,
+    permits_never_exceed_n_under_contention, released_permit_frees_its_place,
     same_owner_retakes_its_permit, stale_permit_cannot_release_or_refresh,
+};
+pub use semaphore_more::{
+    a_permit_and_the_lock_of_its_name_are_apart, permit_waiter_gets_a_released_place,
+    refresh_keeps_a_permit_beyond_its_ttl, refresh_many_mixes_locks_and_permits,
 };
 
 /// `d` as a [`Ttl`]; the cases only use valid ones.
