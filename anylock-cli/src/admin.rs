@@ -67,7 +67,9 @@ pub(crate) async fn permits_status(name: &str, json: bool, config: &Config) -> R
     } else if holders.is_empty() {
         out!("semaphore {name}: no permit is held");
     } else {
-        out!("semaphore {name}: {} permits held", holders.len());
+        let count = holders.len();
+        let plural = if count == 1 { "" } else { "s" };
+        out!("semaphore {name}: {count} permit{plural} held");
         for holder in &holders {
             out!(
                 "{}",

@@ -24,8 +24,15 @@ pub(crate) async fn leader(
     }
     let mut observer = election.observe();
     loop {
-        let leader = observer.next().await?;
-        show(&name, leader.as_ref(), json);
+        match observer.next().await {
+            Ok(leader) => show(&name, leader.as_ref(), json),
+            // A blip of the backend: say so and keep watching (the observer resumes).
+            Err(err) if err.is_temporary() => {
+                note!("anylock: {err}; still watching");
+                tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            }
+            Err(err) => return Err(err),
+        }
     }
 }
 

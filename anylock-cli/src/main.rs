@@ -162,7 +162,8 @@ async fn dispatch(cli: Cli) -> u8 {
                 Ok(true) => 0,
                 Ok(false) => exit::FREE,
                 Err(err) => {
-                    let err = admin::explain(err);
+                    // The hints of `explain` are about locks.
+                    let err = if permits { err } else { admin::explain(err) };
                     exit::report(&err);
                     exit::code_for(&err)
                 }

@@ -187,7 +187,8 @@ async fn holder_of(
         return locker.inspect(name).await;
     }
     let holders = locker.inspect_permits(name).await?;
-    Ok(holders.into_iter().min_by_key(|h| h.expires_in()))
+    // The permit that ends first; one whose expiry is unknown last.
+    Ok((holders.into_iter()).min_by_key(|h| h.expires_in().unwrap_or(Duration::MAX)))
 }
 
 /// "waiting for NAME, held by host/pid since T, expires in S".
