@@ -19,9 +19,17 @@
 //! matters.) Acquire attempts on a live lease never lock the row, so waiters keep getting
 //! `Held` at once.
 //!
-//! A permit of a semaphore fences the same way, on its own row in the permits table: the
-//! permit's retake by its owner and the removal of its row once expired wait for the
-//! transaction; other owners' grants (other places) do not.
+//! A permit of a semaphore fences the same way, on its own row in the permits table, but
+//! nothing waits for the transaction there (an acquire holds the semaphore's advisory lock
+//! and every permit row `FOR SHARE`, so a wait would stall every acquire of the name and
+//! every holder's refresh): an acquire skips the locked row (`FOR UPDATE SKIP LOCKED`) and
+//! counts its place as held even after the permit expired, so other owners' grants into
+//! other places go through at once, a grant that needs this place answers `Held`, and the
+//! owner's own retake answers a temporary `Unavailable`, until the transaction ends; then
+//! the next grant deletes or replaces the row (`crate::permit_sql`; tested by
+//! `an_expired_permit_in_a_fenced_transaction_stalls_no_acquire` and
+//! `an_expired_permit_keeps_its_place_while_its_fenced_transaction_runs` in
+//! `tests/semaphore.rs`).
 //!
 //! A client paused *inside* a fenced transaction would hold the row lock and block every
 //! takeover; the check therefore sets `idle_in_transaction_session_timeout` for this

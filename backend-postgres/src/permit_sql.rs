@@ -35,8 +35,9 @@ pub(crate) struct PermitStatements {
     pub(crate) serialize: SqlStr,
     /// `$1` name, `$2` owner, `$3` permits (the limit), `$4` TTL in µs, `$5` note: one row
     /// `(outcome, held_permits, holder columns)`; `outcome` is `granted` (our new grant),
-    /// `conflict` (`held_permits` is the limit a live permit was taken with; nothing
-    /// written) or `held` (the live holder whose permit expires first).
+    /// `conflict` (`held_permits` is the limit a live permit was taken with), `busy` (our
+    /// own older grant, locked by another transaction) or `held` (the holder that ends
+    /// first, live or expired but still locked). Nothing is written unless `granted`.
     pub(crate) acquire: SqlStr,
     /// `$1` name: the live permits, earliest grant (lowest token) first.
     pub(crate) holders: SqlStr,
@@ -86,40 +87,70 @@ impl PermitStatements {
     }
 }
 
-/// The deciding statement of an acquire, run under the semaphore's advisory lock.
+/// The deciding statement of an acquire, run under the semaphore's advisory lock. It
+/// never waits for a row lock but `seen`'s (see there): rows it would have to wait for
+/// are skipped and counted as held.
 ///
 /// - `seen` reads every row of the semaphore `FOR SHARE`. The lock makes READ COMMITTED
 ///   wait for a refresh or release in flight and return the row as it committed, so a
 ///   permit refreshed just before it would have expired is counted as the live permit it
 ///   is (a plain read would judge the old version expired and admit one holder too many).
 ///   Inserts need no such care: only acquires insert, and they hold the advisory lock.
-/// - `expired` deletes the other owners' expired permits (their places are free). A row
-///   locked by a fenced transaction makes it wait, as a lock's takeover does.
+///   `FOR SHARE` does not conflict with a fenced transaction's `FOR KEY SHARE`.
 /// - `conflict`: a live permit taken with another limit; then nothing is granted.
-/// - `granted` inserts our permit when fewer than `$3` *other* owners hold a live one;
-///   our own row (live or expired) is replaced with a new grant and token
-///   (`ON CONFLICT (name, owner)`): one permit per owner. The token is the sequence
-///   value the insert drew, so it is drawn under the advisory lock, in grant order.
-/// - the last branch reports the live holder that expires first when nothing was granted.
+/// - `room`: no conflict and fewer than `$3` other owners hold a live permit. Only then
+///   does `free` lock anything.
+/// - `free` locks `FOR UPDATE SKIP LOCKED` the rows a grant would rewrite: our own row
+///   and the other owners' expired ones. A row another transaction holds (a fenced
+///   transaction's `FOR KEY SHARE` on an expired permit, or on our own older grant) is
+///   skipped, never waited for, and lands in `busy`.
+/// - `admit`: room, our own row not busy, and fewer than `$3` other owners live *or
+///   busy*: an expired permit whose fenced transaction may still be writing keeps its
+///   place until that transaction ends.
+/// - Only when admitted, `expired` deletes the other owners' free expired rows and
+///   `granted` inserts our permit; our own row (live or expired) is replaced with a new
+///   grant and token (`ON CONFLICT (name, owner)`): one permit per owner. The token is
+///   the sequence value the insert drew, so it is drawn under the advisory lock, in grant
+///   order. A refusal writes nothing (its only trace, row locks, ends at its `COMMIT`).
+/// - the last branches report our own busy row (`busy`: the backend answers a temporary
+///   error), or, when nothing was granted, the holder that ends first among the live and
+///   the busy expired ones (a busy expired one, whose expiry has passed, comes first).
 fn acquire(p: &str) -> String {
     format!(
         "WITH seen AS MATERIALIZED ( \
            SELECT owner, permits, token, note, acquired_at, expires_at FROM {p} \
             WHERE name = $1::text FOR SHARE), \
          live AS (SELECT * FROM seen WHERE expires_at > now()), \
-         expired AS ( \
-           DELETE FROM {p} AS x USING seen AS s \
-            WHERE x.name = $1::text AND x.owner = s.owner AND s.owner <> $2::text \
-              AND s.expires_at <= now() AND x.expires_at <= now() \
-           RETURNING x.owner), \
          conflict AS ( \
            SELECT permits FROM live WHERE permits <> $3::integer ORDER BY token LIMIT 1), \
+         room AS MATERIALIZED ( \
+           SELECT NOT EXISTS (SELECT 1 FROM conflict) \
+              AND (SELECT count(*) FROM live WHERE owner <> $2::text) < $3::integer AS ok), \
+         free AS MATERIALIZED ( \
+           SELECT x.owner FROM {p} AS x \
+            WHERE x.name = $1::text AND (x.owner = $2::text OR x.expires_at <= now()) \
+              AND (SELECT ok FROM room) \
+              FOR UPDATE SKIP LOCKED), \
+         busy AS MATERIALIZED ( \
+           SELECT * FROM seen \
+            WHERE (owner = $2::text OR expires_at <= now()) AND (SELECT ok FROM room) \
+              AND owner NOT IN (SELECT owner FROM free)), \
+         verdict AS MATERIALIZED ( \
+           SELECT (SELECT ok FROM room) \
+              AND NOT EXISTS (SELECT 1 FROM busy WHERE owner = $2::text) \
+              AND (SELECT count(*) FROM live WHERE owner <> $2::text) \
+                + (SELECT count(*) FROM busy WHERE owner <> $2::text) < $3::integer \
+              AS admit), \
+         expired AS ( \
+           DELETE FROM {p} AS x USING free AS f \
+            WHERE x.name = $1::text AND x.owner = f.owner AND f.owner <> $2::text \
+              AND x.expires_at <= now() AND (SELECT admit FROM verdict) \
+           RETURNING x.owner), \
          granted AS ( \
            INSERT INTO {p} AS x (name, owner, permits, acquired_at, expires_at, note) \
            SELECT $1::text, $2::text, $3::integer, now(), \
                   now() + $4::bigint * interval '1 microsecond', $5::text \
-            WHERE NOT EXISTS (SELECT 1 FROM conflict) \
-              AND (SELECT count(*) FROM live WHERE owner <> $2::text) < $3::integer \
+            WHERE (SELECT admit FROM verdict) \
            ON CONFLICT (name, owner) DO UPDATE \
               SET permits = EXCLUDED.permits, token = EXCLUDED.token, \
                   acquired_at = EXCLUDED.acquired_at, expires_at = EXCLUDED.expires_at, \
@@ -130,9 +161,14 @@ fn acquire(p: &str) -> String {
            UNION ALL \
            SELECT 'conflict', permits, NULL, NULL, NULL, NULL, NULL FROM conflict \
            UNION ALL \
-           (SELECT 'held', NULL, owner, token, note, acquired_at, expires_at FROM live \
-             WHERE owner <> $2::text \
-               AND NOT EXISTS (SELECT 1 FROM granted) AND NOT EXISTS (SELECT 1 FROM conflict) \
+           SELECT 'busy', NULL, owner, token, note, acquired_at, expires_at FROM busy \
+            WHERE owner = $2::text \
+           UNION ALL \
+           (SELECT 'held', NULL, owner, token, note, acquired_at, expires_at FROM ( \
+              SELECT * FROM live WHERE owner <> $2::text \
+              UNION ALL SELECT * FROM busy WHERE owner <> $2::text) AS h \
+             WHERE NOT (SELECT admit FROM verdict) AND NOT EXISTS (SELECT 1 FROM conflict) \
+               AND NOT EXISTS (SELECT 1 FROM busy WHERE owner = $2::text) \
              ORDER BY expires_at, token LIMIT 1)) AS outcome"
     )
 }

@@ -19,8 +19,11 @@ enum Decision {
     Granted(HolderInfo),
     /// A live permit was taken with this other limit; nothing was granted.
     Conflict(u32),
-    /// Full: the live holder that expires first.
+    /// Full: the holder that ends first (live, or expired with its row still locked).
     Held(HolderInfo),
+    /// Our own row (an older grant of this owner) is locked by another transaction (a
+    /// fenced one still open on it): not replaced, nothing written.
+    Busy(HolderInfo),
     /// An answer that makes no sense (a row written by hand): why.
     Bad(String),
 }
@@ -31,6 +34,7 @@ impl Decision {
         match outcome.as_str() {
             "granted" => holder(row).map(Self::Granted),
             "held" => holder(row).map(Self::Held),
+            "busy" => holder(row).map(Self::Busy),
             "conflict" => {
                 let held: Option<i32> = row.try_get("held_permits")?;
                 Ok(match held.and_then(|held| u32::try_from(held).ok()) {
@@ -43,7 +47,7 @@ impl Decision {
                 })
             }
             other => Ok(Self::Bad(format!(
-                "the permit acquire answered {:?}, not granted, held or conflict",
+                "the permit acquire answered {:?}, not granted, held, busy or conflict",
                 other.escape_debug().to_string()
             ))),
         }
@@ -100,6 +104,15 @@ pub(crate) async fn acquire(c: &Client, request: &AcquireRequest) -> Result<Acqu
             ))
         }
         Decision::Held(first) => Ok(Acquire::Held(first)),
+        Decision::Busy(old) => Err(Error::new(
+            ErrorKind::Unavailable,
+            format!(
+                "this owner's previous permit (token {}) is locked by another transaction \
+                 (a fenced transaction still open on it, or an operator's): it is not \
+                 replaced while that transaction runs; nothing was written, try again",
+                old.token().map_or(0, FenceToken::get)
+            ),
+        )),
         Decision::Conflict(held) => Err(limit_conflict(name, held, limit.get())),
         Decision::Bad(why) => Err(Error::new(ErrorKind::Protocol, why)),
     }

@@ -766,3 +766,277 @@ async fn each_permit_operation_runs_its_statements() {
     }
     assert_eq!(calls, [2 * N, 2 * N, 2 * N, 2 * N, N, N, N], "{kinds:?}");
 }
+
+/// A permit of `owner` (TTL 1 s) with a fenced transaction open on it that runs
+/// `SELECT pg_sleep(sleep)` and commits: the task ends when the transaction has. Returns
+/// once the fence check has passed (the row is locked `FOR KEY SHARE`), with the lease
+/// and the instant it was granted.
+async fn fenced_sleeper(
+    backend: &PostgresBackend,
+    name: &LockName,
+    owner: &Identity,
+    n: u32,
+    sleep_secs: f64,
+) -> (Lease, Instant, tokio::task::JoinHandle<()>) {
+    let lease = permit(backend, name, owner, n, Duration::from_secs(1)).await;
+    let granted = Instant::now();
+    let (locked, is_locked) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn({
+        let (backend, lease) = (backend.clone(), lease.clone());
+        async move {
+            let mut tx = backend
+                .begin_fenced(&lease)
+                .await
+                .expect("fenced while live");
+            locked.send(()).expect("the test waits");
+            sqlx::query("SELECT pg_sleep($1)")
+                .bind(sleep_secs)
+                .execute(&mut *tx)
+                .await
+                .expect("the fenced statement");
+            tx.commit().await.expect("commit the fenced transaction");
+        }
+    });
+    is_locked.await.expect("the fence check passed");
+    (lease, granted, task)
+}
+
+/// The owners of `name`'s rows in the permits table, live or not, sorted.
+async fn rows_of(admin: &PgPool, schema: &str, name: &LockName) -> Vec<String> {
+    let mut owners: Vec<String> = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT owner FROM {} WHERE name = $1",
+        permits_table(schema)
+    )))
+    .bind(name.as_str())
+    .fetch_all(admin)
+    .await
+    .expect("rows");
+    owners.sort();
+    owners
+}
+
+/// `ids` as the sorted owners [`rows_of`] returns.
+fn owners(ids: &[&Identity]) -> Vec<String> {
+    let mut owners: Vec<String> = ids.iter().map(|id| id.as_str().to_owned()).collect();
+    owners.sort();
+    owners
+}
+
+/// Far below the fenced statement's 6 s, far above a grant's few milliseconds.
+const PROMPT: Duration = Duration::from_secs(2);
+
+/// The review's stall (N = 3): D holds a live permit; A's permit (TTL 1 s) has expired
+/// while A's fenced transaction still runs a 6 s statement. B's acquire, with room,
+/// answers at once; D's refresh, sent while B's acquire runs, too (before the fix B
+/// waited for the fenced transaction to delete A's row, ~4.5 s, holding the advisory lock
+/// and `FOR SHARE` on D's row, and D's refresh waited behind it). A's place stays held
+/// while the transaction runs: C finds the semaphore full, A named as the first to end,
+/// and A's row is still there; once the transaction ends, C gets A's place.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expired_permit_in_a_fenced_transaction_stalls_no_acquire() {
+    let Some(url) = shared_url() else { return };
+    let schema = fresh_schema("semstall");
+    let _cleanup = common::drop_schema_later(&url, &schema);
+    let backend = backend(&url, &schema).await;
+    let admin = admin(&url).await;
+    let name = fresh_name("stall");
+    let (a, b, c, d) = (
+        Identity::unique(),
+        Identity::unique(),
+        Identity::unique(),
+        Identity::unique(),
+    );
+    let live = permit(&backend, &name, &d, 3, Duration::from_secs(30)).await;
+    let (_, granted, fenced) = fenced_sleeper(&backend, &name, &a, 3, 6.0).await;
+    sleep((granted + Duration::from_millis(1300)).saturating_duration_since(Instant::now())).await;
+
+    let b_attempt = tokio::spawn({
+        let (backend, name, b) = (backend.clone(), name.clone(), b.clone());
+        async move {
+            let started = Instant::now();
+            let outcome = attempt(&backend, &name, &b, 3, LONG).await;
+            (outcome, started.elapsed())
+        }
+    });
+    sleep(Duration::from_millis(300)).await; // B's acquire is in flight (or done)
+    let started = Instant::now();
+    let refreshed = backend.refresh(&live).await;
+    let refresh_took = started.elapsed();
+    let (outcome, b_took) = b_attempt.await.expect("join");
+    println!("with room: B answered in {b_took:?}, D's refresh in {refresh_took:?}");
+    assert!(
+        matches!(outcome, Ok(Acquire::Acquired(_))),
+        "B, with room: {outcome:?}"
+    );
+    assert!(b_took < PROMPT, "B's acquire with room waited {b_took:?}");
+    refreshed.expect("D's live permit refreshes");
+    assert!(
+        refresh_took < PROMPT,
+        "D's refresh waited {refresh_took:?} behind an acquire"
+    );
+
+    let started = Instant::now();
+    let first = full(&backend, &name, &c, 3).await;
+    let c_took = started.elapsed();
+    println!("full: C answered Held in {c_took:?}");
+    assert!(c_took < PROMPT, "C's refused acquire took {c_took:?}");
+    assert_eq!(
+        first.owner(),
+        &a,
+        "the place of the expired permit whose fenced transaction runs"
+    );
+    let expected = owners(&[&a, &b, &d]);
+    assert_eq!(rows_of(&admin, &schema, &name).await, expected);
+
+    // For 1.5 s, C's refused attempts back to back and D's refreshes back to back.
+    let until = Instant::now() + Duration::from_millis(1500);
+    let contender = tokio::spawn({
+        let (backend, name, c) = (backend.clone(), name.clone(), c.clone());
+        async move {
+            let (mut slowest, mut attempts) = (Duration::ZERO, 0);
+            while Instant::now() < until {
+                let started = Instant::now();
+                full(&backend, &name, &c, 3).await;
+                slowest = slowest.max(started.elapsed());
+                attempts += 1;
+            }
+            (slowest, attempts)
+        }
+    });
+    let (mut slowest, mut refreshes) = (Duration::ZERO, 0);
+    while Instant::now() < until {
+        let started = Instant::now();
+        backend.refresh(&live).await.expect("D's refresh");
+        slowest = slowest.max(started.elapsed());
+        refreshes += 1;
+    }
+    let (slowest_attempt, attempts) = contender.await.expect("join");
+    println!(
+        "side by side: {attempts} refused attempts (slowest {slowest_attempt:?}), \
+         {refreshes} refreshes of D (slowest {slowest:?})"
+    );
+    assert!(
+        slowest_attempt < PROMPT,
+        "a refused attempt took {slowest_attempt:?}"
+    );
+    assert!(slowest < PROMPT, "D's refresh took {slowest:?}");
+    assert!(
+        !fenced.is_finished(),
+        "the fenced transaction ended before the checks: make its sleep longer"
+    );
+
+    timeout(Duration::from_secs(15), fenced)
+        .await
+        .expect("the fenced transaction ends")
+        .expect("join");
+    permit(&backend, &name, &c, 3, LONG).await;
+    let expected = owners(&[&b, &c, &d]);
+    assert_eq!(
+        rows_of(&admin, &schema, &name).await,
+        expected,
+        "A's row outlived the grant of its place"
+    );
+}
+
+/// N = 1: an expired permit whose fenced transaction still runs keeps its place. B gets
+/// `Held` (naming A) at once and writes nothing (A's row stays, no token is drawn); A's
+/// own retake is a temporary error at once instead of waiting; once the transaction
+/// ends, B gets the place and A's row is deleted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_expired_permit_keeps_its_place_while_its_fenced_transaction_runs() {
+    let Some(url) = shared_url() else { return };
+    let schema = fresh_schema("semkeep");
+    let _cleanup = common::drop_schema_later(&url, &schema);
+    let backend = backend(&url, &schema).await;
+    let admin = admin(&url).await;
+    let name = fresh_name("keep");
+    let (a, b) = (Identity::unique(), Identity::unique());
+    let (held, granted, fenced) = fenced_sleeper(&backend, &name, &a, 1, 4.0).await;
+    sleep((granted + Duration::from_millis(1300)).saturating_duration_since(Instant::now())).await;
+
+    let started = Instant::now();
+    let first = full(&backend, &name, &b, 1).await;
+    let took = started.elapsed();
+    println!("N = 1: B answered Held in {took:?}");
+    assert!(took < PROMPT, "B's refused acquire waited {took:?}");
+    assert_eq!(first.owner(), &a);
+    assert_eq!(first.token(), held.token());
+    assert_eq!(rows_of(&admin, &schema, &name).await, owners(&[&a]));
+
+    let started = Instant::now();
+    let retake = attempt(&backend, &name, &a, 1, LONG).await;
+    let took = started.elapsed();
+    println!("N = 1: A's retake answered in {took:?}: {retake:?}");
+    let err = retake.expect_err("a retake over an open fenced transaction");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_temporary(), "{err}");
+    assert!(err.to_string().contains("fenced transaction"), "{err}");
+    assert!(took < PROMPT, "A's retake waited {took:?}");
+    assert_eq!(rows_of(&admin, &schema, &name).await, owners(&[&a]));
+
+    timeout(Duration::from_secs(15), fenced)
+        .await
+        .expect("the fenced transaction ends")
+        .expect("join");
+    let next = permit(&backend, &name, &b, 1, LONG).await;
+    assert_eq!(
+        token(&next),
+        token(&held) + 1,
+        "a refused attempt drew a token"
+    );
+    assert_eq!(rows_of(&admin, &schema, &name).await, owners(&[&b]));
+}
+
+/// A refused attempt writes nothing: neither a full semaphore nor a limit conflict
+/// deletes another owner's expired row (before the fix both did).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_permit_attempt_deletes_nothing() {
+    let Some(url) = shared_url() else { return };
+    let schema = fresh_schema("semrefuse");
+    let _cleanup = common::drop_schema_later(&url, &schema);
+    let backend = backend(&url, &schema).await;
+    let admin = admin(&url).await;
+    let name = fresh_name("refuse");
+    let (a, b, x) = (Identity::unique(), Identity::unique(), Identity::unique());
+    permit(&backend, &name, &a, 2, Duration::from_secs(1)).await;
+    let live = permit(&backend, &name, &x, 2, LONG).await;
+    sleep(Duration::from_millis(1300)).await; // A's permit has expired
+    let both = owners(&[&a, &x]);
+
+    let err = attempt(&backend, &name, &b, 3, LONG)
+        .await
+        .expect_err("a limit of 3 against 2");
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    assert_eq!(
+        rows_of(&admin, &schema, &name).await,
+        both,
+        "a conflicting attempt deleted"
+    );
+    // An operator plants a second live permit (a grant would have deleted A's row): full.
+    let y = Identity::unique();
+    sqlx::query(AssertSqlSafe(format!(
+        "INSERT INTO {} (name, owner, permits, acquired_at, expires_at) \
+         VALUES ($1, $2, 2, now(), now() + interval '1 minute')",
+        permits_table(&schema)
+    )))
+    .bind(name.as_str())
+    .bind(y.as_str())
+    .execute(&admin)
+    .await
+    .expect("plant");
+    assert_eq!(full(&backend, &name, &b, 2).await.owner(), &x);
+    let three = owners(&[&a, &x, &y]);
+    assert_eq!(
+        rows_of(&admin, &schema, &name).await,
+        three,
+        "a refused attempt deleted"
+    );
+    backend.release(&live).await.expect("release X");
+    permit(&backend, &name, &b, 2, LONG).await;
+    let after = owners(&[&b, &y]);
+    assert_eq!(
+        rows_of(&admin, &schema, &name).await,
+        after,
+        "a grant kept A's expired row"
+    );
+}
