@@ -8,11 +8,12 @@ use crate::results::{LatencyRow, Results};
 use crate::stats::{Summary, ratio};
 use crate::system::{Ctx, System};
 
-/// Ours (`Locker` try-acquire and waiting acquire, bare calls), raw, extra reference points
-/// and peers, in that order.
+/// Ours (`Locker` try-acquire and waiting acquire, bare calls, a semaphore's permit where
+/// the backend has them), raw, extra reference points and peers, in that order.
 pub(crate) fn entries(system: &System, ctx: &Ctx) -> Vec<Entry> {
     let mut all = system.lock_entries(ctx);
     let peers = all.split_off(crate::system::OURS_ENTRIES);
+    all.extend(system.permit_entry(ctx));
     all.extend(system.raw.iter().cloned());
     all.extend(system.extras.iter().cloned());
     all.extend(peers);

@@ -177,6 +177,42 @@ impl Lock for Ours {
     }
 }
 
+/// One permit of a semaphore through [`Locker`] (`try_acquire_permit` + release): what a
+/// `run --permits N` costs beside a lock.
+pub(crate) struct OursPermit {
+    locker: Locker,
+    permits: u32,
+}
+
+impl OursPermit {
+    /// A locker on `backend` with lease `ttl`, taking permits of semaphores of `permits`.
+    pub(crate) fn new(backend: Arc<dyn LockBackend>, ttl: Duration, permits: u32) -> Self {
+        Self {
+            locker: Locker::new(backend).with_options(LockOptions::new(ttl)),
+            permits,
+        }
+    }
+}
+
+#[async_trait]
+impl Lock for OursPermit {
+    async fn acquire(&self, name: &str, wait: bool) -> Res<Option<Held>> {
+        let guard = if wait {
+            Some(self.locker.acquire_permit(name, self.permits).await?)
+        } else {
+            self.locker.try_acquire_permit(name, self.permits).await?
+        };
+        Ok(guard.map(|g| Box::new(g) as Held))
+    }
+
+    async fn release(&self, held: Held) -> Res<()> {
+        let guard = held
+            .downcast::<LockGuard>()
+            .map_err(|_| "not a LockGuard")?;
+        Ok(guard.release().await?)
+    }
+}
+
 /// anylock's backend called directly (one `acquire`, one `release`), without `Locker`,
 /// its attempt task and its refresher task: isolates lockcore's own cost.
 pub(crate) struct Bare {

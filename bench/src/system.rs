@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gcs_test_server::GcsTestServer;
-use lockcore::{LockBackend, Waiting};
+use lockcore::{LockBackend, Semaphores, Waiting};
 
-use crate::op::{Bare, Entry, Lock, Ours, Role};
+use crate::op::{Bare, Entry, Lock, Ours, OursPermit, Role};
 use crate::servers::Counter;
 
 /// Which backend.
@@ -116,6 +116,12 @@ impl Peer {
     }
 }
 
+/// The semaphore size of [`System::permit_entry`].
+pub(crate) const PERMITS: u32 = 3;
+
+/// What the report calls [`System::permit_entry`].
+pub(crate) const PERMIT_LABEL: &str = "anylock permit, semaphore of 3 (Locker)";
+
 /// How many of [`System::lock_entries`] are ours (the rest are peers).
 pub(crate) const OURS_ENTRIES: usize = 3;
 
@@ -153,6 +159,17 @@ impl System {
             ));
         }
         entries
+    }
+
+    /// A permit of a semaphore of [`PERMITS`] through `Locker`, as a cycle, on a backend
+    /// with semaphores.
+    pub(crate) fn permit_entry(&self, ctx: &Ctx) -> Option<Entry> {
+        if !matches!(self.backend.guarantees().semaphores, Semaphores::Supported) {
+            return None;
+        }
+        let prefix = format!("{}-{}", ctx.run, self.kind.name());
+        let lock = Arc::new(OursPermit::new(self.backend.clone(), ctx.ttl, PERMITS));
+        Some(Entry::cycle(PERMIT_LABEL, Role::Ours, lock, &prefix))
     }
 
     /// Ours through `Locker` with the run's TTL.

@@ -11,12 +11,14 @@ use crate::op::{Entry, Res};
 use crate::results::{Results, ThroughputRow};
 use crate::system::{Ctx, System};
 
-/// Ours through `Locker`, raw, the reference points that ask for it (PostgreSQL's
+/// Ours through `Locker` (a lock, then a semaphore's permit where the backend has them), raw,
+/// the reference points that ask for it (PostgreSQL's
 /// two-write floor), then the peers.
 fn entries(system: &System, ctx: &Ctx) -> Vec<Entry> {
     let mut all = system.lock_entries(ctx);
     let peers = all.split_off(crate::system::OURS_ENTRIES);
     all.truncate(1);
+    all.extend(system.permit_entry(ctx));
     all.extend(system.raw.iter().cloned());
     all.extend(system.extras.iter().filter(|e| e.in_throughput).cloned());
     all.extend(peers);
@@ -124,7 +126,8 @@ mod tests {
     use lockcore::{LockBackend, MemoryBackend};
 
     /// A reference point that asks for it (PostgreSQL's two-write floor) is measured
-    /// beside the raw round trip; the others stay in the latency section.
+    /// beside the raw round trip; the others stay in the latency section. A backend with
+    /// semaphores (the memory backend here) has its permit cycle measured after the lock's.
     #[test]
     fn throughput_measures_the_floor_that_asks_for_it() {
         let backend: Arc<dyn LockBackend> = Arc::new(MemoryBackend::new());
@@ -150,6 +153,7 @@ mod tests {
             .into_iter()
             .map(|e| e.label)
             .collect();
-        assert_eq!(labels, ["anylock (Locker)", "raw", "floor", "peer"]);
+        let permit = crate::system::PERMIT_LABEL;
+        assert_eq!(labels, ["anylock (Locker)", permit, "raw", "floor", "peer"]);
     }
 }
