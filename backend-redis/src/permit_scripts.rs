@@ -13,6 +13,8 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+use crate::scripts::draw_token_lua;
+
 /// Takes a permit if fewer than `limit` *other* owners hold a live one; a live permit of
 /// the same owner is replaced by the new grant (never a second permit).
 ///
@@ -25,14 +27,16 @@ use redis::Script;
 /// same one, and one record stands for all of them (O(log N), where reading every record
 /// would cost O(N) per acquire).
 ///
-/// The token is the lock's rule ([`ACQUIRE_LUA`](crate::scripts::ACQUIRE_LUA)) on the
-/// semaphore's own counter: max(counter + 1, server `TIME` in µs), read and bumped with one
-/// `SET counter <clock> GET` (`GET` then `SET` before Redis 6.2), a counter at or above
-/// 2^53 − 1 refused and put back as it was. The counter is never deleted and has no TTL.
+/// The token is drawn by the lock's own Lua (`draw_token`, the same text, from
+/// `scripts.rs`) on the semaphore's own counter: max(counter + 1, server `TIME` in µs), a
+/// counter at or above 2^53 − 1 refused and put back as it was. The counter is never
+/// deleted and has no TTL.
 ///
 /// The permit set and the record hash expire (`PEXPIREAT`) with their longest-lived permit,
 /// so an abandoned semaphore leaves no keys behind but its counter.
-pub(crate) const ACQUIRE_PERMIT_LUA: &str = r"
+pub(crate) const ACQUIRE_PERMIT_LUA: &str = concat!(
+    draw_token_lua!(),
+    r"
 -- KEYS[1] permits (sorted set); KEYS[2] records (hash); KEYS[3] fence counter
 -- ARGV[1] TTL in ms; ARGV[2] owner; ARGV[3] value suffix ':<unix ms>:<nonce>:<owner>';
 -- ARGV[4] limit; ARGV[5] note ('' for none)
@@ -63,29 +67,9 @@ if others >= tonumber(ARGV[4]) then
   local note = record and string.match(record, '^%d+:(.*)$') or ''
   return {0, first[at], tonumber(first[at + 1]) - now_ms, note}
 end
-local token = micros
-local clock = string.format('%d', token)
-local raw = redis.pcall('SET', KEYS[3], clock, 'GET')
-local wrote = type(raw) ~= 'table'
-if not wrote then
-  -- A server before 6.2 refuses the GET option (nothing written); a key that is not a
-  -- string fails again here, before anything is written.
-  raw = redis.call('GET', KEYS[3])
-end
-local last = tonumber(raw)
-if last and last >= 9007199254740991 then
-  if wrote then
-    redis.call('SET', KEYS[3], raw)
-  end
-  return redis.error_reply('ANYLOCK fence counter ' .. KEYS[3] .. ' holds ' .. raw ..
-    ', not an integer below 2^53-1: tokens could repeat; nothing was written')
-end
-if last and last >= token then
-  token = last + 1
-  wrote = false
-end
-if not wrote then
-  redis.call('SET', KEYS[3], string.format('%d', token))
+local token, refused = draw_token(KEYS[3], micros)
+if refused then
+  return refused
 end
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now_ms)
 for _, member in ipairs(expired) do
@@ -109,7 +93,8 @@ local until_ms = string.format('%d', tonumber(redis.call('ZRANGE', KEYS[1], -1, 
 redis.call('PEXPIREAT', KEYS[1], until_ms)
 redis.call('PEXPIREAT', KEYS[2], until_ms)
 return {1, value}
-";
+"
+);
 
 /// Extends a permit only if exactly this grant is still live; never re-creates one.
 /// Replies `1` extended, `0` gone (released, or replaced by its owner's retake), `-1`

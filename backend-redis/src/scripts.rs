@@ -5,6 +5,46 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
+/// Lua that defines `draw_token(counter, micros)`, the one fence-counter rule of the lock's
+/// and the semaphore's acquire scripts (both start with it): the token is
+/// max(counter + 1, `micros`), read and bumped with one `SET counter <micros> GET` (Redis
+/// ≥ 6.2; older servers refuse the option, writing nothing, and get `GET` then `SET`), and
+/// written back. A counter at or above 2^53 − 1 (a Lua number could not count past it) is
+/// put back as it was and refused: the function returns `nil` and the error reply its
+/// caller must return. A counter key that is not a string fails the script (`WRONGTYPE`)
+/// before anything is written.
+macro_rules! draw_token_lua {
+    () => {
+        r"
+local function draw_token(counter, micros)
+  local token = micros
+  local raw = redis.pcall('SET', counter, string.format('%d', token), 'GET')
+  local wrote = type(raw) ~= 'table'
+  if not wrote then
+    raw = redis.call('GET', counter)
+  end
+  local last = tonumber(raw)
+  if last and last >= 9007199254740991 then
+    if wrote then
+      redis.call('SET', counter, raw)
+    end
+    return nil, redis.error_reply('ANYLOCK fence counter ' .. counter .. ' holds ' .. raw ..
+      ', not an integer below 2^53-1: tokens could repeat; nothing was written')
+  end
+  if last and last >= token then
+    token = last + 1
+    wrote = false
+  end
+  if not wrote then
+    redis.call('SET', counter, string.format('%d', token))
+  end
+  return token
+end
+"
+    };
+}
+pub(crate) use draw_token_lua;
+
 /// Takes the lock if it is free or already ours (same owner: a retake with a new grant).
 ///
 /// Every grant's token is `max(counter + 1, server TIME in µs)`, written back to the fence
@@ -38,7 +78,9 @@ use redis::Script;
 /// value, so a leftover (written before a pre-notes client's retake) is never shown, and
 /// release and break delete it. A refusal returns the holder's note, when it is bound to
 /// the holder's value.
-pub(crate) const ACQUIRE_LUA: &str = r"
+pub(crate) const ACQUIRE_LUA: &str = concat!(
+    draw_token_lua!(),
+    r"
 -- KEYS[1] lock key; KEYS[2] note key; KEYS[3] fence counter (single instance only)
 -- ARGV[1] TTL in ms; ARGV[2] owner; ARGV[3] value suffix
 -- ':<unix ms>:<nonce>:<owner>'; ARGV[4] the note ('' for none)
@@ -64,29 +106,10 @@ end
 local token = 0
 if KEYS[3] then
   local now = redis.call('TIME')
-  token = tonumber(now[1]) * 1000000 + tonumber(now[2])
-  local clock = string.format('%d', token)
-  local raw = redis.pcall('SET', KEYS[3], clock, 'GET')
-  local wrote = type(raw) ~= 'table'
-  if not wrote then
-    -- A server before 6.2 refuses the GET option (nothing written); a key that is not a
-    -- string fails again here, as it did before.
-    raw = redis.call('GET', KEYS[3])
-  end
-  local last = tonumber(raw)
-  if last and last >= 9007199254740991 then
-    if wrote then
-      redis.call('SET', KEYS[3], raw)
-    end
-    return redis.error_reply('ANYLOCK fence counter ' .. KEYS[3] .. ' holds ' .. raw ..
-      ', not an integer below 2^53-1: tokens could repeat; nothing was written')
-  end
-  if last and last >= token then
-    token = last + 1
-    wrote = false
-  end
-  if not wrote then
-    redis.call('SET', KEYS[3], string.format('%d', token))
+  local refused
+  token, refused = draw_token(KEYS[3], tonumber(now[1]) * 1000000 + tonumber(now[2]))
+  if refused then
+    return refused
   end
 end
 local value = string.format('%d', token) .. ARGV[3]
@@ -106,7 +129,8 @@ else
   redis.call('SET', KEYS[1], value, 'NX', 'PX', ARGV[1])
 end
 return {1, value}
-";
+"
+);
 
 /// Extends the lock only if it still holds exactly our value; never re-creates it. The
 /// note key is extended with it, without reading it first: while the lock holds our value,
