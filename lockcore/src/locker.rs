@@ -16,6 +16,7 @@ use crate::identity::Identity;
 use crate::keeper::Keepers;
 use crate::name::LockName;
 use crate::options::{LockOptions, WaitMode};
+use crate::permit_count::Permits;
 use crate::types::HeldLock;
 use crate::types::{AcquireRequest, HolderInfo};
 use crate::wait::{Wait, held_error};
@@ -184,13 +185,25 @@ impl Locker {
         options: &LockOptions,
     ) -> Result<LockGuard> {
         let name = self.lock_name(name)?;
+        self.acquire_named(name, None, options).await
+    }
+
+    /// The lock `name`, or with `permits` a permit of the semaphore `name`, with
+    /// `options`: checks the options, builds the request, runs the loop.
+    pub(crate) async fn acquire_named(
+        &self,
+        name: LockName,
+        permits: Option<Permits>,
+        options: &LockOptions,
+    ) -> Result<LockGuard> {
         options
             .validate()
             .and_then(|()| self.backend.check_options(options))
             .map_err(self.context(&name))?;
         let owner = self.identity.clone().unwrap_or_else(Identity::unique);
         let ttl = options.lease_ttl().map_err(self.context(&name))?;
-        let request = AcquireRequest::new(name, owner, ttl).with_note(options.note().cloned());
+        let mut request = AcquireRequest::new(name, owner, ttl).with_note(options.note().cloned());
+        request.permits = permits;
         self.acquire_loop(&request, options)
             .await
             .map_err(self.context(&request.name))

@@ -11,11 +11,10 @@
 use crate::ErrorKind;
 use crate::error::Result;
 use crate::guard::LockGuard;
-use crate::identity::Identity;
 use crate::locker::Locker;
 use crate::options::{LockOptions, WaitMode};
 use crate::permit_count::Permits;
-use crate::types::{AcquireRequest, HolderInfo};
+use crate::types::HolderInfo;
 
 impl Locker {
     /// Takes one permit of the semaphore `name` of `permits` permits, with the locker's
@@ -84,18 +83,7 @@ impl Locker {
     ) -> Result<LockGuard> {
         let name = self.lock_name(name)?;
         let permits = Permits::new(permits).map_err(|e| self.context(&name)(e.into()))?;
-        options
-            .validate()
-            .and_then(|()| self.backend.check_options(options))
-            .map_err(self.context(&name))?;
-        let owner = self.identity.clone().unwrap_or_else(Identity::unique);
-        let ttl = options.lease_ttl().map_err(self.context(&name))?;
-        let request = AcquireRequest::new(name, owner, ttl)
-            .with_note(options.note().cloned())
-            .with_permits(permits);
-        self.acquire_loop(&request, options)
-            .await
-            .map_err(self.context(&request.name))
+        self.acquire_named(name, Some(permits), options).await
     }
 
     /// The live permits of the semaphore `name`, earliest grant first.
