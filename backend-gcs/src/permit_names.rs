@@ -2,8 +2,7 @@
 //! lease's grant is pinned to: a lock's object, or one slot of a semaphore.
 //!
 //! The semaphore `name` keeps its objects under `prefix + name + TAB`: its slots
-//! `… TAB permit-<i>` (`i` from 0 to the limit − 1, in decimal) and its fence object
-//! `… TAB permit-fence`. A lock's object is `prefix + name` and a lock name has no control
+//! `… TAB permit-<i>` (`i` from 0 to the limit − 1, in decimal). A lock's object is `prefix + name` and a lock name has no control
 //! character ([`LockName`]), so no lock object ever has a TAB after the prefix: a semaphore
 //! and a lock can never share an object, and `list` skips the semaphores' objects (their
 //! names are no lock names). The TAB ends the name, so the objects of `x` are never under
@@ -17,8 +16,6 @@ use crate::object::{self, LockObject};
 
 /// What ends the semaphore name inside its objects' names: a character no lock name has.
 pub(crate) const SEPARATOR: char = '\t';
-/// The name (after the semaphore's prefix) of its fence object.
-pub(crate) const FENCE: &str = "permit-fence";
 /// Slot objects are named this followed by the slot index in decimal.
 pub(crate) const SLOT: &str = "permit-";
 
@@ -34,8 +31,6 @@ pub(crate) struct PermitNames {
 pub(crate) enum Part {
     /// The slot of this index.
     Slot(u32),
-    /// The fence object (the token counter).
-    Fence,
 }
 
 impl PermitNames {
@@ -43,12 +38,13 @@ impl PermitNames {
     ///
     /// # Errors
     /// [`InvalidInput`](lockcore::ErrorKind::InvalidInput) when the longest of them (the
-    /// fence object's) breaks them, before any request.
+    /// slot of the largest limit) breaks them, before any request.
     pub(crate) fn new(config: &GcsConfig, name: &LockName) -> Result<Self> {
         let base = format!("{}{}{SEPARATOR}", config.prefix(), name.as_str());
-        // The fence object's name is the longest: `permit-fence` is longer than
-        // `permit-9999`; they all share the start the other rules look at.
-        validate_object_name(&format!("{base}{FENCE}"))?;
+        // The slot of the largest index is the longest; they all share the start the
+        // other rules look at.
+        let longest = lockcore::MAX_PERMITS - 1;
+        validate_object_name(&format!("{base}{SLOT}{longest}"))?;
         Ok(Self { base })
     }
 
@@ -62,18 +58,10 @@ impl PermitNames {
         format!("{}{SLOT}{index}", self.base)
     }
 
-    /// The fence object, whose generation is the last token drawn.
-    pub(crate) fn fence(&self) -> String {
-        format!("{}{FENCE}", self.base)
-    }
-
     /// What `object` is; `None` for a name this version never writes (such objects are
     /// left alone: a later version may add some).
     pub(crate) fn part(&self, object: &str) -> Option<Part> {
         let rest = object.strip_prefix(&self.base)?;
-        if rest == FENCE {
-            return Some(Part::Fence);
-        }
         let digits = rest.strip_prefix(SLOT)?;
         // One spelling per index: no sign, no leading zero.
         let canonical = !digits.is_empty()
@@ -160,13 +148,12 @@ mod tests {
         let name = LockName::new("jobs").expect("name");
         let names = PermitNames::new(&c, &name).expect("names");
         assert_eq!(names.slot(3), "locks/jobs\tpermit-3");
-        assert_eq!(names.fence(), "locks/jobs\tpermit-fence");
-        for object in [names.slot(0), names.fence()] {
+        for object in [names.slot(0), names.slot(9999)] {
             let rest = object.strip_prefix("locks/").expect("under the prefix");
             assert!(LockName::new(rest).is_err(), "{rest:?} is a lock name");
         }
         assert_eq!(names.part(&names.slot(42)), Some(Part::Slot(42)));
-        assert_eq!(names.part(&names.fence()), Some(Part::Fence));
+        assert_eq!(names.part("locks/jobs\tpermit-fence"), None);
         for other in [
             "locks/jobs",
             "locks/jobs\tpermit-01",
@@ -184,7 +171,8 @@ mod tests {
 
     #[test]
     fn names_follow_gcs_rules_before_any_request() {
-        let long = config(&"p".repeat(500));
+        let long = config(&"p".repeat(501));
+        // 501 + 512 + TAB + `permit-9999`: 1,025 bytes.
         let name = LockName::new("n".repeat(512)).expect("name");
         assert!(PermitNames::new(&long, &name).is_err(), "over 1024 bytes");
         let name = LockName::new("n".repeat(500)).expect("name");

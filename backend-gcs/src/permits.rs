@@ -1,10 +1,13 @@
-//! Semaphores (permits): one slot object per permit, one fence object per semaphore, one
-//! list per attempt (`docs/gcs.md`, "Semaphores"; the names are [`PermitNames`]'s).
+//! Semaphores (permits): one slot object per permit, one list per attempt (`docs/gcs.md`,
+//! "Semaphores"; the names are [`PermitNames`]'s).
 //!
-//! A slot is a lock object (the lock's metadata, staleness and refresh rules) with two more
-//! metadata keys: the limit it was taken with and its fence token. A permit's lease is
-//! pinned to its slot object's generation and metageneration, so refresh and release act
-//! on exactly that grant, as a lock's do on the lock object
+//! A slot is a lock object (the lock's metadata, staleness and refresh rules) with one more
+//! metadata key: the limit it was taken with. Its fence token is its generation, as a
+//! lock's is its object's: set by GCS when the write that makes the grant lands, and higher
+//! for every later write of any object (GCS generations are the server's clock in µs; the
+//! test server keeps them strictly rising), after a delete too. A permit's lease is pinned
+//! to its slot object's generation and metageneration, so refresh and release act on
+//! exactly that grant, as a lock's do on the lock object
 //! ([`Target`](crate::permit_names::Target)).
 
 use std::time::SystemTime;
@@ -24,11 +27,6 @@ use crate::reply::Reply;
 
 /// Slot metadata key: the limit (number of permits) the permit was taken with.
 const KEY_PERMITS: &str = "permits";
-/// Slot metadata key: the permit's fence token, the fence object generation it drew.
-const KEY_TOKEN: &str = "token";
-/// The fence object's one metadata key, for people who come across it.
-const KEY_ROLE: &str = "anylock";
-const ROLE: &str = "permit fence counter: its generation is the last token drawn";
 
 /// One slot object as a list showed it, judged at its page's `Date`.
 #[derive(Debug)]
@@ -67,9 +65,7 @@ impl Slot {
             .and_then(|v| v.parse().ok())
             .filter(|n| Permits::new(*n).is_ok())
             .ok_or_else(|| bad("`permits` metadata"))?;
-        let token = meta(KEY_TOKEN)
-            .and_then(|v| v.parse().ok())
-            .ok_or_else(|| bad("`token` metadata"))?;
+        let token = obj.generation;
         Ok(Self {
             index,
             obj,
@@ -107,7 +103,7 @@ impl Seen {
         let Some(object) = item.get("name").and_then(Value::as_str) else {
             return Err(protocol("a list item has no `name`"));
         };
-        // The fence object's generation is never read: a draw rewrites it unconditionally.
+        // A fence object (written by versions that drew tokens from one) is not a slot.
         if let Some(Part::Slot(index)) = names.part(object) {
             self.slots.push(Slot::from_item(index, item, date)?);
         }
@@ -167,13 +163,12 @@ fn absent() -> Preconditions {
     }
 }
 
-/// A slot's metadata: the lock's (identity, TTL, expiry for people, note) plus the limit
-/// and the token, in the one conditional write that makes the grant.
-fn slot_metadata(request: &AcquireRequest, limit: Permits, token: u64) -> Value {
+/// A slot's metadata: the lock's (identity, TTL, expiry for people, note) plus the limit,
+/// in the one conditional write that makes the grant.
+fn slot_metadata(request: &AcquireRequest, limit: Permits) -> Value {
     let mut value = object::grant_metadata(&request.owner, request.ttl, request.note.as_ref());
     if let Value::Object(map) = &mut value {
         map.insert(KEY_PERMITS.into(), json!(limit.get().to_string()));
-        map.insert(KEY_TOKEN.into(), json!(token.to_string()));
     }
     value
 }
@@ -181,9 +176,9 @@ fn slot_metadata(request: &AcquireRequest, limit: Permits, token: u64) -> Value 
 impl GcsBackend {
     /// One attempt at a permit of `limit` (no loop, no sleep): one list of the
     /// semaphore's objects; a limit conflict, or `Held` when full, writes nothing.
-    /// Otherwise draw a token (rewrite the fence object) and write the chosen slot under
-    /// the preconditions listed. A 412 there means another contender moved first: `Held`,
-    /// named by one more list, and no permit written (the token drawn is skipped).
+    /// Otherwise write the chosen slot under the preconditions listed; the written
+    /// object's generation is the token. A 412 there means another contender moved first:
+    /// `Held`, named by one more list, and no permit written.
     pub(crate) async fn try_acquire_permit(
         &self,
         names: &PermitNames,
@@ -198,8 +193,7 @@ impl GcsBackend {
         let Some((slot, preconditions)) = seen.place_for(&request.owner, limit.get()) else {
             return held(seen.first_to_expire());
         };
-        let token = self.draw_token(names).await?;
-        let metadata = slot_metadata(request, limit, token);
+        let metadata = slot_metadata(request, limit);
         let object = names.slot(slot);
         match self
             .client
@@ -216,7 +210,7 @@ impl GcsBackend {
                     grant,
                 );
                 Ok(Acquire::Acquired(
-                    lease.with_token(FenceToken::new(token)).with_permits(limit),
+                    (lease.with_token(FenceToken::new(obj.generation))).with_permits(limit),
                 ))
             }
             Reply::Ok(None) => Err(protocol("the insert reply has no object")),
@@ -231,27 +225,6 @@ impl GcsBackend {
         let mut live: Vec<&Slot> = seen.live().collect();
         live.sort_by_key(|s| s.token);
         Ok(live.into_iter().map(Slot::holder).collect())
-    }
-
-    /// Draws a token: rewrites the fence object (no precondition, so never a 412) and
-    /// takes its new generation. GCS gives every new object of a name a higher
-    /// generation, after a delete too, so tokens never go back and no two draws share one.
-    async fn draw_token(&self, names: &PermitNames) -> Result<u64> {
-        let metadata = json!({ KEY_ROLE: ROLE });
-        let any = Preconditions::default();
-        match self
-            .client
-            .insert(&names.fence(), metadata, any)
-            .await?
-            .reply
-        {
-            Reply::Ok(Some(fence)) => Ok(fence.generation),
-            Reply::Ok(None) => Err(protocol("the insert reply has no object")),
-            Reply::NotFound => Err(no_bucket()),
-            Reply::PreconditionFailed => {
-                Err(protocol("GCS refused an insert without preconditions"))
-            }
-        }
     }
 
     /// After the slot write's 412 (another contender took that slot first, or the slot
@@ -312,16 +285,19 @@ mod tests {
 
     #[test]
     fn a_slot_without_what_a_permit_needs_is_a_protocol_error() {
-        let good = json!({"identity": "a", "ttl_ms": "3000", "permits": "2", "token": "9"});
+        let good = json!({"identity": "a", "ttl_ms": "3000", "permits": "2"});
         let slot = Slot::from_item(0, &item("x", good.clone()), date(0)).expect("slot");
-        assert_eq!((slot.limit, slot.token), (2, 9));
+        assert_eq!(
+            (slot.limit, slot.token),
+            (2, slot.obj.generation),
+            "the token is the generation"
+        );
         for (key, value) in [
             ("identity", json!("")),
             ("ttl_ms", json!("soon")),
             ("permits", json!("0")),
             ("permits", json!("10001")),
             ("permits", json!(2)),
-            ("token", json!("-1")),
         ] {
             let mut metadata = good.clone();
             metadata[key] = value;
@@ -337,7 +313,7 @@ mod tests {
     fn a_place_is_the_own_slot_else_the_lowest_free_or_stale_one() {
         let slot = |index: u32, owner: &str, ttl_ms: u64| {
             let metadata = json!({"identity": owner, "ttl_ms": ttl_ms.to_string(),
-                "permits": "3", "token": index.to_string()});
+                "permits": "3"});
             Slot::from_item(index, &item("x", metadata), date(10)).expect("slot")
         };
         let me = Identity::from_stored("me");

@@ -421,10 +421,7 @@ async fn a_lost_reply_after_the_create_landed_is_recognised_as_ours() {
         "the retry retook its own slot"
     );
     assert!(slot_of(&retry).1 > generation(&first), "a new grant");
-    let token: u64 = first["metadata"]["token"]
-        .as_str()
-        .and_then(|t| t.parse().ok())
-        .expect("token");
+    let token = generation(&first);
     assert!(
         retry.token().expect("token").get() > token,
         "a greater token"
@@ -451,27 +448,20 @@ async fn a_lost_reply_after_the_create_landed_is_recognised_as_ours() {
 async fn a_planted_slot_with_garbage_metadata_is_a_typed_error() {
     let gcs = Gcs::start().await;
     let backend = gcs.backend().await;
-    let good = json!({"identity": "someone", "ttl_ms": "30000", "permits": "2", "token": "5"});
+    let good = json!({"identity": "someone", "ttl_ms": "30000", "permits": "2"});
     let cases = [
         (
             "ttl_ms",
-            json!({"identity": "someone", "ttl_ms": "soon", "permits": "2", "token": "5"}),
+            json!({"identity": "someone", "ttl_ms": "soon", "permits": "2"}),
         ),
+        ("identity", json!({"ttl_ms": "30000", "permits": "2"})),
         (
-            "identity",
-            json!({"ttl_ms": "30000", "permits": "2", "token": "5"}),
+            "permits",
+            json!({"identity": "someone", "ttl_ms": "30000", "permits": "lots"}),
         ),
         (
             "permits",
-            json!({"identity": "someone", "ttl_ms": "30000", "permits": "lots", "token": "5"}),
-        ),
-        (
-            "permits",
-            json!({"identity": "someone", "ttl_ms": "30000", "permits": "0", "token": "5"}),
-        ),
-        (
-            "token",
-            json!({"identity": "someone", "ttl_ms": "30000", "permits": "2"}),
+            json!({"identity": "someone", "ttl_ms": "30000", "permits": "0"}),
         ),
         ("identity", json!({})),
     ];
@@ -514,31 +504,28 @@ async fn a_planted_slot_with_garbage_metadata_is_a_typed_error() {
     backend.release(&lease).await.expect("release");
 }
 
-/// The token is the fence object's generation: it rises across releases (every slot
-/// gone), and even when an operator deletes the fence object itself, as a lock's token
-/// rises after its object is deleted.
+/// The token is the slot object's generation, as a lock's is its object's: it rises
+/// across releases (every slot gone, a slot object created anew), retakes and other slots,
+/// and a grant that lands after another's release always has the higher token (what a
+/// semaphore of one needs to fence like a lock).
 #[tokio::test]
-async fn permit_tokens_rise_even_after_the_fence_object_is_deleted() {
+async fn permit_tokens_are_slot_generations_and_rise() {
     let gcs = Gcs::start().await;
     let backend = gcs.backend().await;
     let owner = Identity::unique();
-    let first = permit(&backend, "fenced", &owner, 3).await;
+    let first = permit(&backend, "fenced", &owner, 1).await;
+    let stored = gcs.raw_get(&slot("fenced", 0)).await.expect("slot");
+    assert_eq!(Some(generation(&stored)), first.token().map(|t| t.get()));
     backend.release(&first).await.expect("release");
-    let second = permit(&backend, "fenced", &Identity::unique(), 3).await;
-    assert!(second.token() > first.token());
-    backend.release(&second).await.expect("release");
     assert!(raw_slots(&gcs, "fenced").await.is_empty(), "no slot left");
-    gcs.raw_delete("fenced\tpermit-fence").await;
-    let third = permit(&backend, "fenced", &owner, 3).await;
-    assert!(
-        third.token() > second.token(),
-        "{:?} then {:?}",
-        second.token(),
-        third.token()
-    );
-    let fence = gcs.raw_get("fenced\tpermit-fence").await.expect("fence");
-    assert_eq!(Some(generation(&fence)), third.token().map(|t| t.get()));
-    backend.release(&third).await.expect("release");
+    let second = permit(&backend, "fenced", &Identity::unique(), 1).await;
+    assert!(second.token() > first.token(), "after a release");
+    backend.release(&second).await.expect("release");
+    let third = permit(&backend, "fenced", &owner, 1).await;
+    let retake = permit(&backend, "fenced", &owner, 1).await;
+    assert!(third.token() > second.token(), "a new slot object");
+    assert!(retake.token() > third.token(), "a retake");
+    backend.release(&retake).await.expect("release");
 }
 
 /// One `refresh_many` of a lock's and two permits' leases (one batch request): each is
@@ -582,8 +569,9 @@ async fn a_batch_mixes_locks_and_permits() {
     let q_slot = slot("mix", slot_of(&q).0);
     let stored = gcs.raw_get(&q_slot).await.expect("slot");
     assert_eq!(
-        stored["metadata"]["token"],
-        q.token().expect("token").get().to_string()
+        Some(generation(&stored)),
+        q.token().map(|t| t.get()),
+        "the token is the slot's generation"
     );
     assert_eq!(
         stored["metadata"]["permits"], "2",
@@ -591,7 +579,7 @@ async fn a_batch_mixes_locks_and_permits() {
     );
     gcs.raw_put_metadata(
         &q_slot,
-        json!({"identity": "thief", "ttl_ms": "30000", "permits": "2", "token": "1"}),
+        json!({"identity": "thief", "ttl_ms": "30000", "permits": "2"}),
     )
     .await;
     let again = backend.refresh_many(&refreshed).await;
@@ -607,10 +595,10 @@ async fn a_batch_mixes_locks_and_permits() {
     assert!(gcs.raw_get("mix").await.is_none());
 }
 
-/// What a permit costs in API calls: an uncontended cycle is 4 (list, fence insert, slot
-/// insert, delete), a refresh 1 PATCH.
+/// What a permit costs in API calls: an uncontended cycle is 3 (list, slot insert,
+/// delete), as a lock's is 2 (insert, delete) plus the list; a refresh 1 PATCH.
 #[tokio::test]
-async fn an_uncontended_permit_cycle_is_four_api_calls() {
+async fn an_uncontended_permit_cycle_is_three_api_calls() {
     let gcs = Gcs::start().await;
     let backend = gcs.backend().await;
     gcs.server.clear_requests();
@@ -624,25 +612,54 @@ async fn an_uncontended_permit_cycle_is_four_api_calls() {
         .map(|r| (r.method, r.query.unwrap_or_default()))
         .collect();
     let methods: Vec<&str> = calls.iter().map(|(m, _)| m.as_str()).collect();
-    assert_eq!(
-        methods,
-        ["GET", "POST", "POST", "PATCH", "DELETE"],
-        "{calls:?}"
-    );
+    assert_eq!(methods, ["GET", "POST", "PATCH", "DELETE"], "{calls:?}");
+    assert!(calls[1].1.contains("ifGenerationMatch=0"), "{}", calls[1].1);
     assert!(
-        !calls[1].1.contains("ifGeneration"),
-        "the fence draw is unconditional"
+        calls[2].1.contains("ifMetagenerationMatch="),
+        "{}",
+        calls[2].1
     );
-    assert!(calls[2].1.contains("ifGenerationMatch=0"), "{}", calls[2].1);
     assert!(
         calls[3].1.contains("ifMetagenerationMatch="),
         "{}",
         calls[3].1
     );
+}
+
+/// A semaphore of one fences like a lock: a rival that takes and releases the place while
+/// our slot write is on its way (the relay runs it at that moment) holds an earlier grant,
+/// so ours must carry the higher token. With tokens drawn from a counter object before the
+/// slot write (this crate's first design) ours carried the lower one (the second review's
+/// reproduction).
+#[tokio::test]
+async fn a_grant_after_a_rivals_release_has_the_higher_token() {
+    let gcs = Gcs::start().await;
+    let rival = Arc::new(gcs.backend().await);
+    let rival_token: Arc<Mutex<Option<u64>>> = Arc::default();
+    let hook: Hook = {
+        let (rival, rival_token) = (rival.clone(), rival_token.clone());
+        let fired = Arc::new(AtomicBool::new(false));
+        Arc::new(move |call: Call| {
+            let (rival, rival_token, fired) = (rival.clone(), rival_token.clone(), fired.clone());
+            Box::pin(async move {
+                if call.is_insert_of("permit-0") && !fired.swap(true, Ordering::SeqCst) {
+                    let lease = permit(&rival, "back", &Identity::unique(), 1).await;
+                    let token = lease.token().expect("token").get();
+                    *rival_token.lock().expect("lock") = Some(token);
+                    rival.release(&lease).await.expect("release");
+                }
+                Act::Forward
+            })
+        })
+    };
+    let relay = Relay::start(&gcs.url, hook).await;
+    let ours = gcs.backend_at(&relay.url()).await;
+    let lease = permit(&ours, "back", &Identity::unique(), 1).await;
+    let theirs = rival_token.lock().expect("lock").expect("the rival ran");
+    let mine = lease.token().expect("token").get();
     assert!(
-        calls[4].1.contains("ifMetagenerationMatch="),
-        "{}",
-        calls[4].1
+        mine > theirs,
+        "token went backwards: the later grant {mine} < the earlier {theirs}"
     );
 }
 
