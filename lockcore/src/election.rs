@@ -136,6 +136,7 @@ impl Election {
             last: None,
             events: None,
             subscribed: false,
+            highest: None,
         }
     }
 }
@@ -254,6 +255,8 @@ pub struct Observer {
     last: Option<Option<(Identity, Option<FenceToken>)>>,
     events: Option<ReleaseEvents>,
     subscribed: bool,
+    /// The highest term reported so far (a vacancy in between does not forget it).
+    highest: Option<FenceToken>,
 }
 
 impl fmt::Debug for Observer {
@@ -287,6 +290,9 @@ impl Observer {
             let leader = self.election.leader().await?;
             let key = leader.as_ref().map(Leader::key);
             if self.last.as_ref() != Some(&key) && !self.is_older(&key) {
+                if let Some((_, term)) = &key {
+                    self.highest = self.highest.max(*term);
+                }
                 self.last = Some(key);
                 return Ok(leader);
             }
@@ -310,11 +316,11 @@ impl Observer {
         }
     }
 
-    /// Whether `key` is a term older than the last one reported (a stale read): never
-    /// reported, so terms are reported in order.
+    /// Whether `key` is a term older than one already reported (a stale read): never
+    /// reported, so terms are reported in order, across vacancies too.
     fn is_older(&self, key: &Option<(Identity, Option<FenceToken>)>) -> bool {
-        match (&self.last, key) {
-            (Some(Some((_, Some(last)))), Some((_, Some(term)))) => term < last,
+        match (self.highest, key) {
+            (Some(highest), Some((_, Some(term)))) => *term < highest,
             _ => false,
         }
     }

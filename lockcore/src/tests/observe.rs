@@ -87,3 +87,62 @@ fn an_observer_paces_its_reads_whatever_wakes_it() {
         assert!(vacancy.is_none());
     });
 }
+
+/// Reads scripted holders, one per `inspect` (the last one for ever after).
+#[derive(Debug)]
+struct Scripted {
+    memory: MemoryBackend,
+    holders: std::sync::Mutex<Vec<Option<HolderInfo>>>,
+}
+
+#[async_trait]
+impl LockBackend for Scripted {
+    fn backend_name(&self) -> &str {
+        "scripted"
+    }
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.memory.acquire(request).await
+    }
+    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        self.memory.refresh(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.memory.release(lease).await
+    }
+    async fn inspect(&self, _: &LockName) -> Result<Option<HolderInfo>> {
+        let mut holders = self.holders.lock().expect("lock");
+        Ok(if holders.len() > 1 {
+            holders.remove(0)
+        } else {
+            holders[0].clone()
+        })
+    }
+    fn guarantees(&self) -> Guarantees {
+        self.memory.guarantees()
+    }
+}
+
+#[test]
+fn an_observer_never_reports_a_term_older_than_one_it_reported() {
+    bounded(|| async {
+        let term = |owner: &str, t: u64| {
+            let owner = crate::Identity::named(owner).expect("id");
+            Some(HolderInfo::new(owner).with_token(crate::FenceToken::new(t)))
+        };
+        // A stale read after a vacancy shows an older term (3 after 5).
+        let holders = vec![term("a", 5), None, term("old", 3), term("b", 7)];
+        let backend = Arc::new(Scripted {
+            memory: MemoryBackend::new(),
+            holders: std::sync::Mutex::new(holders),
+        });
+        let election =
+            (Locker::new(backend).election("e").expect("name")).with_observe_interval(ms(10));
+        let mut observer = election.observe();
+        let mut seen: Vec<Option<u64>> = vec![None; 3];
+        for slot in &mut seen {
+            let leader = observer.next().await.expect("read");
+            *slot = leader.and_then(|l| l.term()).map(crate::FenceToken::get);
+        }
+        assert_eq!(seen, [Some(5), None, Some(7)], "term 3 came after term 5");
+    });
+}
