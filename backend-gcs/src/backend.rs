@@ -352,7 +352,7 @@ impl LockBackend for GcsBackend {
         self.try_acquire(&object, request).await
     }
 
-    /// A lock's object or a permit's slot object, alike (see [`Target`]).
+    /// A lock's object or a permit's slot object, alike (see `permit_names::Target`).
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
         let target = Target::of(self.config(), lease)?;
         let _slot = self.client.slot().await?;
@@ -379,7 +379,7 @@ impl LockBackend for GcsBackend {
         }
     }
 
-    /// A lock's object or a permit's slot object, alike (see [`Target`]).
+    /// A lock's object or a permit's slot object, alike (see `permit_names::Target`).
     async fn release(&self, lease: &Lease) -> Result<()> {
         let target = Target::of(self.config(), lease)?;
         let _slot = self.client.slot().await?;
