@@ -183,4 +183,17 @@ fn a_backend_without_semaphores_refuses_plainly() {
     assert_eq!(code(&out), 125, "{stderr}");
     assert!(stderr.contains("no semaphores"), "{stderr}");
     assert!(!marker.exists(), "the command ran without a permit");
+    // `status --permits` says the same, without the lock-only hint.
+    let out = scene
+        .command(&["status", "job", "--permits"])
+        .env("ANYLOCK_BACKEND", &backend)
+        .output()
+        .expect("run anylock");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(&out), 125, "{stderr}");
+    assert!(stderr.contains("no semaphores"), "{stderr}");
+    assert!(
+        !stderr.contains("own tools"),
+        "a lock hint for a semaphore: {stderr}"
+    );
 }

@@ -11,9 +11,9 @@
 //! claimed it, when that guard is done, or here when nobody claimed it).
 //!
 //! The key is the lock name, the owner and whether it is the semaphore of that name, not
-//! the backend: two `Arc`s over one store (two
-//! `anylock::connect` calls) are the same store, and a lock name with one owner on two
-//! different stores only loses a little concurrency.
+//! the backend: two `Arc`s over one store (two `anylock::connect` calls) are the same
+//! store, and a lock name with one owner on two different stores only loses a little
+//! concurrency.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex, PoisonError};

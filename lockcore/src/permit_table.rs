@@ -190,3 +190,34 @@ impl PermitTable {
         permits.iter().map(Permit::holder).collect()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::Ttl;
+
+    /// A semaphore whose permits are all gone leaves no entry behind (a long-lived process
+    /// reading many names must not grow), and reading an unknown name adds none.
+    #[tokio::test]
+    async fn empty_semaphores_leave_no_entry() {
+        let mut table = PermitTable::default();
+        let name = LockName::new("s").expect("name");
+        let ttl = Ttl::new(Duration::from_secs(30)).expect("ttl");
+        let request = AcquireRequest::new(name.clone(), Identity::unique(), ttl)
+            .with_permits(Permits::new(2).expect("2"));
+        let Ok(Acquire::Acquired(lease)) = table.acquire(&request, Bend::default()) else {
+            panic!("a free semaphore");
+        };
+        assert!(table.release(&lease, Bend::default()));
+        assert!(table.held.is_empty(), "released: {:?}", table.held);
+        assert!(
+            table
+                .holders(&LockName::new("other").expect("name"))
+                .is_empty()
+        );
+        assert!(table.held.is_empty(), "read: {:?}", table.held);
+        assert_eq!(table.counters.len(), 1, "the counter stays");
+    }
+}
