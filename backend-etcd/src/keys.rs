@@ -210,32 +210,19 @@ pub(crate) struct Stored {
 
 /// Who a stored key names, when it was acquired and its note, if the writer said.
 ///
-/// Keys written by `etcdctl lock` and Go's `concurrency.Mutex` have an empty value; they
-/// are shown as `etcd-lease/<lease id hex>`. A value that is not anylock's JSON is shown
-/// as it is, with no note. A stored note is read lossily ([`Note::from_stored`]): anyone
-/// with write access to the prefix may have written it.
+/// A key whose value is not anylock's ([`decode_own`]) was written by another client of
+/// the same layout: `etcdctl lock` and Go's `concurrency.Mutex` (an empty value), or
+/// `etcdctl elect` and Go's `concurrency.Election` (the campaign's proposal). Its holder is
+/// shown as `etcd-lease/<lease id hex>` (the Go session) and its value, if any, as the
+/// note, so an election's leader shows its proposal as anylock's own leaders show their
+/// campaign value. A stored note is read lossily ([`Note::from_stored`]): anyone with
+/// write access to the prefix may have written it.
 pub(crate) fn decode_value(value: &[u8], lease: i64) -> Stored {
-    if value.is_empty() {
-        return Stored {
-            owner: Identity::from_stored(format!("etcd-lease/{lease:x}")),
-            acquired_at: None,
-            note: None,
-        };
-    }
-    match serde_json::from_slice::<Value>(value) {
-        Ok(parsed) => Stored {
-            owner: Identity::from_stored(parsed.owner),
-            acquired_at: parsed
-                .acquired_unix_ms
-                .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
-            note: parsed.note.as_deref().and_then(Note::from_stored),
-        },
-        Err(_) => Stored {
-            owner: Identity::from_stored(String::from_utf8_lossy(value).into_owned()),
-            acquired_at: None,
-            note: None,
-        },
-    }
+    decode_own(value).unwrap_or_else(|| Stored {
+        owner: Identity::from_stored(format!("etcd-lease/{lease:x}")),
+        acquired_at: None,
+        note: Note::from_stored(&String::from_utf8_lossy(value)),
+    })
 }
 
 /// What a value anylock wrote says, strictly: `None` for anything else (an empty value,
@@ -315,8 +302,17 @@ mod tests {
         assert_eq!(stored.owner.as_str(), "etcd-lease/1f");
         assert!(stored.acquired_at.is_none());
         assert_eq!(stored.note, None);
-        let plain = decode_value(b"plain", 1);
-        assert_eq!((plain.owner.as_str(), plain.note), ("plain", None));
+        // A Go election's proposal: the Go session holds, the proposal is the note.
+        let plain = decode_value(b"node-7", 0x2a);
+        assert_eq!(plain.owner.as_str(), "etcd-lease/2a");
+        assert_eq!(plain.note.as_ref().map(Note::as_str), Some("node-7"));
+        // JSON that is not ours (no owner) is foreign too.
+        let other = decode_value(br#"{"host":"h"}"#, 1);
+        assert_eq!(other.owner.as_str(), "etcd-lease/1");
+        assert_eq!(
+            other.note.as_ref().map(Note::as_str),
+            Some(r#"{"host":"h"}"#)
+        );
         assert!(!is_owned_by(b"", &me));
         let queued = encode_queued_value(&me, None);
         assert!(is_owned_by(&queued, &me));
@@ -362,9 +358,13 @@ mod tests {
         let stored = decode_value(br#"{"owner":"o","note":"a\u001b[2Jb"}"#, 1);
         assert_eq!(stored.note.expect("note").as_str(), "a\u{fffd}[2Jb");
         assert_eq!(decode_value(br#"{"owner":"o","note":""}"#, 1).note, None);
-        // A note of the wrong type makes the value foreign: shown as it is, no note.
+        // A note of the wrong type makes the value foreign: shown whole, as the note.
         let odd = decode_value(br#"{"owner":"o","note":5}"#, 1);
-        assert_eq!(odd.note, None);
+        assert_eq!(odd.owner.as_str(), "etcd-lease/1");
+        assert_eq!(
+            odd.note.as_ref().map(Note::as_str),
+            Some(r#"{"owner":"o","note":5}"#)
+        );
     }
 
     #[test]
