@@ -46,7 +46,7 @@ fn elect_runs_the_command_only_while_leader(scene: &Scene) {
     assert!(String::from_utf8_lossy(&none.stdout).contains("has no leader"));
 }
 
-on_every_backend!(elect_runs_the_command_only_while_leader);
+on_all_five_backends!(elect_runs_the_command_only_while_leader);
 
 /// `leader --watch --json` prints nobody, then the new leader with its value, then nobody
 /// again after it resigned (each term lasts longer than the watch's half-second poll).

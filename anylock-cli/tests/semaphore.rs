@@ -124,7 +124,7 @@ fn stop(holder: &mut Child) {
     wait_child(holder, Duration::from_secs(30));
 }
 
-on_every_backend!(
+on_all_five_backends!(
     at_most_n_commands_run_at_once,
     a_semaphore_is_apart_from_the_lock_of_its_name,
     status_lists_the_permits
