@@ -316,6 +316,31 @@ impl Observer {
         }
     }
 
+    /// The changes as a never-ending [`Stream`](futures_core::Stream): each item is what
+    /// [`next`](Self::next) returns (an error is an item too; the stream goes on after it).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> lockcore::Result<()> {
+    /// use std::sync::Arc;
+    /// use futures_util::StreamExt;
+    /// use lockcore::{Locker, MemoryBackend};
+    ///
+    /// let locker = Locker::new(Arc::new(MemoryBackend::new()));
+    /// let election = locker.election("scheduler")?;
+    /// let mut changes = Box::pin(election.observe().into_stream());
+    /// assert!(changes.next().await.expect("endless")?.is_none()); // nobody leads yet
+    /// let leadership = election.campaign(None).await?;
+    /// let leader = changes.next().await.expect("endless")?.expect("a leader");
+    /// assert_eq!(leader.term(), leadership.term());
+    /// # Ok(()) }
+    /// ```
+    pub fn into_stream(self) -> impl futures_core::Stream<Item = Result<Option<Leader>>> + Send {
+        futures_util::stream::unfold(self, |mut observer| async move {
+            let item = observer.next().await;
+            Some((item, observer))
+        })
+    }
+
     /// Whether `key` is a term older than one already reported (a stale read): never
     /// reported, so terms are reported in order, across vacancies too.
     fn is_older(&self, key: &Option<(Identity, Option<FenceToken>)>) -> bool {
