@@ -25,9 +25,10 @@ const CLOCK_PROBE: &str = ".anylock-clock";
 const NOTES: &str = "Real GCS sustains about one mutation per second per object, so the \
 refresh interval must be at least 1 s (the Locker refuses shorter ones); each call costs tens of milliseconds. Expiry is judged by comparing the object's `updated` \
 plus its TTL with the server's one-second-resolution Date header, so a lapsed lock is taken \
-over up to 2 s after its TTL. A semaphore keeps one slot object per permit and a fence \
-object whose generation is the token: every attempt that finds a place rewrites that one \
-object, so a semaphore grants about one permit per second on real GCS; waiters poll.";
+over up to 2 s after its TTL. A semaphore keeps one slot object per permit, whose \
+generation is the permit's token; a grant costs 3 requests (a list, the slot write, a list \
+that checks no other limit was written meanwhile), and each slot takes about one grant per \
+second on real GCS; waiters poll.";
 
 /// What [`GcsBackend`] promises, without connecting. See `docs/gcs.md`.
 pub fn guarantees() -> Guarantees {
@@ -394,8 +395,8 @@ impl LockBackend for GcsBackend {
     }
 
     /// One list of the semaphore's objects; when there is room (or our own permit to
-    /// retake), the fence object's and the slot's conditional writes. See
-    /// `docs/gcs.md`, "Semaphores".
+    /// retake), the slot's conditional write and one more list that checks the limit.
+    /// See `docs/gcs.md`, "Semaphores".
     async fn acquire_permit(&self, request: &AcquireRequest) -> Result<Acquire> {
         let Some(limit) = request.permits else {
             return Err(Error::invalid_input(

@@ -12,8 +12,9 @@
 //! given at acquire is the metadata key `note` of the create; `list` pages through
 //! `objects.list` (one request per 1000 objects under the prefix). A semaphore (permits)
 //! keeps one slot object per permit, `prefix + name + TAB + "permit-<i>"` (no lock name
-//! has a TAB, so no lock object is ever one), and a fence object whose generation is
-//! the permit token; an attempt lists the slots and writes one conditionally.
+//! has a TAB, so no lock object is ever one), whose generation is the permit's token; an
+//! attempt lists the slots, writes one conditionally and lists again to check that no
+//! permit of another limit was written meanwhile.
 //!
 //! See `docs/gcs.md` for the algorithm, costs, auth and limits.
 //!

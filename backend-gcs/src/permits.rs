@@ -13,8 +13,8 @@
 use std::time::SystemTime;
 
 use lockcore::{
-    Acquire, AcquireRequest, Error, FenceToken, HolderInfo, Identity, Lease, Permits, Result,
-    limit_conflict,
+    Acquire, AcquireRequest, Error, ErrorKind, FenceToken, HolderInfo, Identity, Lease, Permits,
+    Result, limit_conflict,
 };
 use serde_json::{Value, json};
 
@@ -187,6 +187,13 @@ impl GcsBackend {
     ) -> Result<Acquire> {
         let seen = self.permits_seen(names).await?;
         if let Some(other) = seen.live().find(|s| s.limit != limit.get()) {
+            // Our own live permit beside another limit (an earlier attempt whose check
+            // could not finish): it goes too, so the refusal leaves nothing held.
+            if let Some(own) = seen.live().find(|s| s.obj.is_owned_by(&request.owner)) {
+                self.client
+                    .delete(&names.slot(own.index), own.exact())
+                    .await?;
+            }
             let name = request.name.as_str();
             return Err(limit_conflict(name, other.limit, limit.get()));
         }
@@ -209,14 +216,54 @@ impl GcsBackend {
                     request.ttl,
                     grant,
                 );
-                Ok(Acquire::Acquired(
-                    (lease.with_token(FenceToken::new(obj.generation))).with_permits(limit),
-                ))
+                let lease = lease.with_token(FenceToken::new(obj.generation));
+                let written = Preconditions::exact(obj.generation, obj.metageneration);
+                self.check_limit(names, request, limit, (slot, written))
+                    .await?;
+                Ok(Acquire::Acquired(lease.with_permits(limit)))
             }
             Reply::Ok(None) => Err(protocol("the insert reply has no object")),
             Reply::NotFound => Err(no_bucket()),
             Reply::PreconditionFailed => self.lost_race(names).await,
         }
+    }
+
+    /// After our slot write: one more list. Two attempts with different limits that both
+    /// listed before either wrote each find the other here, so they never both keep a
+    /// permit: of two live slots with different limits, the one written later was written
+    /// before the later writer's check, which sees it. A conflict deletes our slot (exactly
+    /// the object written) and refuses with [`limit_conflict`]. A check that cannot be made
+    /// answers `OutcomeUnknown`: the permit may be held, and a retry (same owner) finds it
+    /// and checks again, or drops it on a conflict.
+    async fn check_limit(
+        &self,
+        names: &PermitNames,
+        request: &AcquireRequest,
+        limit: Permits,
+        (slot, written): (u32, Preconditions),
+    ) -> Result<()> {
+        let seen = self.permits_seen(names).await.map_err(|err| {
+            Error::new(
+                ErrorKind::OutcomeUnknown,
+                format!("the permit was written, but the check for other limits failed: {err}"),
+            )
+        })?;
+        let Some(other) = seen.live().find(|s| s.limit != limit.get()) else {
+            return Ok(());
+        };
+        let conflict = limit_conflict(request.name.as_str(), other.limit, limit.get());
+        // Any answer but a transport error means the slot is no longer ours: deleted now,
+        // or already gone or taken over (404, 412).
+        self.client
+            .delete(&names.slot(slot), written)
+            .await
+            .map_err(|err| {
+                Error::new(
+                    ErrorKind::OutcomeUnknown,
+                    format!("{conflict}; taking the permit back failed: {err}"),
+                )
+            })?;
+        Err(conflict)
     }
 
     /// The live permits, earliest grant (lowest token) first.
@@ -239,7 +286,7 @@ impl GcsBackend {
     }
 
     /// The semaphore's objects: `objects.list` under its prefix, every page (at most the
-    /// slots of the largest limit ever used, plus the fence object).
+    /// slots of the largest limit ever used, plus a fence object earlier versions wrote).
     async fn permits_seen(&self, names: &PermitNames) -> Result<Seen> {
         let mut seen = Seen::default();
         let mut token: Option<String> = None;

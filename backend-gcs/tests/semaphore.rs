@@ -382,6 +382,98 @@ async fn a_lost_race_answers_held_and_writes_no_permit() {
     rival.release(&lease).await.expect("release");
 }
 
+/// Two first attempts with different limits that both list the empty semaphore before
+/// either writes never both keep a permit. The relay holds our slot write (N = 3) while a
+/// rival (N = 2) lists, writes and checks; then ours lands. On the same slot ours loses
+/// the race (`Held`); on another slot ours must find the rival's limit after its write,
+/// take its permit back and refuse (`InvalidInput`). Without the check after the write
+/// both were granted (a 2-limit and a 3-limit holder at once: the caveat docs/gcs.md had).
+#[tokio::test]
+async fn racing_first_attempts_with_different_limits_never_both_hold() {
+    let gcs = Gcs::start().await;
+    let rival = Arc::new(gcs.backend().await);
+    let rivals: Arc<Mutex<Vec<Lease>>> = Arc::default();
+    let round = Arc::new(Mutex::new(String::new()));
+    let hook: Hook = {
+        let (rival, rivals, round) = (rival.clone(), rivals.clone(), round.clone());
+        Arc::new(move |call: Call| {
+            let (rival, rivals, round) = (rival.clone(), rivals.clone(), round.clone());
+            Box::pin(async move {
+                if call.is_insert_of("permit-") {
+                    let sem = round.lock().unwrap_or_else(PoisonError::into_inner).clone();
+                    let lease = permit(&rival, &sem, &Identity::unique(), 2).await;
+                    rivals
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(lease);
+                }
+                Act::Forward
+            })
+        })
+    };
+    let relay = Relay::start(&gcs.url, hook).await;
+    let ours = gcs.backend_at(&relay.url()).await;
+    let mut refused = 0;
+    for i in 0..12 {
+        let sem = format!("mixed-{i}");
+        round
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone_from(&sem);
+        let me = Identity::unique();
+        match ours.acquire_permit(&request(&sem, &me, 3, LONG)).await {
+            Ok(Acquire::Acquired(lease)) => {
+                panic!(
+                    "{sem}: a 3-limit permit granted beside a 2-limit one ({})",
+                    lease.grant()
+                )
+            }
+            Ok(Acquire::Held(holder)) => assert_ne!(holder.owner(), &me),
+            Err(err) => {
+                assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+                assert!(err.to_string().contains("same limit"), "{err}");
+                refused += 1;
+            }
+        }
+        let holders = ours.inspect_permits(&name(&sem)).await.expect("permits");
+        assert_eq!(holders.len(), 1, "{sem}: only the rival holds: {holders:?}");
+        assert_ne!(holders[0].owner(), &me, "{sem}: our permit was left behind");
+    }
+    assert!(
+        refused > 0,
+        "never on different slots in 12 rounds: the check was not reached"
+    );
+    let leases = std::mem::take(&mut *rivals.lock().unwrap_or_else(PoisonError::into_inner));
+    for lease in leases {
+        rival.release(&lease).await.expect("release");
+    }
+}
+
+/// An owner whose live permit sits beside a permit of another limit (its earlier attempt
+/// could not finish the check after its write) gets the refusal and its permit goes: a
+/// refused attempt leaves nothing held.
+#[tokio::test]
+async fn a_refusal_for_mixed_limits_takes_the_owners_own_permit_back() {
+    let gcs = Gcs::start().await;
+    let backend = gcs.backend().await;
+    let me = Identity::unique();
+    let mine = permit(&backend, "both", &me, 2).await;
+    let (index, _) = slot_of(&mine);
+    let other = json!({"identity": "someone", "ttl_ms": "30000", "permits": "3"});
+    gcs.raw_put_metadata(&slot("both", 2), other).await;
+    let err = backend
+        .acquire_permit(&request("both", &me, 2, LONG))
+        .await
+        .expect_err("mixed limits");
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    assert!(
+        gcs.raw_get(&slot("both", index)).await.is_none(),
+        "the refused owner's permit was left behind"
+    );
+    let err = backend.refresh(&mine).await.expect_err("taken back");
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+}
+
 /// The slot's create lands but its reply is lost (`OutcomeUnknown`); the owner's retry
 /// finds its own permit and retakes it (new grant, greater token) instead of taking a
 /// second place.
@@ -595,10 +687,11 @@ async fn a_batch_mixes_locks_and_permits() {
     assert!(gcs.raw_get("mix").await.is_none());
 }
 
-/// What a permit costs in API calls: an uncontended cycle is 3 (list, slot insert,
-/// delete), as a lock's is 2 (insert, delete) plus the list; a refresh 1 PATCH.
+/// What a permit costs in API calls: an uncontended cycle is 4 (list, slot insert, the
+/// list that checks no other limit was written meanwhile, delete), as a lock's is 2
+/// (insert, delete) plus the two lists; a refresh 1 PATCH.
 #[tokio::test]
-async fn an_uncontended_permit_cycle_is_three_api_calls() {
+async fn an_uncontended_permit_cycle_is_four_api_calls() {
     let gcs = Gcs::start().await;
     let backend = gcs.backend().await;
     gcs.server.clear_requests();
@@ -612,18 +705,20 @@ async fn an_uncontended_permit_cycle_is_three_api_calls() {
         .map(|r| (r.method, r.query.unwrap_or_default()))
         .collect();
     let methods: Vec<&str> = calls.iter().map(|(m, _)| m.as_str()).collect();
-    assert_eq!(methods, ["GET", "POST", "PATCH", "DELETE"], "{calls:?}");
+    assert_eq!(
+        methods,
+        ["GET", "POST", "GET", "PATCH", "DELETE"],
+        "{calls:?}"
+    );
     assert!(calls[1].1.contains("ifGenerationMatch=0"), "{}", calls[1].1);
-    assert!(
-        calls[2].1.contains("ifMetagenerationMatch="),
-        "{}",
-        calls[2].1
-    );
-    assert!(
-        calls[3].1.contains("ifMetagenerationMatch="),
-        "{}",
-        calls[3].1
-    );
+    assert_eq!(calls[0].1, calls[2].1, "the check lists the same prefix");
+    for refresh_or_delete in &calls[3..] {
+        assert!(
+            refresh_or_delete.1.contains("ifMetagenerationMatch="),
+            "{}",
+            refresh_or_delete.1
+        );
+    }
 }
 
 /// A semaphore of one fences like a lock: a rival that takes and releases the place while

@@ -198,9 +198,9 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     ///   remaining TTL) when all permits are taken.
     /// - A live permit taken with another limit fails the attempt with
     ///   [`limit_conflict`](crate::limit_conflict) (`InvalidInput`): mixed limits would admit
-    ///   more holders than the smaller one allows. Nothing is written. (A backend that can
-    ///   only check the limit against what it read before its write, GCS, may grant two
-    ///   first attempts of different limits that race; its docs say so.)
+    ///   more holders than the smaller one allows. Nothing is held afterwards: a backend
+    ///   that can only find the conflict after its write (GCS: a list after the slot
+    ///   write) takes its permit back before refusing.
     /// - Fence tokens, where claimed, rise with every permit granted on the semaphore name
     ///   (across releases and expiries), as a lock's do.
     /// - Semaphore names are a namespace of their own: a permit of `x` does not exclude
