@@ -20,6 +20,14 @@
 //!   (a server that rolled its fence counter back), whatever the register decided.
 //! - **Late Lost signal**: a `LOST` that arrived after another section had been entered,
 //!   or whose client-side margin to the earliest server expiry was negative.
+//!
+//! With a *limit* of N (a semaphore of N permits, issue #18; 1 for a lock or a leader)
+//! "another" becomes "N others": a section *overlaps* when it was entered while N other
+//! clients' sections were open, it is an **over-grant** (counted as a double grant) when
+//! N other holders' leases were still valid by their own checks, and a section is
+//! *displaced* (its later writes stale, its later `LOST` late) by a section entered while
+//! it and N − 1 others were valid by their own checks. For N = 1 these are the lock's
+//! definitions above.
 
 use std::collections::BTreeMap;
 
@@ -34,6 +42,8 @@ const MAX_EXAMPLES: usize = 9;
 /// What the checker found in one history.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Counts {
+    /// How many sections may be open at once: 1 for a lock or a leader, N for permits.
+    pub limit: u32,
     /// Sections entered (`BEGIN` accepted).
     pub sections: u64,
     /// `BEGIN`s a fenced register refused.
@@ -44,9 +54,12 @@ pub struct Counts {
     pub writes_accepted: u64,
     /// Writes refused.
     pub writes_rejected: u64,
-    /// Sections entered while another client's section was open.
+    /// Sections entered while `limit` other clients' sections were open.
     pub overlaps: u64,
-    /// Sections entered while another holder's lease was still valid by its own check.
+    /// The most sections open at once (`BEGIN` to `END` at the register).
+    pub max_inside: u64,
+    /// Sections entered while `limit` other holders' leases were still valid by their own
+    /// checks: double grants of a lock, over-grants of a semaphore.
     pub double_grants: u64,
     /// Stale writes the register accepted.
     pub stale_accepted: u64,
@@ -92,14 +105,22 @@ impl Section {
     }
 }
 
-/// Counts the violations in `history` (in register order).
+/// Counts the violations in `history` (in register order) of a lock: one holder at a time.
 pub fn check(history: &[Event]) -> Counts {
+    check_with(history, 1)
+}
+
+/// Counts the violations in `history` of a primitive that admits `limit` holders at once
+/// (a semaphore of `limit` permits; 1 is [`check`]).
+pub fn check_with(history: &[Event], limit: u32) -> Counts {
+    let limit = limit.max(1);
     let sections = sections(history);
     let entered: Vec<Entered<'_>> = sections
         .iter()
         .filter_map(|(id, s)| s.begin.map(|b| (*id, s, b)))
         .collect();
     let mut counts = Counts {
+        limit,
         sections: entered.len() as u64,
         ..Counts::default()
     };
@@ -107,7 +128,7 @@ pub fn check(history: &[Event]) -> Counts {
     count_repeats(history, &mut counts);
     for event in history {
         let begun = sections.get(&event.id).and_then(|s| s.begin).unwrap_or(0);
-        let superseded = || later_begin(&entered, event.id, begun, event.at_us);
+        let superseded = || displaced_by(&entered, limit, event.id, begun, event.at_us);
         match &event.op {
             Op::Begin {
                 accepted: false, ..
@@ -134,17 +155,34 @@ pub fn check(history: &[Event]) -> Counts {
 /// An entered section: its id, its record, and when it was entered.
 type Entered<'a> = (SectionId, &'a Section, u64);
 
-/// Another section entered after `after` and before `before`, if any.
-fn later_begin(
+/// Another section entered after `after` and before `before` that displaced `id`: with a
+/// lock any such section, with `limit` permits one entered while `limit - 1` sections
+/// other than `id` and itself were valid by their own checks.
+fn displaced_by(
     entered: &[Entered<'_>],
+    limit: u32,
     id: SectionId,
     after: u64,
     before: u64,
 ) -> Option<(SectionId, u64)> {
     entered
         .iter()
-        .find(|(other, _, b)| *other != id && after < *b && *b < before)
+        .filter(|(other, _, b)| *other != id && after < *b && *b < before)
+        .find(|(other, _, b)| {
+            let valid = valid_at(entered, *b).filter(|(s, _, _)| *s != id && s != other);
+            valid.count() + 1 >= limit as usize
+        })
         .map(|(other, _, b)| (*other, *b))
+}
+
+/// The sections entered before `at` whose holders' checks promised validity past `at`.
+fn valid_at<'a, 'b>(
+    entered: &'a [Entered<'b>],
+    at: u64,
+) -> impl Iterator<Item = &'a Entered<'b>> + 'a {
+    entered
+        .iter()
+        .filter(move |(_, s, b)| *b < at && s.promise_end().is_some_and(|p| at < p))
 }
 
 /// Per section: when it was entered, when it ended, and until when its checks promised.
@@ -177,41 +215,67 @@ fn sections(history: &[Event]) -> BTreeMap<SectionId, Section> {
 }
 
 fn count_grants(entered: &[Entered<'_>], counts: &mut Counts) {
+    let limit = counts.limit as usize;
     for (id, _, begin) in entered {
-        let others = entered
-            .iter()
-            .filter(|(other, _, b)| other.client != id.client && b < begin);
-        let mut overlapped = false;
-        let mut doubled = None;
-        for (other, section, _) in others {
-            overlapped |= *begin < section.end;
-            if doubled.is_none() && section.promise_end().is_some_and(|p| *begin < p) {
-                doubled = Some((*other, *section));
-            }
+        let others: Vec<&Entered<'_>> = (entered.iter())
+            .filter(|(other, _, b)| other.client != id.client && b < begin)
+            .collect();
+        let open = others.iter().filter(|(_, s, _)| *begin < s.end).count();
+        counts.overlaps += u64::from(open >= limit);
+        counts.max_inside = counts.max_inside.max(open as u64 + 1);
+        let valid: Vec<(SectionId, &Section)> = (others.iter())
+            .filter(|(_, s, _)| s.promise_end().is_some_and(|p| *begin < p))
+            .map(|(other, s, _)| (*other, *s))
+            .collect();
+        if valid.len() < limit {
+            continue;
         }
-        counts.overlaps += u64::from(overlapped);
-        if let Some((other, section)) = doubled {
-            counts.double_grants += 1;
-            let lost = match &section.lost {
-                Some((at, reason)) if at <= begin => format!(
-                    "; its guard had reported Lost ({reason}) at {}, so its lease was given up \
-                     before the validity it had reported ran out",
-                    secs(*at)
-                ),
-                _ => String::new(),
-            };
-            example(
-                counts,
-                format!(
-                    "double grant: {} entered at {} while {} held a lease valid until {} by its own check{lost}",
-                    name(*id),
-                    secs(*begin),
-                    name(other),
-                    secs(section.promise.unwrap_or(0))
-                ),
-            );
-        }
+        counts.double_grants += 1;
+        let text = match (limit, valid.first()) {
+            (1, Some((other, section))) => double_grant(*id, *begin, *other, section),
+            _ => over_grant(*id, *begin, &valid),
+        };
+        example(counts, text);
     }
+}
+
+fn double_grant(id: SectionId, begin: u64, other: SectionId, section: &Section) -> String {
+    let lost = match &section.lost {
+        Some((at, reason)) if *at <= begin => format!(
+            "; its guard had reported Lost ({reason}) at {}, so its lease was given up \
+             before the validity it had reported ran out",
+            secs(*at)
+        ),
+        _ => String::new(),
+    };
+    format!(
+        "double grant: {} entered at {} while {} held a lease valid until {} by its own check{lost}",
+        name(id),
+        secs(begin),
+        name(other),
+        secs(section.promise.unwrap_or(0))
+    )
+}
+
+fn over_grant(id: SectionId, begin: u64, valid: &[(SectionId, &Section)]) -> String {
+    let holders: Vec<String> = (valid.iter())
+        .map(|(other, s)| {
+            let lost = s.lost.as_ref().filter(|(at, _)| *at <= begin);
+            let lost = lost.map_or(String::new(), |(at, reason)| {
+                format!(", Lost ({reason}) at {}", secs(*at))
+            });
+            let until = secs(s.promise.unwrap_or(0));
+            format!("{} (valid until {until}{lost})", name(*other))
+        })
+        .collect();
+    format!(
+        "over-grant: {} entered at {} while {} other holders' permits were valid by their \
+         own checks: {}",
+        name(id),
+        secs(begin),
+        valid.len(),
+        holders.join(", ")
+    )
 }
 
 fn count_repeats(history: &[Event], counts: &mut Counts) {

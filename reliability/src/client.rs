@@ -9,6 +9,11 @@
 //! expire the lease (the guard's validity deadline plus the drift allowance, since the
 //! deadline is counted from when the request was *sent*).
 //!
+//! What a section holds depends on the [`Primitive`]: the lock (`Locker::acquire`), one
+//! permit of a semaphore (`Locker::acquire_permit`), or leadership (`Election::campaign`,
+//! then `is_leader()` and `term()` in place of `is_held()` and the token, and `resign()`
+//! in place of `release()`).
+//!
 //! Commands on stdin, one per line: `stop` (finish or abandon the current section, release,
 //! exit), `jump-back MS` and `jump-forward MS` (move the locker's clock). End of input
 //! means `stop`.
@@ -18,7 +23,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::{
-    Backoff, Clock, ClockControl, LockBackend, LockGuard, LockOptions, Locker, LostReason,
+    Backoff, Clock, ClockControl, Election, Leadership, LockBackend, LockGuard, LockOptions,
+    Locker, LostReason,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -27,6 +33,7 @@ use tokio::sync::{Mutex, oneshot, watch};
 use tokio::time::{Instant, sleep};
 
 use crate::backends::Workload;
+use crate::primitive::Primitive;
 use crate::protocol::{Outcome, Reply, Request, SectionId};
 
 /// What one client process is told to do.
@@ -38,8 +45,12 @@ pub struct ClientConfig {
     pub register: SocketAddr,
     /// This client's number (1-based).
     pub client: u32,
-    /// The lock all clients of the run contend for.
+    /// The lock, semaphore or election all clients of the run contend for.
     pub lock: String,
+    /// What a section holds.
+    pub primitive: Primitive,
+    /// The N a permit client asks for (`Primitive::Permits` only).
+    pub permits: u32,
     /// TTL, steps and timing.
     pub workload: Workload,
     /// The attempt timeout (`LockOptions::with_attempt_timeout`); `None`: the default.
@@ -85,10 +96,53 @@ impl Conn {
     }
 }
 
+/// What a client holds during a section.
+#[derive(Debug)]
+enum Held {
+    /// The lock or a permit.
+    Guard(LockGuard),
+    /// Leadership of the election.
+    Leader(Leadership),
+}
+
+impl Held {
+    fn guard(&self) -> &LockGuard {
+        match self {
+            Held::Guard(guard) => guard,
+            Held::Leader(leadership) => leadership.guard(),
+        }
+    }
+
+    /// The fencing token, or the term.
+    fn token(&self) -> Option<u64> {
+        match self {
+            Held::Guard(guard) => guard.fence_token().map(|t| t.get()),
+            Held::Leader(leadership) => leadership.term().map(|t| t.get()),
+        }
+    }
+
+    /// `is_held()`, or `is_leader()`.
+    fn is_held(&self) -> bool {
+        match self {
+            Held::Guard(guard) => guard.is_held(),
+            Held::Leader(leadership) => leadership.is_leader(),
+        }
+    }
+
+    /// `release()`, or `resign()`.
+    async fn release(self) -> lockcore::Result<()> {
+        match self {
+            Held::Guard(guard) => guard.release().await,
+            Held::Leader(leadership) => leadership.resign().await,
+        }
+    }
+}
+
 /// Everything a section needs.
 struct Ctx {
     config: ClientConfig,
     locker: Locker,
+    election: Option<Election>,
     conn: Conn,
     lost_conn: Arc<Mutex<Conn>>,
     stop: watch::Receiver<bool>,
@@ -109,7 +163,12 @@ pub async fn run(config: ClientConfig) -> Result<(), String> {
     }
     let locker = Locker::new(backend).with_options(options).with_clock(clock);
     let stop = commands(control);
+    let election = match config.primitive {
+        Primitive::Leader => Some(locker.election(&config.lock).map_err(|e| e.to_string())?),
+        Primitive::Lock | Primitive::Permits => None,
+    };
     let mut ctx = Ctx {
+        election,
         conn: Conn::connect(config.register).await?,
         lost_conn: Arc::new(Mutex::new(Conn::connect(config.register).await?)),
         config,
@@ -176,11 +235,11 @@ async fn run_section(ctx: &mut Ctx, n: u64) -> Result<(), String> {
     };
     let mut stop = ctx.stop.clone();
     let acquired = tokio::select! {
-        acquired = ctx.locker.acquire(&ctx.config.lock) => acquired,
+        acquired = acquire(ctx) => acquired,
         _ = stop.wait_for(|s| *s) => return Ok(()),
     };
     let guard = match acquired {
-        Ok(guard) => Arc::new(guard),
+        Ok(held) => Arc::new(held),
         Err(e) => {
             eprintln!("client {}: acquire: {e}", id.client);
             sleep(Duration::from_millis(100)).await;
@@ -207,8 +266,20 @@ async fn run_section(ctx: &mut Ctx, n: u64) -> Result<(), String> {
     Ok(())
 }
 
-async fn steps(ctx: &mut Ctx, guard: &LockGuard, id: SectionId) -> Result<Outcome, String> {
-    let token = guard.fence_token().map(|t| t.get());
+/// Takes what the client's primitive holds.
+async fn acquire(ctx: &Ctx) -> lockcore::Result<Held> {
+    let name = &ctx.config.lock;
+    match (&ctx.election, ctx.config.primitive) {
+        (Some(election), _) => election.campaign(None).await.map(Held::Leader),
+        (None, Primitive::Permits) => (ctx.locker.acquire_permit(name, ctx.config.permits))
+            .await
+            .map(Held::Guard),
+        (None, _) => ctx.locker.acquire(name).await.map(Held::Guard),
+    }
+}
+
+async fn steps(ctx: &mut Ctx, guard: &Held, id: SectionId) -> Result<Outcome, String> {
+    let token = guard.token();
     if let Reply::Reject { .. } = ctx.conn.call(&Request::Begin { id, token }).await? {
         return Ok(Outcome::Rejected);
     }
@@ -222,7 +293,7 @@ async fn steps(ctx: &mut Ctx, guard: &LockGuard, id: SectionId) -> Result<Outcom
             Reply::Reject { .. } => return Ok(Outcome::Rejected),
             Reply::Ok => return Err("READ answered OK".into()),
         };
-        let (held, remaining) = (guard.is_held(), guard.remaining_validity());
+        let (held, remaining) = (guard.is_held(), guard.guard().remaining_validity());
         let remaining_ms = u64::try_from(remaining.as_millis()).unwrap_or(u64::MAX);
         let check = Request::Check {
             id,
@@ -250,12 +321,13 @@ async fn steps(ctx: &mut Ctx, guard: &LockGuard, id: SectionId) -> Result<Outcom
 
 /// Tracks the guard's validity deadline and reports `Lost` with its margin.
 async fn watch_lost(
-    guard: Arc<LockGuard>,
+    held: Arc<Held>,
     id: SectionId,
     conn: Arc<Mutex<Conn>>,
     drift: Duration,
     mut stopped: oneshot::Receiver<()>,
 ) -> Result<(), String> {
+    let guard = held.guard();
     let mut deadline = Instant::now() + guard.remaining_validity();
     let mut tick = tokio::time::interval(Duration::from_millis(5));
     loop {

@@ -126,10 +126,14 @@ pub fn disagreements(
     for (label, counts) in runs {
         let Some(c) = counts else { continue };
         if c.double_grants > 0 && expected.exclusion != Claim::NotClaimed {
+            let what = match c.limit {
+                0 | 1 => "double grant(s)".to_owned(),
+                n => format!("over-grant(s) (a permit granted while {n} others were valid)"),
+            };
             found.push(Disagreement {
                 claim: expected.exclusion,
                 what: format!(
-                    "{} double grant(s) in the {label} run; expected none ({})",
+                    "{} {what} in the {label} run; expected none ({})",
                     c.double_grants, expected.why
                 ),
             });
@@ -258,6 +262,22 @@ mod tests {
         assert_eq!(disagreements(&redis_restart, &bad, Some(&clean)), vec![]);
         let redlock = expect(&guarantees("redlock"), Fault::Pause);
         assert_eq!(disagreements(&redlock, &stale, None), vec![]);
+    }
+
+    #[test]
+    fn over_grants_of_permits_break_the_exclusion_claim() {
+        let over = Counts {
+            limit: 2,
+            double_grants: 1,
+            ..Counts::default()
+        };
+        let etcd = expect(&guarantees("etcd"), Fault::EtcdLeaderKill);
+        let found = disagreements(&etcd, &over, None);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert_eq!(found[0].claim, Claim::Claimed);
+        assert!(found[0].what.starts_with("1 over-grant(s)"), "{found:?}");
+        let pause = expect(&guarantees("etcd"), Fault::ClockBack);
+        assert_eq!(disagreements(&pause, &over, None), vec![]);
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! A group: one fenced register, three client processes contending for one lock, and a
-//! fault proxy on every link from a client to a server.
+//! A group: one fenced register, client processes contending for one lock, semaphore or
+//! election (three; four for permits), and a fault proxy on every link from a client to a
+//! server.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -15,14 +16,12 @@ use tokio::time::timeout;
 
 use crate::backends::Workload;
 use crate::history::{Event, Op};
+use crate::primitive::Primitive;
 use crate::protocol::Outcome;
 use crate::register::{Mode, RegisterServer};
 use crate::servers::Lane;
 use crate::stall::{Scope, StallLinks};
 use test_kit::servers::process::{Reaper, signal};
-
-/// Clients per group.
-pub const CLIENTS: u32 = 3;
 
 /// One client's links, one fault proxy per server endpoint.
 #[derive(Debug)]
@@ -148,8 +147,12 @@ pub struct GroupSpec {
     pub exe: PathBuf,
     /// Where client logs go.
     pub log_dir: PathBuf,
-    /// The lock name.
+    /// The lock, semaphore or election name.
     pub lock: String,
+    /// What the clients hold during a section.
+    pub primitive: Primitive,
+    /// The N permit clients ask for (the checker's is `primitive.limit()`).
+    pub permits: u32,
     /// Section timing.
     pub workload: Workload,
     /// Kleppmann's Redlock partition ("How to do distributed locking"): client 1 reaches
@@ -170,7 +173,7 @@ pub struct Group {
     pub mode: Mode,
     /// The register.
     pub register: RegisterServer,
-    /// Clients 1..=3 (index = id - 1).
+    /// Clients 1..=n (index = id - 1).
     pub clients: Vec<ClientProc>,
     /// Each client's links (index = id - 1).
     pub links: Vec<Links>,
@@ -197,7 +200,7 @@ impl Group {
             clients: Vec::new(),
             links: Vec::new(),
         };
-        for id in 1..=CLIENTS {
+        for id in 1..=spec.primitive.clients() {
             let links = Links::new(&lane.upstreams(), spec.stall).await?;
             if spec.partition {
                 partition(id, &links);
@@ -275,6 +278,8 @@ async fn spawn(
     let mut child = command
         .args(["--url", url, "--register", &register.to_string()])
         .args(["--client", &id.to_string(), "--lock", &spec.lock])
+        .args(["--primitive", spec.primitive.slug()])
+        .args(["--permits", &spec.permits.to_string()])
         .args(["--ttl-ms", &w.ttl.as_millis().to_string()])
         .args(["--steps", &w.steps.to_string()])
         .args(["--step-ms", &w.step.as_millis().to_string()])

@@ -11,6 +11,7 @@ use std::time::Duration;
 use anylock_reliability::backends::{Kind, Workload};
 use anylock_reliability::client::{self, ClientConfig};
 use anylock_reliability::fault::Fault;
+use anylock_reliability::primitive::Primitive;
 use anylock_reliability::report::{self, Meta};
 use anylock_reliability::suite::{self, Plan, Suite};
 use clap::{Args, Parser, Subcommand};
@@ -45,6 +46,13 @@ struct RunArgs {
     /// Only these faults (comma-separated slugs, e.g. pause,leader-kill).
     #[arg(long, value_delimiter = ',')]
     faults: Option<Vec<Fault>>,
+    /// Only these primitives (comma-separated: lock,permits,leader).
+    #[arg(long, value_delimiter = ',')]
+    primitives: Option<Vec<Primitive>>,
+    /// A deliberately broken run, to see the checks fail: permit clients ask for this N
+    /// while the checker holds them to 2. Never use it for the report.
+    #[arg(long, hide = true)]
+    client_permits: Option<u32>,
     /// Write the report here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -69,6 +77,10 @@ struct ClientArgs {
     client: u32,
     #[arg(long)]
     lock: String,
+    #[arg(long, default_value = "lock")]
+    primitive: Primitive,
+    #[arg(long, default_value_t = 1)]
+    permits: u32,
     #[arg(long)]
     ttl_ms: u64,
     #[arg(long)]
@@ -116,6 +128,8 @@ fn client_config(a: ClientArgs) -> ClientConfig {
         register: a.register,
         client: a.client,
         lock: a.lock,
+        primitive: a.primitive,
+        permits: a.permits,
         workload: Workload {
             ttl: Duration::from_millis(a.ttl_ms),
             steps: a.steps,
@@ -133,9 +147,24 @@ async fn run(args: RunArgs) -> Result<bool, String> {
     } else {
         Plan::full()
     };
-    let plan = plan.only(args.backends.as_deref(), args.faults.as_deref());
+    let mut plan = plan.only(
+        args.backends.as_deref(),
+        args.faults.as_deref(),
+        args.primitives.as_deref(),
+    );
     if plan.cells.is_empty() {
-        return Err("no cell matches --backends and --faults".into());
+        return Err("no cell matches --backends, --faults and --primitives".into());
+    }
+    if let Some(n) = args.client_permits {
+        eprintln!(
+            "reliability: BROKEN ON PURPOSE: permit clients ask for {n} permits, the checker \
+             allows {}",
+            anylock_reliability::primitive::PERMITS
+        );
+        if args.out.is_some() {
+            return Err("--client-permits breaks the run on purpose: no --out".into());
+        }
+        plan.client_permits = Some(n);
     }
     let mode = if args.short { "short" } else { "full" };
     let out_dir = args.results.join(mode);

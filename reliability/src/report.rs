@@ -1,12 +1,16 @@
-//! RELIABILITY.md: the backend x fault table, the Lost-signal record, disagreements with
-//! their evidence, and what each fault script did.
+//! RELIABILITY.md: the backend x fault tables (the lock, permits, leadership), the
+//! Lost-signal record, disagreements with their evidence, and what each fault script did.
 
 use std::fmt::Write as _;
 
-use crate::checker::Counts;
 use crate::expect::Claim;
 use crate::fault::Fault;
 use crate::run::CellResult;
+
+mod cells;
+mod tables;
+
+use cells::{claim, groups, lost_totals, primitive};
 
 /// How the report was produced.
 #[derive(Debug, Clone)]
@@ -36,7 +40,9 @@ pub fn failed(results: &[CellResult]) -> bool {
 pub fn render(results: &[CellResult], meta: &Meta) -> String {
     let mut out = String::new();
     header(&mut out, results, meta);
-    table(&mut out, results);
+    tables::locks(&mut out, results);
+    tables::permits(&mut out, results);
+    tables::leaders(&mut out, results);
     lost_signals(&mut out, results);
     disagreements(&mut out, results);
     notes(&mut out, results);
@@ -95,95 +101,6 @@ fn count(results: &[CellResult], pred: impl Fn(&CellResult) -> bool) -> usize {
     results.iter().filter(|r| pred(r)).count()
 }
 
-fn table(out: &mut String, results: &[CellResult]) {
-    out.push_str(
-        "## The table\n\n\
-         Pairs are *unfenced / fenced* runs (the same fault, two groups of three client \
-         processes side by side, one writing to a register that ignores fencing tokens and \
-         one to a register that refuses stale ones). `—`: the backend issues no tokens, so \
-         there is no fenced run. \"Exclusion\" and \"fencing\" say what the backend's \
-         `Guarantees` descriptor claims under this fault (*documented*: only the backend's \
-         documentation does): where exclusion is claimed there must be zero double grants, \
-         and where fencing is claimed the fenced register must accept zero stale writes and \
-         lose zero updates.\n\n\
-         | backend | fault | exclusion | fencing | sections | overlapping sections | double grants | \
-         stale writes accepted, unfenced | stale writes accepted / refused, fenced | \
-         lost updates | Lost signals: fired / late | agrees |\n\
-         |---|---|---|---|---|---|---|---|---|---|---|---|\n",
-    );
-    for r in results {
-        out.push_str(&row(r));
-    }
-    out.push('\n');
-}
-
-/// One table row.
-fn row(r: &CellResult) -> String {
-    let f = r.fenced.as_ref();
-    let u = &r.unfenced;
-    let pair = |get: fn(&Counts) -> u64| match f {
-        Some(f) => format!("{} / {}", get(u), get(f)),
-        None => format!("{} / —", get(u)),
-    };
-    let fenced_stale = f.map_or("—".to_owned(), |f| {
-        format!("{} / {}", f.stale_accepted, f.stale_rejected + f.refused)
-    });
-    let (fired, late) = [Some(u), f]
-        .into_iter()
-        .flatten()
-        .fold((0, 0), |a, c| (a.0 + c.lost_signals, a.1 + c.lost_late));
-    format!(
-        "| `{}` | {} | {} | {} | {} | {} | {} | {} | {} | {} | {fired} / {late} | {} |\n",
-        r.kind,
-        r.fault,
-        claim(r.expectation.exclusion),
-        claim(r.expectation.fenced),
-        pair(|c| c.sections),
-        pair(|c| c.overlaps),
-        pair(|c| c.double_grants),
-        u.stale_accepted,
-        fenced_stale,
-        pair(|c| c.lost_updates),
-        verdict(r)
-    )
-}
-
-fn claim(c: Claim) -> &'static str {
-    match c {
-        Claim::Claimed => "claimed",
-        Claim::Documented => "documented",
-        Claim::NotClaimed => "not claimed",
-    }
-}
-
-fn verdict(r: &CellResult) -> String {
-    if !r.problems.is_empty() {
-        return "**did not run**".into();
-    }
-    match r
-        .disagreements
-        .iter()
-        .map(|d| d.claim)
-        .min_by_key(|c| *c as u8)
-    {
-        None => "yes".into(),
-        Some(Claim::Claimed) => "**NO**".into(),
-        Some(_) => "**no** (docs)".into(),
-    }
-}
-
-/// Both groups' counts of a cell.
-fn groups(r: &CellResult) -> impl Iterator<Item = &Counts> {
-    [Some(&r.unfenced), r.fenced.as_ref()].into_iter().flatten()
-}
-
-/// `(fired, late)` Lost signals over `results`.
-fn lost_totals<'a>(results: impl Iterator<Item = &'a CellResult>) -> (u64, u64) {
-    results
-        .flat_map(groups)
-        .fold((0, 0), |a, c| (a.0 + c.lost_signals, a.1 + c.lost_late))
-}
-
 fn lost_signals(out: &mut String, results: &[CellResult]) {
     let (fired, late) = lost_totals(results.iter());
     let promised = results
@@ -201,8 +118,8 @@ fn lost_signals(out: &mut String, results: &[CellResult]) {
          backend claims exclusion under the fault (every fault but a pause and a clock \
          jumping back, where no code can help), {} of {claimed} fired before the server \
          could expire the lease.\n\n\
-         | backend | fault | Lost fired / late | smallest margin before server expiry | \
-         timely Lost claimed |\n|---|---|---|---|---|",
+         | backend | primitive | fault | Lost fired / late | smallest margin before server \
+         expiry | timely Lost claimed |\n|---|---|---|---|---|---|",
         claimed - claimed_late
     );
     for r in results {
@@ -213,8 +130,9 @@ fn lost_signals(out: &mut String, results: &[CellResult]) {
         let margin = groups(r).filter_map(|c| c.lost_min_margin_ms).min();
         let _ = writeln!(
             out,
-            "| `{}` | {} | {fired} / {late} | {} | {} |",
+            "| `{}` | {} | {} | {fired} / {late} | {} | {} |",
             r.kind,
+            primitive(r),
             r.fault,
             margin.map_or("—".into(), |m| format!("{m} ms")),
             claim(r.expectation.timely_lost)
@@ -231,7 +149,13 @@ fn disagreements(out: &mut String, results: &[CellResult]) {
             continue;
         }
         any = true;
-        let _ = writeln!(out, "### `{}` under {}\n", r.kind, r.fault);
+        let _ = writeln!(
+            out,
+            "### `{}` under {} ({})\n",
+            r.kind,
+            r.fault,
+            primitive(r)
+        );
         for d in &r.disagreements {
             let _ = writeln!(out, "- {} ({}).", d.what, claim(d.claim));
         }
@@ -255,12 +179,16 @@ fn disagreements(out: &mut String, results: &[CellResult]) {
 }
 
 fn notes(out: &mut String, results: &[CellResult]) {
-    out.push_str("## What each run did\n\n| backend | fault | seconds | fault script and recovery |\n|---|---|---|---|\n");
+    out.push_str(
+        "## What each run did\n\n| backend | primitive | fault | seconds | fault script and \
+         recovery |\n|---|---|---|---|---|\n",
+    );
     for r in results {
         let _ = writeln!(
             out,
-            "| `{}` | {} | {:.1} | {} |",
+            "| `{}` | {} | {} | {:.1} | {} |",
             r.kind,
+            primitive(r),
             r.fault,
             r.seconds,
             r.notes.join("; ")
@@ -303,77 +231,4 @@ it has accepted (checking reads too is what protects a read-modify-write). The c
 unit-tested on histories that contain each violation (`reliability/src/checker/tests.rs`).\n";
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::backends::Kind;
-    use crate::expect::{Disagreement, Expectation};
-
-    fn cell(fault: Fault, disagreements: Vec<Disagreement>) -> CellResult {
-        CellResult {
-            kind: Kind::Etcd,
-            fault,
-            expectation: Expectation {
-                fenced: Claim::Claimed,
-                exclusion: Claim::Claimed,
-                timely_lost: Claim::Claimed,
-                why: "test",
-            },
-            unfenced: Counts {
-                sections: 4,
-                double_grants: u64::from(!disagreements.is_empty()),
-                examples: vec!["double grant: evidence".into()],
-                ..Counts::default()
-            },
-            fenced: Some(Counts::default()),
-            disagreements,
-            notes: vec!["did it".into()],
-            problems: Vec::new(),
-            seconds: 1.0,
-        }
-    }
-
-    fn meta() -> Meta {
-        Meta {
-            command: "scripts/reliability".into(),
-            date: "today".into(),
-            seconds: 2.0,
-            jobs: 1,
-            results: "target/reliability/full".into(),
-            short: false,
-        }
-    }
-
-    #[test]
-    fn a_broken_claim_is_marked_and_fails_the_run() {
-        let broken = Disagreement {
-            claim: Claim::Claimed,
-            what: "1 double grant(s)".into(),
-        };
-        let results = [
-            cell(Fault::None, Vec::new()),
-            cell(Fault::Pause, vec![broken]),
-        ];
-        let text = render(&results, &meta());
-        assert!(
-            text.contains("| `etcd` | none | claimed | claimed | 4 / 0 |"),
-            "{text}"
-        );
-        assert!(text.contains("| 0 / 0 | **NO** |"), "{text}");
-        assert!(text.contains("evidence (unfenced run): double grant: evidence"));
-        assert!(text.contains("1 cell(s) disagree with the Guarantees table"));
-        assert!(text.contains("0 of 0 fired before the server"), "{text}");
-        assert!(failed(&results));
-        assert!(!failed(&results[..1]));
-    }
-
-    #[test]
-    fn a_broken_documented_claim_is_reported_but_does_not_fail() {
-        let docs = Disagreement {
-            claim: Claim::Documented,
-            what: "docs".into(),
-        };
-        let results = [cell(Fault::Pause, vec![docs])];
-        assert!(render(&results, &meta()).contains("**no** (docs)"));
-        assert!(!failed(&results));
-    }
-}
+mod tests;

@@ -1,5 +1,11 @@
-//! One cell of the table: one backend under one fault, an unfenced and (where the backend
-//! issues tokens) a fenced group side by side, checked and compared with the claims.
+//! One cell of the table: one backend under one fault, with one primitive (the lock, N
+//! permits, leadership), an unfenced and (where the backend issues tokens, and not for
+//! permits) a fenced group side by side, checked and compared with the claims.
+//!
+//! Permit cells run unfenced only: with N > 1 a resource cannot refuse "any token below the
+//! highest" (an older permit may legitimately outlive a newer one), and fencing by slot
+//! ownership needs to know which permit a new grant replaced, which no token says (see
+//! `docs/reliability.md`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -9,11 +15,12 @@ use serde::Serialize;
 use tokio::time::{Instant, sleep};
 
 use crate::backends::{Kind, Workload};
-use crate::checker::{Counts, check};
+use crate::checker::{Counts, check_with};
 use crate::expect::{Disagreement, Expectation, disagreements, expect};
 use crate::fault::Fault;
 use crate::group::{Group, GroupSpec};
 use crate::history::Event;
+use crate::primitive::{PERMITS, Primitive};
 use crate::register::Mode;
 use crate::script;
 use crate::servers::Lane;
@@ -37,6 +44,38 @@ pub struct CellSettings {
     pub slow: u64,
     /// How often a pause or a clock jump is applied to each group.
     pub repeats: u64,
+    /// A broken run on purpose: permit clients ask for this N instead of [`PERMITS`].
+    pub client_permits: Option<u32>,
+}
+
+/// One cell of the plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct Cell {
+    /// The backend.
+    pub kind: Kind,
+    /// The fault.
+    pub fault: Fault,
+    /// What the clients hold.
+    pub primitive: Primitive,
+}
+
+impl Cell {
+    /// A cell of `primitive`.
+    pub fn new(kind: Kind, fault: Fault, primitive: Primitive) -> Cell {
+        Cell {
+            kind,
+            fault,
+            primitive,
+        }
+    }
+
+    /// Its directory under the results: `etcd-pause`, `etcd-permits-pause`.
+    pub fn dir_name(self) -> String {
+        match self.primitive {
+            Primitive::Lock => format!("{}-{}", self.kind, self.fault),
+            p => format!("{}-{p}-{}", self.kind, self.fault),
+        }
+    }
 }
 
 /// The outcome of one cell.
@@ -46,6 +85,8 @@ pub struct CellResult {
     pub kind: Kind,
     /// The fault.
     pub fault: Fault,
+    /// What the clients held.
+    pub primitive: Primitive,
     /// What the backend's descriptor promises here.
     pub expectation: Expectation,
     /// The unfenced group's counts.
@@ -62,25 +103,30 @@ pub struct CellResult {
     pub seconds: f64,
 }
 
-/// Runs `fault` against the servers of `lane`.
+/// Runs `cell` against the servers of `lane` (of `cell.kind`).
 pub async fn run_cell(
     lane: &mut Lane,
-    fault: Fault,
+    cell: Cell,
     guarantees: &Guarantees,
     settings: &CellSettings,
     reaper: &Reaper,
 ) -> CellResult {
     let started = Instant::now();
-    let kind = lane.kind();
+    let Cell {
+        kind,
+        fault,
+        primitive,
+    } = cell;
     let w = match fault {
         Fault::None => Workload::quick(kind),
         Fault::SlowAttempt => slow_attempt::workload(kind),
         _ => Workload::for_backend(kind, fault.needs_long_sections()),
     };
-    let dir = settings.out_dir.join(format!("{kind}-{fault}"));
+    let dir = settings.out_dir.join(cell.dir_name());
     let mut result = CellResult {
         kind,
         fault,
+        primitive,
         expectation: expect(guarantees, fault),
         unfenced: Counts::default(),
         fenced: None,
@@ -92,20 +138,28 @@ pub async fn run_cell(
     let spec = GroupSpec {
         exe: settings.exe.clone(),
         log_dir: dir,
-        lock: format!("rel-{fault}-{:08x}", rand::random::<u32>()),
+        lock: format!("rel-{primitive}-{fault}-{:08x}", rand::random::<u32>()),
+        primitive,
+        permits: match primitive {
+            Primitive::Permits => settings.client_permits.unwrap_or(PERMITS),
+            _ => 1,
+        },
         workload: w,
         partition: matches!(fault, Fault::RedlockRestart | Fault::RedlockDelayedRestart),
         pid_namespaces: fault == Fault::PidNamespaces,
         stall: (fault == Fault::SlowAttempt).then(|| slow_attempt::scope(kind)),
         attempt_timeout: (fault == Fault::SlowAttempt).then_some(slow_attempt::ATTEMPT_TIMEOUT),
     };
-    let modes: &[Mode] = match guarantees.fencing {
-        Fencing::Monotonic => &[Mode::Unfenced, Mode::Fenced],
-        Fencing::None => &[Mode::Unfenced],
+    let modes: &[Mode] = match (primitive, guarantees.fencing) {
+        (Primitive::Lock | Primitive::Leader, Fencing::Monotonic) => {
+            &[Mode::Unfenced, Mode::Fenced]
+        }
+        _ => &[Mode::Unfenced],
     };
     if let Err(e) = execute(lane, fault, &spec, modes, settings, reaper, &mut result).await {
         result.problems.push(e);
     }
+    result.problems.extend(uncontended(&result));
     result.disagreements = disagreements(
         &result.expectation,
         &result.unfenced,
@@ -138,9 +192,10 @@ async fn execute(
         let (history, problems) = group.stop(grace, reaper).await;
         result.problems.extend(problems);
         save(dir, mode, &history)?;
+        let counts = check_with(&history, spec.primitive.limit());
         match mode {
-            Mode::Unfenced => result.unfenced = check(&history),
-            Mode::Fenced => result.fenced = Some(check(&history)),
+            Mode::Unfenced => result.unfenced = counts,
+            Mode::Fenced => result.fenced = Some(counts),
         }
     }
     Ok(())
@@ -225,6 +280,20 @@ async fn phases(
         });
     }
     Ok(notes)
+}
+
+/// A permit cell in which never `limit` sections were open at once tested nothing about
+/// the limit (clients that serialized like a lock would pass it): a problem of the run.
+fn uncontended(result: &CellResult) -> Option<String> {
+    let c = &result.unfenced;
+    let contended = result.primitive != Primitive::Permits || c.max_inside >= u64::from(c.limit);
+    (!contended && result.problems.is_empty()).then(|| {
+        format!(
+            "never more than {} section(s) open at once in {} sections: the limit of {} \
+             permits was never reached, so the run shows nothing about over-grants",
+            c.max_inside, c.sections, c.limit
+        )
+    })
 }
 
 /// Waits until `group` has completed `target` sections.

@@ -101,6 +101,11 @@ impl Script {
     fn counts(&self) -> Counts {
         check(self.register.history())
     }
+
+    /// The counts for a semaphore of `limit` permits.
+    fn permits(&self, limit: u32) -> Counts {
+        check_with(self.register.history(), limit)
+    }
 }
 
 fn sid(client: u32, section: u64) -> SectionId {
@@ -309,4 +314,82 @@ fn repeated_tokens_after_a_rollback_are_counted() {
         .cycle(400, 2, 1, 13, 1)
         .counts();
     assert_eq!(clean.token_repeats, 0, "{clean:?}");
+}
+
+/// Issue #18: three holders of a semaphore of two permits, each inside the validity its own
+/// check reported: an over-grant, which the lock's definitions would count twice.
+#[test]
+fn three_valid_permits_of_two_are_an_over_grant() {
+    let mut script = Script::new(Mode::Unfenced);
+    script
+        .begin(0, 1, 1, 10)
+        .check(1, 1, 1, 1500)
+        .begin(100, 2, 1, 11)
+        .check(101, 2, 1, 1500)
+        .begin(200, 3, 1, 12) // both others valid until ~1.5 s: one too many
+        .check(201, 3, 1, 1500)
+        .end(400, 1, 1)
+        .end(401, 2, 1)
+        .end(402, 3, 1);
+    let counts = script.permits(2);
+    assert_eq!(counts.limit, 2);
+    assert_eq!(counts.double_grants, 1, "{counts:#?}");
+    assert_eq!(counts.overlaps, 1, "one section entered with two open");
+    assert_eq!(counts.max_inside, 3);
+    assert!(
+        counts.examples[0].starts_with("over-grant: client 3 section 1 entered at 0.200 s while 2"),
+        "{counts:#?}"
+    );
+    assert!(counts.examples[0].contains("client 1 section 1 (valid until 1.500 s)"));
+    let as_a_lock = script.counts();
+    assert_eq!(
+        (as_a_lock.double_grants, as_a_lock.overlaps),
+        (2, 2),
+        "for a lock both later grants are double"
+    );
+}
+
+#[test]
+fn two_valid_permits_of_two_are_no_over_grant() {
+    let counts = Script::new(Mode::Unfenced)
+        .begin(0, 1, 1, 10)
+        .check(1, 1, 1, 1500)
+        .begin(100, 2, 1, 11)
+        .check(101, 2, 1, 1500)
+        .end(400, 1, 1)
+        .begin(410, 3, 1, 12) // client 1 released: room for one
+        .check(411, 3, 1, 1500)
+        .lost(420, 2, 1, 900) // client 3's entry displaced nobody
+        .end(421, 2, 1)
+        .end(500, 3, 1)
+        .permits(2);
+    let violations = [counts.double_grants, counts.overlaps, counts.lost_late];
+    assert_eq!(violations, [0; 3], "{counts:#?}");
+    assert_eq!(counts.max_inside, 2, "the limit was reached");
+}
+
+/// A permit holder paused past its lease: a third section enters once the paused holder's
+/// checked validity ran out. Three were inside at once (shown, not an over-grant), and the
+/// paused holder's late write and `LOST` come after it was displaced.
+#[test]
+fn a_paused_permit_holder_is_displaced_not_over_granted() {
+    let counts = Script::new(Mode::Unfenced)
+        .begin(0, 1, 1, 10)
+        .read(1, 1, 1, 10)
+        .check(2, 1, 1, 1000) // valid until ~1.0 s, then paused
+        .begin(100, 2, 1, 11)
+        .check(101, 2, 1, 5000)
+        .begin(2000, 3, 1, 12) // client 1's lease is gone; client 2 still valid
+        .check(2001, 3, 1, 1500)
+        .write(5000, 1, 1, 10, 0) // the paused write lands
+        .lost(5001, 1, 1, -4000)
+        .end(5002, 1, 1)
+        .end(5003, 2, 1)
+        .end(5004, 3, 1)
+        .permits(2);
+    assert_eq!(counts.double_grants, 0, "{counts:#?}");
+    assert_eq!(counts.overlaps, 1);
+    assert_eq!(counts.max_inside, 3);
+    assert_eq!(counts.stale_accepted, 1, "{counts:#?}");
+    assert_eq!(counts.lost_late, 1);
 }
