@@ -75,7 +75,26 @@ pub(crate) struct Args {
     /// Internal: measure one backend's scale section in this (child) process.
     #[arg(long, hide = true)]
     pub(crate) scale_child: Option<String>,
+    /// Internal: lead an election in this (child) process until killed.
+    #[arg(long, hide = true)]
+    pub(crate) failover_child: Option<String>,
+    /// Only these sections (comma-separated: counts,scale,latency,throughput,handoff,
+    /// failover,fanout), for a quick look at one; the report then lacks the others, so
+    /// leave it out when writing BENCHMARKS.md.
+    #[arg(long, value_delimiter = ',', value_parser = SECTIONS)]
+    pub(crate) sections: Vec<String>,
 }
+
+/// The sections, in run order.
+pub(crate) const SECTIONS: [&str; 7] = [
+    "counts",
+    "scale",
+    "latency",
+    "throughput",
+    "handoff",
+    "failover",
+    "fanout",
+];
 
 /// The backends to run and where their servers are.
 #[derive(Debug, Default)]
@@ -132,11 +151,20 @@ impl Args {
 
     /// How much each section measures.
     pub(crate) fn plan(&self) -> Plan {
-        if self.smoke {
+        let mut plan = if self.smoke {
             Plan::smoke()
         } else {
             Plan::full()
-        }
+        };
+        plan.sections = if self.sections.is_empty() {
+            SECTIONS.to_vec()
+        } else {
+            SECTIONS
+                .into_iter()
+                .filter(|s| self.sections.iter().any(|w| w == s))
+                .collect()
+        };
+        plan
     }
 }
 
@@ -225,6 +253,19 @@ pub(crate) struct Plan {
     pub(crate) fanout_batches: usize,
     /// Acquisitions per fan-out batch.
     pub(crate) fanout_per_batch: usize,
+    /// Failover: resignations per backend.
+    pub(crate) resign_failovers: usize,
+    /// Failover: crashes per backend (each waits out a lease's TTL).
+    pub(crate) crash_failovers: usize,
+    /// The sections to run ([`SECTIONS`], all unless `--sections` says otherwise).
+    pub(crate) sections: Vec<&'static str>,
+}
+
+impl Plan {
+    /// Whether the section `name` runs.
+    pub(crate) fn runs(&self, name: &str) -> bool {
+        self.sections.contains(&name)
+    }
 }
 
 impl Plan {
@@ -246,6 +287,9 @@ impl Plan {
             scale_intervals: 2,
             fanout_batches: 10,
             fanout_per_batch: 100,
+            resign_failovers: 20,
+            crash_failovers: 3,
+            sections: SECTIONS.to_vec(),
         }
     }
 
@@ -269,6 +313,9 @@ impl Plan {
             scale_intervals: 2,
             fanout_batches: 2,
             fanout_per_batch: 10,
+            resign_failovers: 2,
+            crash_failovers: 1,
+            sections: SECTIONS.to_vec(),
         }
     }
 }
@@ -305,6 +352,14 @@ mod tests {
         assert!(err.contains("ANYLOCK_TEST_POSTGRES_URL"), "{err}");
         assert!(require(&missing, false).is_ok());
         assert!(require(&[], true).is_ok());
+    }
+
+    #[test]
+    fn sections_keep_run_order() {
+        let args = Args::parse_from(["anylock-bench", "--sections", "failover,counts"]);
+        assert_eq!(args.plan().sections, ["counts", "failover"]);
+        assert!(Args::parse_from(["anylock-bench"]).plan().runs("fanout"));
+        assert!(Args::try_parse_from(["anylock-bench", "--sections", "nope"]).is_err());
     }
 
     #[test]

@@ -1,7 +1,10 @@
-//! What the sections share: the lease TTL of their cycles and the progress line.
+//! What the sections share: the lease TTL of their cycles, the progress line, and the
+//! failover samples' lockers and millisecond arithmetic.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
+
+use lockcore::{LockBackend, LockOptions, Locker, WaitMode};
 
 /// Lease TTL of latency, throughput and handoff cycles.
 pub(crate) const TTL: Duration = Duration::from_secs(30);
@@ -22,4 +25,36 @@ pub(crate) fn progress(what: &str) {
         "anylock-bench: [{:6.1} s] {what}",
         started().elapsed().as_secs_f64()
     );
+}
+
+/// A locker whose campaigns wait up to `wait`, with leases of `ttl`.
+pub(crate) fn locker(backend: Arc<dyn LockBackend>, ttl: Duration, wait: Duration) -> Locker {
+    Locker::new(backend).with_options(LockOptions::new(ttl).with_wait(WaitMode::Timeout(wait)))
+}
+
+/// `d` in milliseconds.
+pub(crate) fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// `later - earlier` in milliseconds, negative when `later` came first.
+pub(crate) fn signed_millis(later: tokio::time::Instant, earlier: tokio::time::Instant) -> f64 {
+    if later >= earlier {
+        millis(later - earlier)
+    } else {
+        -millis(earlier - later)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signed_differences() {
+        let t = tokio::time::Instant::now();
+        let later = t + Duration::from_millis(5);
+        assert_eq!(signed_millis(later, t), 5.0);
+        assert_eq!(signed_millis(t, later), -5.0);
+    }
 }

@@ -1,6 +1,10 @@
 //! [`System::connect`]: picks the `sys_*` module that connects a kind, above those modules
 //! so that `system` (the types they share) does not depend on them.
 
+use std::sync::Arc;
+
+use lockcore::LockBackend;
+
 use crate::op::Res;
 use crate::system::{Ctx, Kind, System};
 use crate::{sys_etcd, sys_gcs, sys_pg, sys_redis};
@@ -25,6 +29,19 @@ impl System {
             url = url.replace(upstream.as_str(), &to(upstream));
         }
         Self::connect(self.kind, &url, ctx).await
+    }
+}
+
+/// Ours alone, as [`System::connect`] builds it for run `run` (the same key prefix,
+/// schema or database): what a failover child process leads with.
+pub(crate) async fn ours(kind: Kind, url: &str, run: &str) -> Res<Arc<dyn LockBackend>> {
+    match kind {
+        Kind::Redis => sys_redis::ours_single(url).await,
+        Kind::Redlock => sys_redis::ours_redlock(url).await,
+        Kind::Postgres => sys_pg::ours(url, run).await,
+        Kind::Etcd => sys_etcd::ours(url, run).await,
+        Kind::Gcs => sys_gcs::ours(url, run).await,
+        Kind::Local => Ok(anylock::connect(url).await?),
     }
 }
 

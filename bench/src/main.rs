@@ -9,14 +9,18 @@
 //! ```
 //!
 //! Sections, in run order: round trips (item 1), scale (item 4), latency (item 1),
-//! throughput (item 2), handoff (item 3), Redlock fan-out (item 5).
+//! throughput (item 2), handoff (item 3), leader failover (issue 18), Redlock fan-out
+//! (item 5).
 
 mod args;
 mod child;
 mod common;
 mod connect;
 mod counts;
+mod crash;
 mod etcd_grpc;
+mod failover;
+mod failover_table;
 mod fanout;
 mod handoff;
 mod info;
@@ -102,10 +106,16 @@ fn main() -> ExitCode {
         .enable_all()
         .thread_name("bench-worker")
         .build();
-    let outcome = match (runtime, args.scale_child.clone()) {
-        (Ok(runtime), Some(job)) => runtime.block_on(scale_child::run(&job)),
-        (Ok(runtime), None) => runtime.block_on(run(args, gcs.as_ref().map(|g| g.1.clone()))),
-        (Err(e), _) => Err(e.into()),
+    let server = gcs.as_ref().map(|g| g.1.clone());
+    let outcome = match runtime {
+        Ok(runtime) => runtime.block_on(async move {
+            match (args.scale_child.clone(), args.failover_child.clone()) {
+                (Some(job), _) => scale_child::run(&job).await,
+                (None, Some(job)) => crash::child(&job).await,
+                (None, None) => run(args, server).await,
+            }
+        }),
+        Err(e) => Err(e.into()),
     };
     drop(gcs);
     match outcome {
@@ -123,7 +133,8 @@ fn fail(e: &op::BoxError) -> ExitCode {
 /// so their CPU is not counted as the client's), unless `--gcs` names another.
 fn start_gcs(args: &Args) -> Res<Option<(tokio::runtime::Runtime, Arc<GcsTestServer>)>> {
     let wanted = args.only.is_empty() || args.only.iter().any(|o| o == "gcs");
-    if !wanted || args.gcs.is_some() || args.scale_child.is_some() {
+    let child = args.scale_child.is_some() || args.failover_child.is_some();
+    if !wanted || args.gcs.is_some() || child {
         return Ok(None);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -189,12 +200,28 @@ async fn run(args: Args, gcs_server: Option<Arc<GcsTestServer>>) -> Res<()> {
 async fn sections(systems: &[System], ctx: &Ctx, plan: &args::Plan, out: &mut Results) -> Res<()> {
     // Counts first (scale prices a refresh with them), then scale while the heap is still
     // small, so its resident-memory growth is the leases' and not reused free space.
-    counts::run(systems, ctx, plan, out).await?;
-    scale::run(systems, ctx, plan, out).await?;
-    latency::run(systems, ctx, plan, out).await?;
-    throughput::run(systems, ctx, plan, out).await?;
-    handoff::run(systems, ctx, plan, out).await?;
-    fanout::run(systems, ctx, plan, out).await
+    if plan.runs("counts") {
+        counts::run(systems, ctx, plan, out).await?;
+    }
+    if plan.runs("scale") {
+        scale::run(systems, ctx, plan, out).await?;
+    }
+    if plan.runs("latency") {
+        latency::run(systems, ctx, plan, out).await?;
+    }
+    if plan.runs("throughput") {
+        throughput::run(systems, ctx, plan, out).await?;
+    }
+    if plan.runs("handoff") {
+        handoff::run(systems, ctx, plan, out).await?;
+    }
+    if plan.runs("failover") {
+        failover::run(systems, ctx, plan, out).await?;
+    }
+    if plan.runs("fanout") {
+        fanout::run(systems, ctx, plan, out).await?;
+    }
+    Ok(())
 }
 
 /// Removes what the run left on shared servers (Redis fence counters, the schema).

@@ -195,6 +195,12 @@ pub(crate) async fn throughput(op: Arc<dyn Op>, tasks: usize, duration: Duration
     })
 }
 
+/// How long a holder keeps a contended lock before it lets go: a random 50–150 ms, so the
+/// waiter is well into its wait, at no fixed phase of its backoff.
+pub(crate) fn hold() -> Duration {
+    Duration::from_millis(rand::rng().random_range(50..150))
+}
+
 /// One contended handoff on `name`: a holder takes the lock, a waiter starts waiting, the
 /// holder keeps it for a random 50–150 ms, then releases. Returns the time from the
 /// holder's release call to the waiter holding the lock.
@@ -210,8 +216,7 @@ pub(crate) async fn handoff(lock: Arc<dyn Lock>, name: &str) -> Res<Duration> {
             Res::Ok((Instant::now(), held))
         })
     };
-    let hold = rand::rng().random_range(50..150);
-    tokio::time::sleep(Duration::from_millis(hold)).await;
+    tokio::time::sleep(hold()).await;
     let released = Instant::now();
     lock.release(holder).await?;
     let (got, held) = waiter.await??;

@@ -2,7 +2,7 @@
 
 use crate::op::Role;
 use crate::results::Results;
-use crate::stats::{fmt_count, fmt_rate, fmt_ratio, fmt_us, ratio, table};
+use crate::stats::{fmt_count, fmt_rate, fmt_ratio, fmt_us, ratio, table, with_errors};
 
 /// The markers around the generated block.
 pub(crate) const BEGIN: &str = "<!-- bench:begin -->";
@@ -38,21 +38,16 @@ pub(crate) fn render(r: &Results, plots: &str) -> String {
             scale(r),
         ),
         ("5. Redlock: N nodes versus one", fanout(r)),
+        (
+            "6. Leader failover (issue 18)",
+            crate::failover_table::failover(r),
+        ),
         ("Earlier targets (issue 9)", crate::targets9::targets(r)),
     ];
     for (title, body) in sections {
         out.push_str(&format!("\n### {title}\n\n{body}"));
     }
     out
-}
-
-/// `1000`, or `998 (+2 failed)` when some units failed and were left out.
-fn with_errors(n: usize, errors: u64) -> String {
-    if errors == 0 {
-        n.to_string()
-    } else {
-        format!("{n} (+{errors} failed)")
-    }
 }
 
 /// Replaces the block between [`BEGIN`] and [`END`] in `doc` with `block`.
@@ -372,11 +367,5 @@ mod tests {
             new.replace("new table", "again")
         );
         assert!(splice("no markers", "x").is_err());
-    }
-
-    #[test]
-    fn failed_units_are_shown_beside_the_count() {
-        assert_eq!(with_errors(1000, 0), "1000");
-        assert_eq!(with_errors(998, 2), "998 (+2 failed)");
     }
 }

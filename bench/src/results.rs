@@ -22,6 +22,12 @@ pub(crate) struct Results {
     pub(crate) scale: Vec<ScaleRow>,
     /// Item 5: Redlock on N nodes versus one.
     pub(crate) fanout: Vec<FanoutRow>,
+    /// Issue 18: leader failover after the leader resigns (absent in earlier runs).
+    #[serde(default)]
+    pub(crate) resign_failover: Vec<ResignRow>,
+    /// Issue 18: leader failover after the leader crashes (absent in earlier runs).
+    #[serde(default)]
+    pub(crate) crash_failover: Vec<CrashRow>,
 }
 
 /// The run's circumstances.
@@ -179,5 +185,44 @@ pub(crate) struct FanoutRow {
     pub(crate) cycle: Summary,
     /// Cycles that failed (not in the samples).
     #[serde(default)]
+    pub(crate) errors: u64,
+}
+
+/// Failover after a resignation, on one backend.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct ResignRow {
+    /// Backend name.
+    pub(crate) backend: String,
+    /// How the waiting candidate learns that the leader resigned.
+    pub(crate) wakes: String,
+    /// From `Leadership::resign` being called to the candidate's `campaign` returning, ms,
+    /// each sample.
+    pub(crate) samples_ms: Vec<f64>,
+    /// The observers' read interval when nothing wakes them, ms.
+    pub(crate) observe_interval_ms: f64,
+    /// From the new leader's `campaign` returning to an `Observer::next` on another
+    /// locker reporting it, ms, each sample that reported it in time (negative when the
+    /// observer read the new leader before its `campaign` call had returned).
+    pub(crate) observer_lag_ms: Vec<f64>,
+    /// Samples whose observer did not report the new leader within the limit.
+    pub(crate) observer_missed: u64,
+    /// Samples that failed and were tried again.
+    pub(crate) errors: u64,
+}
+
+/// Failover after a crash (a leader process killed), on one backend.
+#[derive(Debug, Serialize, Deserialize)]
+pub(crate) struct CrashRow {
+    /// Backend name.
+    pub(crate) backend: String,
+    /// The crashed leader's lease TTL, ms.
+    pub(crate) ttl_ms: f64,
+    /// From the SIGKILL to the waiting candidate's `campaign` returning, ms, each sample.
+    pub(crate) samples_ms: Vec<f64>,
+    /// From the crashed leader's grant (its last lease write) to the candidate leading,
+    /// less the TTL, ms, each sample: the slack beyond the lease (negative when the
+    /// backend proved the holder dead before its lease ran out).
+    pub(crate) beyond_ttl_ms: Vec<f64>,
+    /// Samples that failed and were tried again.
     pub(crate) errors: u64,
 }

@@ -77,6 +77,46 @@ pub(crate) fn fmt_us(us: f64) -> String {
     }
 }
 
+/// As [`fmt_us`], but seconds with two decimals (`1.95 s`): failover times, a TTL plus a
+/// slack of milliseconds.
+pub(crate) fn fmt_long_us(us: f64) -> String {
+    if us.is_finite() && us >= 1_000_000.0 {
+        format!("{:.2} s", us / 1e6)
+    } else {
+        fmt_us(us)
+    }
+}
+
+/// Signed [`fmt_long_us`]: `+12 ms`, `−1.95 s` (a minus sign, not a hyphen), `0 µs`.
+pub(crate) fn fmt_signed_us(us: f64) -> String {
+    if !us.is_finite() {
+        "—".to_owned()
+    } else if us.round() == 0.0 {
+        fmt_us(0.0)
+    } else if us < 0.0 {
+        format!("\u{2212}{}", fmt_long_us(-us))
+    } else {
+        format!("+{}", fmt_long_us(us))
+    }
+}
+
+/// The `q`-quantile of millisecond samples (any order), in microseconds; `NaN` when
+/// there are none.
+pub(crate) fn quantile_ms(samples_ms: &[f64], q: f64) -> f64 {
+    let mut sorted = samples_ms.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    percentile(&sorted, q) * 1e3
+}
+
+/// `1000`, or `998 (+2 failed)` when some units failed and were left out.
+pub(crate) fn with_errors(n: usize, errors: u64) -> String {
+    if errors == 0 {
+        n.to_string()
+    } else {
+        format!("{n} (+{errors} failed)")
+    }
+}
+
 /// A rate as a short figure with thousands separated: `12 345/s`.
 pub(crate) fn fmt_rate(per_second: f64) -> String {
     if !per_second.is_finite() {
@@ -167,6 +207,20 @@ mod tests {
         assert_eq!(fmt_count(Some(2.0)), "2");
         assert_eq!(fmt_count(Some(2.5)), "2.5");
         assert_eq!(fmt_count(None), "—");
+        assert_eq!(fmt_signed_us(-180_000.0), "\u{2212}180 ms");
+        assert_eq!(fmt_signed_us(12_000.0), "+12 ms");
+        assert_eq!(fmt_signed_us(0.2), "0 µs");
+        assert_eq!(fmt_signed_us(-1_945_000.0), "\u{2212}1.95 s");
+        assert_eq!(fmt_long_us(2_160_000.0), "2.16 s");
+        assert_eq!(fmt_long_us(212_000.0), "212 ms");
+        assert_eq!(quantile_ms(&[3.0, 1.0, 2.0], 0.5), 2_000.0);
+        assert!(quantile_ms(&[], 0.5).is_nan());
+    }
+
+    #[test]
+    fn failed_units_are_shown_beside_the_count() {
+        assert_eq!(with_errors(1000, 0), "1000");
+        assert_eq!(with_errors(998, 2), "998 (+2 failed)");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use lockcore::LockBackend;
 
 use crate::etcd_grpc::Etcd as Client;
 use crate::op::{Entry, Held, Lock, Op, Res, Role};
@@ -16,12 +17,17 @@ const PEER_TTL: i64 = 30;
 /// TTL of the peer's shared lease: outlives a full run.
 const SHARED_TTL: i64 = 1_200;
 
+/// Ours alone on the member at `url`, under run `run`'s prefix.
+pub(crate) async fn ours(url: &str, run: &str) -> Res<Arc<dyn LockBackend>> {
+    let member = host_port(url).ok_or("the etcd endpoint needs host:port")?;
+    let ours = format!("etcd://{member}/anylock-bench-{run}");
+    Ok(Arc::new(backend_etcd::EtcdBackend::from_url(&ours).await?))
+}
+
 /// etcd at `url` (`http://host:port`, one member).
 pub(crate) async fn connect(url: &str, ctx: &Ctx) -> Res<System> {
     let member = host_port(url).ok_or("the etcd endpoint needs host:port")?;
-    let backend =
-        backend_etcd::EtcdBackend::from_url(&format!("etcd://{member}/anylock-bench-{}", ctx.run))
-            .await?;
+    let backend = ours(url, &ctx.run).await?;
     let client = Client::connect(url)?;
     let note = role(&client, &member).await;
     let shared = client.lease_grant(SHARED_TTL).await?;

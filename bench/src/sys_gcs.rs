@@ -7,11 +7,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use backend_gcs::{GcsBackend, GcsConfig};
+use lockcore::LockBackend;
 use reqwest::StatusCode;
 
 use crate::op::{Entry, Held, Lock, Op, Res, Role};
 use crate::servers::GcsRequests;
 use crate::system::{Ctx, Kind, Peer, System, host_port};
+
+/// Ours alone at `url`, under run `run`'s prefix.
+pub(crate) async fn ours(url: &str, run: &str) -> Res<Arc<dyn LockBackend>> {
+    let config = GcsConfig::from_url(url)?.with_prefix(format!("anylock-bench-{run}/"))?;
+    Ok(Arc::new(GcsBackend::connect(config).await?))
+}
 
 /// GCS at `url` (`gs://bucket?endpoint=http://host:port`).
 pub(crate) async fn connect(url: &str, ctx: &Ctx) -> Res<System> {
@@ -22,8 +29,7 @@ pub(crate) async fn connect(url: &str, ctx: &Ctx) -> Res<System> {
         bucket: config.bucket().to_owned(),
         token: std::env::var(backend_gcs::TOKEN_ENV).ok(),
     };
-    let ours = config.with_prefix(format!("anylock-bench-{}/", ctx.run))?;
-    let backend = Arc::new(GcsBackend::connect(ours).await?);
+    let backend = ours(url, &ctx.run).await?;
     let raw_object = format!("anylock-bench-raw-{}", ctx.run);
     api.insert(&raw_object, false).await?;
     let peer = Gcslock {

@@ -5,6 +5,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use lockcore::LockBackend;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgPoolOptions, Postgres};
 use sqlx::{AssertSqlSafe, PgPool};
@@ -21,14 +22,21 @@ pub(crate) fn schema(run: &str) -> String {
     format!("anylock_bench_{run}")
 }
 
-/// PostgreSQL at `url` (`postgres://user@host:port/db`).
-pub(crate) async fn connect(url: &str, ctx: &Ctx) -> Res<System> {
+/// Ours alone at `url`, in run `run`'s schema, with a pool of [`POOL`].
+pub(crate) async fn ours(url: &str, run: &str) -> Res<Arc<dyn LockBackend>> {
     let ours = with_param(
-        &with_param(url, "schema", &schema(&ctx.run)),
+        &with_param(url, "schema", &schema(run)),
         "pool_size",
         &POOL.to_string(),
     );
-    let backend = Arc::new(backend_postgres::PostgresBackend::from_url(&ours).await?);
+    Ok(Arc::new(
+        backend_postgres::PostgresBackend::from_url(&ours).await?,
+    ))
+}
+
+/// PostgreSQL at `url` (`postgres://user@host:port/db`).
+pub(crate) async fn connect(url: &str, ctx: &Ctx) -> Res<System> {
+    let backend = ours(url, &ctx.run).await?;
     let raw = pool(url, POOL).await?;
     let table = format!("\"{}\".raw_writes", schema(&ctx.run));
     let create =

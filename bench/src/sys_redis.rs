@@ -7,6 +7,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use backend_redis::{RedlockBackend, RedlockConfig};
 use futures_util::future::try_join_all;
+use lockcore::LockBackend;
 use redis::aio::MultiplexedConnection;
 use rslock::{LockError, LockManager};
 
@@ -23,7 +24,7 @@ const RSLOCK_WAIT: &str = "polled: retries 0–200 ms apart";
 
 /// A single Redis at `url` (`redis://host:port/db`).
 pub(crate) async fn single(url: &str, ctx: &Ctx) -> Res<System> {
-    let backend = backend_redis::open(&with_param(url, "prefix", PREFIX)).await?;
+    let backend = ours_single(url).await?;
     let conn = connection(url).await?;
     let ping = Entry::new("raw PING", Role::Raw, Arc::new(Ping(vec![conn.clone()])));
     let set_del = Entry::new(
@@ -51,10 +52,8 @@ pub(crate) async fn single(url: &str, ctx: &Ctx) -> Res<System> {
 
 /// Redlock over `urls`, a comma-separated list of `redis://host:port` node URLs.
 pub(crate) async fn redlock(urls: &str, _ctx: &Ctx) -> Res<System> {
-    let nodes: Vec<String> = urls.split(',').map(|u| u.trim().to_owned()).collect();
-    let ours =
-        RedlockConfig::from_node_urls(nodes.iter().map(|u| with_param(u, "prefix", PREFIX)))?;
-    let backend = Arc::new(RedlockBackend::connect(ours).await?);
+    let nodes = node_urls(urls);
+    let backend = ours_redlock(urls).await?;
     let conns = try_join_all(nodes.iter().map(|u| connection(u))).await?;
     let n = nodes.len();
     let label = if n == 1 {
@@ -86,6 +85,23 @@ pub(crate) async fn redlock(urls: &str, _ctx: &Ctx) -> Res<System> {
         })),
         note: String::new(),
     })
+}
+
+/// Ours alone on the single Redis at `url`, under [`PREFIX`].
+pub(crate) async fn ours_single(url: &str) -> Res<Arc<dyn LockBackend>> {
+    Ok(backend_redis::open(&with_param(url, "prefix", PREFIX)).await?)
+}
+
+/// Ours alone on the Redlock nodes `urls` (comma-separated `redis://` URLs), under
+/// [`PREFIX`].
+pub(crate) async fn ours_redlock(urls: &str) -> Res<Arc<dyn LockBackend>> {
+    let nodes = node_urls(urls).into_iter();
+    let config = RedlockConfig::from_node_urls(nodes.map(|u| with_param(&u, "prefix", PREFIX)))?;
+    Ok(Arc::new(RedlockBackend::connect(config).await?))
+}
+
+fn node_urls(urls: &str) -> Vec<String> {
+    urls.split(',').map(|u| u.trim().to_owned()).collect()
 }
 
 /// A multiplexed connection whose calls may take up to 30 s (the harness's own cleanup
