@@ -148,6 +148,9 @@ fn start_gcs(args: &Args) -> Res<Option<(tokio::runtime::Runtime, Arc<GcsTestSer
 }
 
 async fn run(args: Args, gcs_server: Option<Arc<GcsTestServer>>) -> Res<()> {
+    if args.doc.is_some() && !args.sections.is_empty() {
+        return Err("--sections measures only some sections, so it does not write --doc".into());
+    }
     let targets = args.targets()?;
     let plan = args.plan();
     let ctx = Ctx {
