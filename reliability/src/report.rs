@@ -226,9 +226,16 @@ holder's own last check (its `remaining_validity()` counted from the register re
 before the check, ended early by its `END`): the lock granted a lease twice.\n\
 - **stale write**: a write that arrived after a later-granted section had begun.\n\
 - **lost update**: an increment missing from the counter's final value.\n\n\
+Permit cells (issue #18) run four clients per group, each taking one permit of a semaphore \
+of two (`acquire_permit`), in one unfenced group; leader cells run three candidates per \
+group (`election(name)`, `campaign()`, one section while leading, `resign()`), checked as \
+the lock. With N permits the definitions count N others: an **over-grant** is a permit \
+granted while N other holders' permits were valid by their own checks, and *entered with \
+N open* a section entered while N others were open at the register.\n\n\
 The fenced register refuses any begin, read or write whose token is lower than the highest \
 it has accepted (checking reads too is what protects a read-modify-write). The checker is \
-unit-tested on histories that contain each violation (`reliability/src/checker/tests.rs`).\n";
+unit-tested on histories that contain each violation (`reliability/src/checker/tests.rs`), \
+three valid permits of two among them.\n";
 
 #[cfg(test)]
 mod tests;

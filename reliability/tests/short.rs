@@ -5,7 +5,9 @@
 //! `Guarantees` descriptor claims, or when a server is missing. It runs in CI (`CI=true`),
 //! with `ANYLOCK_REQUIRE_SERVERS=1`, or with `ANYLOCK_TEST_RELIABILITY=1`; elsewhere it
 //! prints one `SKIPPED:` line (it takes about a minute). `scripts/reliability --short` runs
-//! the same cells from the command line.
+//! the same cells from the command line: the lock under a dozen faults, the baseline with
+//! permits of a semaphore of two on every backend with semaphores (an over-grant fails it),
+//! and a paused leader on Redis (issue #18).
 
 use std::path::PathBuf;
 

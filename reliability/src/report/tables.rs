@@ -9,6 +9,9 @@ use crate::run::CellResult;
 
 /// The lock's table.
 pub(super) fn locks(out: &mut String, results: &[CellResult]) {
+    if !results.iter().any(|r| r.primitive == Primitive::Lock) {
+        return;
+    }
     out.push_str(
         "## Locks\n\n\
          Pairs are *unfenced / fenced* runs (the same fault, two groups of three client \
@@ -95,9 +98,9 @@ pub(super) fn permits(out: &mut String, results: &[CellResult]) {
     let _ = writeln!(
         out,
         "## Permits (N = {PERMITS})\n\n\
-         {PERMIT_CLIENTS} client processes per cell take one permit each of a semaphore of \
-         {PERMITS} (`Locker::acquire_permit`), in one group writing to a register that does \
-         not fence: with N > 1 a resource cannot refuse \"any token below the highest\", and \
+         Each cell runs {PERMIT_CLIENTS} client processes that take one permit each of a \
+         semaphore of {PERMITS} (`Locker::acquire_permit`), in one group writing to a \
+         register that does not fence: with N > 1 a resource cannot refuse \"any token below the highest\", and \
          fencing by slot ownership needs to know which permit a grant replaced, which no \
          token tells (docs/reliability.md). Redlock grants no permits. \"Exclusion\" is the \
          lock's claim under the fault (`Semaphores::Supported`: permits have the lock's \
