@@ -89,7 +89,7 @@ impl Plan {
     }
 
     /// The CI version, one section before and after each fault: the lock cells of
-    /// [`SHORT`], the baseline with permits on every backend with semaphores, and one
+    /// `SHORT`, the baseline with permits on every backend with semaphores, and one
     /// leader cell.
     pub fn short() -> Plan {
         let mut cells: Vec<Cell> = (SHORT.iter())
