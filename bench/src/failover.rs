@@ -7,7 +7,9 @@
 use std::time::Duration;
 
 use futures_util::future::join_all;
-use lockcore::{DEFAULT_OBSERVE_INTERVAL, Fairness, Identity, LockBackend, Locker, Waiting};
+use lockcore::{
+    DEFAULT_OBSERVE_INTERVAL, Fairness, Identity, Leader, LockBackend, Locker, Waiting,
+};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, timeout, timeout_at};
 
@@ -104,19 +106,20 @@ async fn resign(candidates: &Locker, watcher: &Locker, name: &str) -> Res<(Durat
         .ok_or_else(|| format!("{name} had a leader before the sample"))?;
     let mut observer = watcher.election(name)?.observe();
     let first = timeout(LIMIT, observer.next()).await??;
-    if first.as_ref().map(|l| l.owner()) != Some(&leader.guard().lease().owner().clone()) {
+    let owner = leader.guard().lease().owner().clone();
+    if first.as_ref().map(Leader::owner) != Some(&owner) {
         return Err(format!("the observer did not report {name}'s first leader").into());
     }
     // Every report from now on, with when it came.
     let (tx, mut reports) = mpsc::unbounded_channel::<(Instant, Option<Identity>)>();
-    let watching = tokio::spawn(async move {
+    let _watching = Aborting(tokio::spawn(async move {
         while let Ok(leader) = observer.next().await {
             let owner = leader.map(|l| l.owner().clone());
             if tx.send((Instant::now(), owner)).is_err() {
                 break;
             }
         }
-    });
+    }));
     let candidate = {
         let election = election.clone();
         tokio::spawn(async move {
@@ -127,14 +130,8 @@ async fn resign(candidates: &Locker, watcher: &Locker, name: &str) -> Res<(Durat
     tokio::time::sleep(hold()).await;
     let resigned = Instant::now();
     leader.resign().await?;
-    let outcome = timeout(LIMIT, candidate).await;
-    let (led, next) = match outcome {
-        Ok(joined) => joined??,
-        Err(_) => {
-            watching.abort();
-            return Err("the candidate did not lead within 30 s".into());
-        }
-    };
+    let (led, next) = (timeout(LIMIT, candidate).await)
+        .map_err(|_| "the candidate did not lead within 30 s")???;
     let owner = next.guard().lease().owner().clone();
     let deadline = Instant::now() + LIMIT;
     let mut seen = None;
@@ -144,9 +141,17 @@ async fn resign(candidates: &Locker, watcher: &Locker, name: &str) -> Res<(Durat
             break;
         }
     }
-    watching.abort();
     next.resign().await?;
     Ok((led.saturating_duration_since(resigned), seen))
+}
+
+/// A task aborted when this is dropped, on every path out of a sample.
+struct Aborting(tokio::task::JoinHandle<()>);
+
+impl Drop for Aborting {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 #[cfg(test)]
