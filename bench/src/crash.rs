@@ -33,7 +33,7 @@ pub(crate) const HEAD_START: Duration = Duration::from_millis(50);
 /// How long the child may take to connect and take the lease.
 const STARTUP: Duration = Duration::from_secs(30);
 
-/// What the child line says once it leads.
+/// What the child prints once it leads.
 const GRANTED: &str = "granted";
 
 /// What the child does.
