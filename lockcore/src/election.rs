@@ -137,6 +137,7 @@ impl Election {
             events: None,
             subscribed: false,
             highest: None,
+            last_read: None,
         }
     }
 }
@@ -257,6 +258,8 @@ pub struct Observer {
     subscribed: bool,
     /// The highest term reported so far (a vacancy in between does not forget it).
     highest: Option<FenceToken>,
+    /// When the last read of the leader started.
+    last_read: Option<tokio::time::Instant>,
 }
 
 impl fmt::Debug for Observer {
@@ -287,6 +290,7 @@ impl Observer {
                 // Without notifications (or when subscribing fails) it polls.
                 self.events = events.ok().flatten();
             }
+            self.last_read = Some(tokio::time::Instant::now());
             let leader = self.election.leader().await?;
             let key = leader.as_ref().map(Leader::key);
             if self.last.as_ref() != Some(&key) && !self.is_older(&key) {
@@ -308,8 +312,11 @@ impl Observer {
                         // The stream ended (connection gone): poll from now on.
                         self.events = None;
                     }
-                    // Whatever the backend's wake-ups, reads stay at least this far apart.
-                    tokio::time::sleep(MIN_READ_GAP).await;
+                    // Whatever the backend's wake-ups, reads start at least this far
+                    // apart (a wake long after the last read reads at once).
+                    if let Some(last) = self.last_read {
+                        tokio::time::sleep_until(last + MIN_READ_GAP).await;
+                    }
                 }
                 _ => tokio::time::sleep(interval).await,
             }

@@ -146,3 +146,68 @@ fn an_observer_never_reports_a_term_older_than_one_it_reported() {
         assert_eq!(seen, [Some(5), None, Some(7)], "term 3 came after term 5");
     });
 }
+
+/// A memory backend whose release stream wakes only when the test says.
+#[derive(Debug)]
+struct WakeOnCue {
+    memory: MemoryBackend,
+    cue: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<()>>>,
+}
+
+#[async_trait]
+impl LockBackend for WakeOnCue {
+    fn backend_name(&self) -> &str {
+        "cue"
+    }
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        self.memory.acquire(request).await
+    }
+    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        self.memory.refresh(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.memory.release(lease).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        self.memory.inspect(name).await
+    }
+    fn guarantees(&self) -> Guarantees {
+        self.memory.guarantees()
+    }
+    async fn subscribe(&self, _: &LockName) -> Result<Option<ReleaseEvents>> {
+        let Some(cue) = self.cue.lock().expect("lock").take() else {
+            return Ok(None);
+        };
+        Ok(Some(Box::pin(stream::unfold(cue, |mut cue| async move {
+            cue.recv().await.map(|()| ((), cue))
+        }))))
+    }
+}
+
+/// A wake long after the last read reads at once: the 10 ms pacing counts from the last
+/// read, not from the wake (which made every notified report 10 ms late, as the failover
+/// benchmark's observer lag showed).
+#[test]
+fn a_wake_long_after_the_last_read_reads_at_once() {
+    bounded(|| async {
+        let (cue, wakes) = tokio::sync::mpsc::unbounded_channel();
+        let backend = Arc::new(WakeOnCue {
+            memory: MemoryBackend::new(),
+            cue: std::sync::Mutex::new(Some(wakes)),
+        });
+        let locker = Locker::new(backend);
+        let election = (locker.election("e").expect("name")).with_observe_interval(ms(60_000));
+        let first = election.campaign(None).await.expect("campaign");
+        let mut observer = election.observe();
+        assert!(observer.next().await.expect("read").is_some());
+        let waiting = tokio::spawn(async move { observer.next().await });
+        tokio::time::sleep(ms(500)).await;
+        first.resign().await.expect("resign");
+        let woken = tokio::time::Instant::now();
+        cue.send(()).expect("the observer listens");
+        let vacancy = waiting.await.expect("task").expect("read");
+        assert!(vacancy.is_none(), "the resignation is reported");
+        let lag = woken.elapsed();
+        assert!(lag < ms(1), "reported {lag:?} after the wake");
+    });
+}
