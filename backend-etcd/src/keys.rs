@@ -151,6 +151,32 @@ struct Value {
     /// millisecond.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     nonce: Option<u64>,
+    /// The format mark (1), in every value this version writes: what tells anylock's own
+    /// values from an `etcdctl elect` / Go `Election` proposal that happens to be JSON with
+    /// an `owner` (which a same-owner retake must never take for its own, or it would
+    /// delete a Go leader's key). Values from before the mark are read for display only
+    /// ([`Legacy`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    anylock: Option<u64>,
+}
+
+/// The mark [`Value::anylock`] carries.
+const FORMAT_MARK: u64 = 1;
+
+/// A value written before the format mark: exactly these fields and no other, so a
+/// foreign JSON value (a Go proposal with fields of its own) is not shown as anylock's.
+/// Read for display only: a same-owner retake needs the mark.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Legacy {
+    owner: String,
+    #[serde(default)]
+    acquired_unix_ms: Option<u64>,
+    #[serde(default)]
+    note: Option<String>,
+    /// Allowed (a grant value has it), never read.
+    #[serde(default, rename = "nonce")]
+    _nonce: Option<u64>,
 }
 
 /// The value for a key that `owner` creates (or claims) now as the grant, with its note.
@@ -196,6 +222,7 @@ fn encode(
         acquired_unix_ms,
         note: note.map(|n| n.as_str().to_owned()),
         nonce,
+        anylock: Some(FORMAT_MARK),
     };
     serde_json::to_vec(&value).unwrap_or_else(|_| owner.as_str().as_bytes().to_vec())
 }
@@ -226,24 +253,32 @@ pub(crate) fn decode_value(value: &[u8], lease: i64) -> Stored {
 }
 
 /// What a value anylock wrote says, strictly: `None` for anything else (an empty value,
-/// a foreign value, JSON without an owner). Semaphore slots hold only anylock's values.
+/// a foreign value, JSON without an owner). A value with the format mark, or one with
+/// exactly the fields of the values written before the mark. Semaphore slots hold only
+/// anylock's values.
 pub(crate) fn decode_own(value: &[u8]) -> Option<Stored> {
-    let parsed = serde_json::from_slice::<Value>(value).ok()?;
-    if parsed.owner.is_empty() {
+    let (owner, acquired_unix_ms, note) = match serde_json::from_slice::<Value>(value) {
+        Ok(v) if v.anylock.is_some() => (v.owner, v.acquired_unix_ms, v.note),
+        _ => {
+            let old = serde_json::from_slice::<Legacy>(value).ok()?;
+            (old.owner, old.acquired_unix_ms, old.note)
+        }
+    };
+    if owner.is_empty() {
         return None;
     }
     Some(Stored {
-        owner: Identity::from_stored(parsed.owner),
-        acquired_at: parsed
-            .acquired_unix_ms
-            .map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
-        note: parsed.note.as_deref().and_then(Note::from_stored),
+        owner: Identity::from_stored(owner),
+        acquired_at: acquired_unix_ms.map(|ms| UNIX_EPOCH + Duration::from_millis(ms)),
+        note: note.as_deref().and_then(Note::from_stored),
     })
 }
 
-/// Whether a stored value names `owner` (anylock's own keys only).
+/// Whether a stored value is one anylock wrote (with the format mark) naming `owner`:
+/// what a same-owner retake needs before it replaces the key.
 pub(crate) fn is_owned_by(value: &[u8], owner: &Identity) -> bool {
-    serde_json::from_slice::<Value>(value).is_ok_and(|v| v.owner == owner.as_str())
+    serde_json::from_slice::<Value>(value)
+        .is_ok_and(|v| v.anylock.is_some() && v.owner == owner.as_str())
 }
 
 #[cfg(test)]
@@ -306,6 +341,21 @@ mod tests {
         let plain = decode_value(b"node-7", 0x2a);
         assert_eq!(plain.owner.as_str(), "etcd-lease/2a");
         assert_eq!(plain.note.as_ref().map(Note::as_str), Some("node-7"));
+        // A Go proposal that is JSON with an `owner` is foreign, and never taken as ours
+        // (a retake would delete the Go leader's key): only marked values are.
+        let proposal = br#"{"owner":"~owner/ops","addr":"10.0.0.9"}"#;
+        let shown = decode_value(proposal, 0x2a);
+        assert_eq!(shown.owner.as_str(), "etcd-lease/2a");
+        assert_eq!(
+            shown.note.as_ref().map(Note::as_str),
+            Some(std::str::from_utf8(proposal).expect("text"))
+        );
+        let ops = Identity::from_stored("~owner/ops".to_owned());
+        assert!(!is_owned_by(proposal, &ops));
+        // A value from before the mark: shown as its owner's, never retaken.
+        let legacy = br#"{"owner":"~owner/ops","acquired_unix_ms":1700000000000,"nonce":7}"#;
+        assert_eq!(decode_value(legacy, 1).owner, ops);
+        assert!(!is_owned_by(legacy, &ops));
         // JSON that is not ours (no owner) is foreign too.
         let other = decode_value(br#"{"host":"h"}"#, 1);
         assert_eq!(other.owner.as_str(), "etcd-lease/1");

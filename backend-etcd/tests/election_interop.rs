@@ -8,10 +8,10 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{LockName, LockOptions, Locker, Note};
+use lockcore::{Identity, LockName, LockOptions, Locker, Note};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
-use tokio::time::{sleep, timeout};
+use tokio::time::{Instant, sleep, timeout};
 
 /// `etcdctl elect <args…>` against `endpoints`, stdout piped.
 fn etcdctl_elect(endpoints: &[String], args: &[&str]) -> Child {
@@ -84,6 +84,7 @@ async fn anylock_and_etcdctl_elect_take_turns_and_see_each_other() {
 
     let mut rival = etcdctl_elect(&endpoints, &[name, "etcd-node"]);
     let mut said = lines(&mut rival);
+    campaigning(&endpoints, &lock, 2).await;
     let early = timeout(Duration::from_secs(2), said.next_line()).await;
     assert!(
         early.is_err(),
@@ -141,4 +142,65 @@ async fn anylock_and_etcdctl_elect_take_turns_and_see_each_other() {
     again.resign().await.expect("resign");
     interrupt(&watcher);
     let _ = timeout(Duration::from_secs(10), watcher.wait()).await;
+}
+
+/// Waits (up to 15 s) until `count` keys (candidates) are under `lock`: etcdctl has put
+/// its key and is campaigning, not still starting.
+async fn campaigning(endpoints: &[String], lock: &str, count: usize) {
+    let mut raw = common::raw(endpoints).await;
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while common::keys_under(&mut raw, lock).await.len() != count {
+        assert!(
+            Instant::now() < deadline,
+            "{count} candidates never under {lock}"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A Go leader whose proposal is JSON naming an owner, the very identity an anylock
+/// candidate uses, is still a foreign leader: anylock shows it with its proposal as the
+/// value and never takes it over as a same-owner retake (which would delete etcdctl's key
+/// while etcdctl goes on leading: two leaders). Before values carried anylock's format
+/// mark, the try-once below was granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_proposal_naming_our_owner_is_not_taken_for_ours() {
+    let Some(endpoints) = common::shared_endpoints() else {
+        return;
+    };
+    let prefix = common::random_prefix("interop-elect-json");
+    let backend = Arc::new(common::backend(&endpoints, &prefix).await);
+    let ops = Identity::named("ops").expect("identity");
+    let locker = Locker::new(backend.clone())
+        .with_options(LockOptions::new(Duration::from_secs(30)))
+        .with_identity(ops.clone());
+    let lock = backend.lock_prefix(&LockName::new("sched").expect("name"));
+    let name = lock.trim_end_matches('/');
+    let proposal = format!(r#"{{"owner":"{}","addr":"10.0.0.9"}}"#, ops.as_str());
+    let mut rival = etcdctl_elect(&endpoints, &[name, &proposal]);
+    let mut said = lines(&mut rival);
+    next_line(&mut said, "its key once elected").await;
+    assert_eq!(next_line(&mut said, "its proposal").await, proposal);
+
+    let election = locker.election("sched").expect("election");
+    let leader = election.leader().await.expect("leader").expect("etcdctl");
+    assert!(
+        leader.owner().as_str().starts_with("etcd-lease/"),
+        "{}",
+        leader.owner()
+    );
+    assert_eq!(leader.value().map(Note::as_str), Some(proposal.as_str()));
+    let taken = locker.try_acquire("sched").await.expect("call");
+    assert!(
+        taken.is_none(),
+        "took etcdctl's leadership over as our own: two leaders"
+    );
+    assert!(election.try_campaign(None).await.expect("call").is_none());
+    let mut raw = common::raw(&endpoints).await;
+    let keys = common::keys_under(&mut raw, &lock).await;
+    assert_eq!(keys.len(), 1, "etcdctl's key is the only one: {keys:?}");
+    assert_eq!(keys[0].value, proposal.as_bytes());
+    interrupt(&rival);
+    let status = timeout(Duration::from_secs(10), rival.wait()).await;
+    assert!(status.expect("etcdctl exits").expect("status").success());
 }
