@@ -187,9 +187,13 @@ impl GcsBackend {
     ) -> Result<Acquire> {
         let seen = self.permits_seen(names).await?;
         if let Some(other) = seen.live().find(|s| s.limit != limit.get()) {
-            // Our own live permit beside another limit (an earlier attempt whose check
-            // could not finish): it goes too, so the refusal leaves nothing held.
-            if let Some(own) = seen.live().find(|s| s.obj.is_owned_by(&request.owner)) {
+            // Our own live permit of our limit beside another limit: an earlier attempt of
+            // ours whose check could not finish. It goes too, so the refusal leaves
+            // nothing of ours held. A permit of our identity taken with another limit is
+            // not ours to judge (another process sharing the identity, whose limit may be
+            // the right one): left alone, as the other backends leave it.
+            let ours = |s: &&Slot| s.obj.is_owned_by(&request.owner) && s.limit == limit.get();
+            if let Some(own) = seen.live().find(ours) {
                 self.client
                     .delete(&names.slot(own.index), own.exact())
                     .await?;
@@ -233,8 +237,9 @@ impl GcsBackend {
     /// permit: of two live slots with different limits, the one written later was written
     /// before the later writer's check, which sees it. A conflict deletes our slot (exactly
     /// the object written) and refuses with [`limit_conflict`]. A check that cannot be made
-    /// answers `OutcomeUnknown`: the permit may be held, and a retry (same owner) finds it
-    /// and checks again, or drops it on a conflict.
+    /// deletes it too and answers `Unavailable` (a retry starts afresh). Only when that
+    /// delete fails is the answer `OutcomeUnknown`: the permit may be held, and a retry
+    /// (same owner) finds it and checks again, or drops it on a conflict.
     async fn check_limit(
         &self,
         names: &PermitNames,
@@ -242,28 +247,32 @@ impl GcsBackend {
         limit: Permits,
         (slot, written): (u32, Preconditions),
     ) -> Result<()> {
-        let seen = self.permits_seen(names).await.map_err(|err| {
-            Error::new(
-                ErrorKind::OutcomeUnknown,
-                format!("the permit was written, but the check for other limits failed: {err}"),
-            )
-        })?;
-        let Some(other) = seen.live().find(|s| s.limit != limit.get()) else {
-            return Ok(());
+        let refusal = match self.permits_seen(names).await {
+            Err(err) => Error::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "the permit written could not be checked against other limits, so it was \
+                     deleted: {err}"
+                ),
+            ),
+            Ok(seen) => match seen.live().find(|s| s.limit != limit.get()) {
+                None => return Ok(()),
+                Some(other) => limit_conflict(request.name.as_str(), other.limit, limit.get()),
+            },
         };
-        let conflict = limit_conflict(request.name.as_str(), other.limit, limit.get());
         // Any answer but a transport error means the slot is no longer ours: deleted now,
         // or already gone or taken over (404, 412).
-        self.client
-            .delete(&names.slot(slot), written)
-            .await
-            .map_err(|err| {
-                Error::new(
-                    ErrorKind::OutcomeUnknown,
-                    format!("{conflict}; taking the permit back failed: {err}"),
-                )
-            })?;
-        Err(conflict)
+        match self.client.delete(&names.slot(slot), written).await {
+            Ok(_) => Err(refusal),
+            Err(err) => Err(Error::new(
+                ErrorKind::OutcomeUnknown,
+                format!(
+                    "a permit was written and then had to be refused ({}), but deleting it \
+                     failed, so it may be held until its TTL or a retry: {err}",
+                    refusal.message()
+                ),
+            )),
+        }
     }
 
     /// The live permits, earliest grant (lowest token) first.

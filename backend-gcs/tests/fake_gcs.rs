@@ -301,10 +301,10 @@ async fn a_batched_refresh_is_applied_call_by_call() {
     }
 }
 
-/// A semaphore's objects on a server we did not write: slot and fence object names with a
-/// TAB (in paths, list prefixes and JSON names), the fence object's unconditional
-/// rewrite, a slot's create-if-absent and a same-owner retake's overwrite under the
-/// slot's generation and metageneration, the list reading each slot's metadata, and
+/// A semaphore's objects on a server we did not write: slot object names with a TAB (in
+/// paths, list prefixes and JSON names), a slot's create-if-absent and a same-owner
+/// retake's overwrite under the slot's generation and metageneration, the list reading
+/// each slot's metadata (before the write and in the limit check after it), and
 /// release. (No refresh: fake-gcs-server's PATCH reply has no `metageneration`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_cycle() {

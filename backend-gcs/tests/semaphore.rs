@@ -1,6 +1,5 @@
 //! Semaphore permits against the in-process test server, for what the shared conformance
-//! cases cannot see: the objects on the server (slot and fence objects apart from the
-//! lock's), separate backend instances contending, the server's clock, races and lost
+//! cases cannot see: the objects on the server (slot objects apart from the lock's), separate backend instances contending, the server's clock, races and lost
 //! replies at a chosen request (through [`Relay`]), and planted objects.
 
 mod common;
@@ -472,6 +471,62 @@ async fn a_refusal_for_mixed_limits_takes_the_owners_own_permit_back() {
     );
     let err = backend.refresh(&mine).await.expect_err("taken back");
     assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+}
+
+/// A refusal leaves alone a permit of the owner's identity taken with another limit:
+/// another process sharing the identity (`Locker::with_identity`) whose limit may be the
+/// right one keeps its permit, as on every other backend (the review's reproduction: the
+/// misconfigured process deleted the correct holder's permit).
+#[tokio::test]
+async fn a_refusal_leaves_a_permit_of_our_identity_with_another_limit() {
+    let gcs = Gcs::start().await;
+    let (first, second) = (gcs.backend().await, gcs.backend().await);
+    let shared = Identity::named("svc").expect("identity");
+    let kept = permit(&first, "shared", &shared, 2).await;
+    let err = second
+        .acquire_permit(&request("shared", &shared, 3, LONG))
+        .await
+        .expect_err("mixed limits");
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    let (index, _) = slot_of(&kept);
+    assert!(gcs.raw_get(&slot("shared", index)).await.is_some());
+    let kept = first.refresh(&kept).await.expect("the first permit lives");
+    first.release(&kept).await.expect("release");
+}
+
+/// The check after the slot write cannot be made (its list's reply is lost): the slot
+/// written is deleted and the attempt answers `Unavailable`, so a try-once leaves nothing
+/// held for a TTL by an identity nobody will use again (the review's reproduction).
+#[tokio::test]
+async fn a_check_that_cannot_be_made_takes_the_permit_back() {
+    let gcs = Gcs::start().await;
+    let lists = Arc::new(AtomicUsize::new(0));
+    let hook: Hook = {
+        let lists = lists.clone();
+        Arc::new(move |call: Call| {
+            let lists = lists.clone();
+            Box::pin(async move {
+                if call.method == "GET" && lists.fetch_add(1, Ordering::SeqCst) == 1 {
+                    Act::LoseReply
+                } else {
+                    Act::Forward
+                }
+            })
+        })
+    };
+    let relay = Relay::start(&gcs.url, hook).await;
+    let ours = gcs.backend_at(&relay.url()).await;
+    let err = ours
+        .acquire_permit(&request("unchecked", &Identity::unique(), 2, LONG))
+        .await
+        .expect_err("the check failed");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("deleted"), "{err}");
+    assert_eq!(lists.load(Ordering::SeqCst), 2, "the list and the check");
+    assert!(
+        raw_slots(&gcs, "unchecked").await.is_empty(),
+        "the unchecked permit was left behind"
+    );
 }
 
 /// The slot's create lands but its reply is lost (`OutcomeUnknown`); the owner's retry

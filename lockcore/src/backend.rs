@@ -198,9 +198,10 @@ pub trait LockBackend: Send + Sync + fmt::Debug + 'static {
     ///   remaining TTL) when all permits are taken.
     /// - A live permit taken with another limit fails the attempt with
     ///   [`limit_conflict`](crate::limit_conflict) (`InvalidInput`): mixed limits would admit
-    ///   more holders than the smaller one allows. Nothing is held afterwards: a backend
-    ///   that can only find the conflict after its write (GCS: a list after the slot
-    ///   write) takes its permit back before refusing.
+    ///   more holders than the smaller one allows. The attempt leaves nothing of its own
+    ///   held: it writes nothing, or (a backend that can only find the conflict after its
+    ///   write, GCS: a list after the slot write) deletes what it wrote before refusing.
+    ///   A live permit of the same owner taken with another limit is left alone.
     /// - Fence tokens, where claimed, rise with every permit granted on the semaphore name
     ///   (across releases and expiries), as a lock's do.
     /// - Semaphore names are a namespace of their own: a permit of `x` does not exclude
