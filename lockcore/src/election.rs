@@ -138,6 +138,7 @@ impl Election {
             subscribed: false,
             highest: None,
             last_read: None,
+            failed: false,
         }
     }
 }
@@ -260,6 +261,8 @@ pub struct Observer {
     highest: Option<FenceToken>,
     /// When the last read of the leader started.
     last_read: Option<tokio::time::Instant>,
+    /// The last call returned an error: the next one waits an observe interval first.
+    failed: bool,
 }
 
 impl fmt::Debug for Observer {
@@ -276,11 +279,17 @@ impl Observer {
     /// current state at once): `Some` for a new term, `None` when nobody leads.
     ///
     /// # Errors
-    /// The backend's error reading the leader; the observer can be called again.
+    /// The backend's error reading the leader; the observer can be called again, and that
+    /// call waits one observe interval before it reads (so a loop over `next()` or
+    /// [`into_stream`](Self::into_stream) never spins on a failing backend).
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped call reports nothing and loses nothing.
     pub async fn next(&mut self) -> Result<Option<Leader>> {
+        if self.failed {
+            tokio::time::sleep(self.election.interval).await;
+            self.failed = false;
+        }
         loop {
             if !self.subscribed {
                 let backend = self.election.locker.backend();
@@ -291,7 +300,13 @@ impl Observer {
                 self.events = events.ok().flatten();
             }
             self.last_read = Some(tokio::time::Instant::now());
-            let leader = self.election.leader().await?;
+            let leader = match self.election.leader().await {
+                Ok(leader) => leader,
+                Err(err) => {
+                    self.failed = true;
+                    return Err(err);
+                }
+            };
             let key = leader.as_ref().map(Leader::key);
             if self.last.as_ref() != Some(&key) && !self.is_older(&key) {
                 if let Some((_, term)) = &key {
@@ -324,7 +339,9 @@ impl Observer {
     }
 
     /// The changes as a never-ending [`Stream`](futures_core::Stream): each item is what
-    /// [`next`](Self::next) returns (an error is an item too; the stream goes on after it).
+    /// [`next`](Self::next) returns (an error is an item too; the stream goes on after it,
+    /// one observe interval later). The stream is not `Unpin`: pin it (`Box::pin`,
+    /// `std::pin::pin!`) to call `StreamExt::next` on it.
     ///
     /// ```
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> lockcore::Result<()> {
