@@ -139,6 +139,7 @@ impl Election {
             highest: None,
             last_read: None,
             failed: false,
+            vacant_since: None,
         }
     }
 }
@@ -246,7 +247,9 @@ impl fmt::Debug for Leader {
 /// Reports each change of an election's leader (a new term, or nobody leading).
 ///
 /// It reads the leader when the backend notifies a release (while someone leads) and every
-/// observe interval otherwise, so it reports every term that lasts longer than that
+/// observe interval otherwise; after a leader goes, it reads again at gaps growing from
+/// 10 ms to the interval (no backend notifies a grant, and a waiting candidate usually
+/// takes over at once). So it reports every term that lasts longer than the observe
 /// interval; terms shorter than it may be skipped. Where the backend fences, a term older
 /// than one already reported is never reported. Without fencing (Redlock) a term is told
 /// apart by its owner only, so a new term of the same identity is not reported. Use it to
@@ -263,6 +266,9 @@ pub struct Observer {
     last_read: Option<tokio::time::Instant>,
     /// The last call returned an error: the next one waits an observe interval first.
     failed: bool,
+    /// When a vacancy after a leader was first read: until someone leads again, reads
+    /// follow it at growing gaps (10 ms, then the time since, up to the interval).
+    vacant_since: Option<tokio::time::Instant>,
 }
 
 impl fmt::Debug for Observer {
@@ -309,9 +315,16 @@ impl Observer {
             };
             let key = leader.as_ref().map(Leader::key);
             if self.last.as_ref() != Some(&key) && !self.is_older(&key) {
-                if let Some((_, term)) = &key {
-                    self.highest = self.highest.max(*term);
-                }
+                self.vacant_since = match &key {
+                    Some((_, term)) => {
+                        self.highest = self.highest.max(*term);
+                        None
+                    }
+                    // A leader just went: a waiting candidate usually takes over within
+                    // milliseconds, and no backend notifies a grant.
+                    None if matches!(self.last, Some(Some(_))) => self.last_read,
+                    None => None,
+                };
                 self.last = Some(key);
                 return Ok(leader);
             }
@@ -333,7 +346,7 @@ impl Observer {
                         tokio::time::sleep_until(last + MIN_READ_GAP).await;
                     }
                 }
-                _ => tokio::time::sleep(interval).await,
+                _ => tokio::time::sleep(self.poll_gap(interval)).await,
             }
         }
     }
@@ -363,6 +376,17 @@ impl Observer {
             let item = observer.next().await;
             Some((item, observer))
         })
+    }
+
+    /// How long to wait before the next polled read: the interval, except soon after a
+    /// leader went, when the gap grows from 10 ms with the time since the vacancy was
+    /// read (about twice the gap each read: 10, 20, 40 ms ...), so a successor is
+    /// reported within about the time it took to take over, at a few reads per vacancy.
+    fn poll_gap(&self, interval: Duration) -> Duration {
+        match self.vacant_since {
+            Some(since) => since.elapsed().clamp(MIN_READ_GAP, interval),
+            None => interval,
+        }
     }
 
     /// Whether `key` is a term older than one already reported (a stale read): never

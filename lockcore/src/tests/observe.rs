@@ -262,3 +262,67 @@ fn an_observer_waits_an_interval_after_an_error() {
         assert_eq!(backend.inspects.load(Ordering::SeqCst), 5);
     });
 }
+
+/// After a leader goes, the observer reads again soon (10 ms, then gaps that grow with
+/// the time since the vacancy), not an observe interval later: no backend notifies a
+/// grant, and a waiting candidate usually takes over within milliseconds (the failover
+/// benchmark's `local:` observers lagged the new leader by the whole 500 ms interval).
+#[test]
+fn a_successor_soon_after_a_vacancy_is_reported_soon() {
+    bounded(|| async {
+        let locker = Locker::new(Arc::new(MemoryBackend::new()));
+        let election = (locker.election("e").expect("name")).with_observe_interval(ms(10_000));
+        let first = election.campaign(None).await.expect("campaign");
+        let mut observer = election.observe();
+        assert!(observer.next().await.expect("read").is_some());
+        first.resign().await.expect("resign");
+        assert!(
+            observer.next().await.expect("read").is_none(),
+            "the vacancy"
+        );
+        let waiting = tokio::spawn(async move { observer.next().await });
+        tokio::time::sleep(ms(200)).await;
+        let second = election.campaign(None).await.expect("campaign");
+        let granted = tokio::time::Instant::now();
+        let seen = waiting
+            .await
+            .expect("task")
+            .expect("read")
+            .expect("a leader");
+        assert_eq!(seen.term(), second.term());
+        let lag = granted.elapsed();
+        // Reads at 10, 20, 40, 80, 160, 320 ms after the vacancy: the 320 ms one sees it.
+        assert!(lag <= ms(200), "reported {lag:?} after the grant");
+        second.resign().await.expect("resign");
+    });
+}
+
+/// A vacancy that lasts is polled at the interval again: the quick reads after a
+/// leader goes are a handful, not a spin.
+#[test]
+fn a_long_vacancy_is_polled_at_the_interval() {
+    bounded(|| async {
+        let backend = Arc::new(EagerWake::default());
+        let locker = Locker::new(backend.clone());
+        let election = (locker.election("e").expect("name")).with_observe_interval(ms(1_000));
+        let first = election.campaign(None).await.expect("campaign");
+        let mut observer = election.observe();
+        assert!(observer.next().await.expect("read").is_some());
+        first.resign().await.expect("resign");
+        assert!(
+            observer.next().await.expect("read").is_none(),
+            "the vacancy"
+        );
+        let before = backend.inspects.load(Ordering::SeqCst);
+        let waiting = tokio::spawn(async move { observer.next().await });
+        tokio::time::sleep(ms(10_000)).await;
+        let reads = backend.inspects.load(Ordering::SeqCst) - before;
+        // 10, 20, 40 ... 640 ms (7 reads), then one a second: 7 + 9 at most.
+        assert!(reads <= 17, "{reads} reads in a 10 s vacancy");
+        assert!(
+            reads >= 10,
+            "{reads} reads in a 10 s vacancy with a 1 s interval"
+        );
+        waiting.abort();
+    });
+}
