@@ -264,7 +264,8 @@ pub struct Observer {
     highest: Option<FenceToken>,
     /// When the last read of the leader started.
     last_read: Option<tokio::time::Instant>,
-    /// The last call returned an error: the next one waits an observe interval first.
+    /// The last call returned an error: the next one reads no sooner than an observe
+    /// interval after that failed read.
     failed: bool,
     /// When a vacancy after a leader was first read: until someone leads again, reads
     /// follow it at growing gaps (10 ms, then the time since, up to the interval).
@@ -286,15 +287,19 @@ impl Observer {
     ///
     /// # Errors
     /// The backend's error reading the leader; the observer can be called again, and that
-    /// call waits one observe interval before it reads (so a loop over `next()` or
-    /// [`into_stream`](Self::into_stream) never spins on a failing backend).
+    /// call reads no sooner than one observe interval after the failed read (so a loop
+    /// over `next()` or [`into_stream`](Self::into_stream) never spins on a failing
+    /// backend, and a caller that waited on its own waits no more).
     ///
     /// # Cancel safety
     /// Cancel safe: a dropped call reports nothing and loses nothing.
     pub async fn next(&mut self) -> Result<Option<Leader>> {
-        if self.failed {
-            tokio::time::sleep(self.election.interval).await;
-            self.failed = false;
+        if std::mem::take(&mut self.failed)
+            && let Some(last) = self.last_read
+        {
+            // An interval from the failed read, not from this call: a caller that waited
+            // on its own already let the backend rest.
+            tokio::time::sleep_until(last + self.election.interval).await;
         }
         loop {
             if !self.subscribed {

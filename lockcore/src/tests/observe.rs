@@ -212,11 +212,13 @@ fn a_wake_long_after_the_last_read_reads_at_once() {
     });
 }
 
-/// A backend whose every read fails.
+/// A backend whose first `failures` reads fail.
 #[derive(Debug, Default)]
 struct Failing {
     memory: MemoryBackend,
     inspects: AtomicUsize,
+    /// `0`: every read fails.
+    failures: usize,
 }
 
 #[async_trait]
@@ -233,9 +235,12 @@ impl LockBackend for Failing {
     async fn release(&self, lease: &Lease) -> Result<()> {
         self.memory.release(lease).await
     }
-    async fn inspect(&self, _: &LockName) -> Result<Option<HolderInfo>> {
-        self.inspects.fetch_add(1, Ordering::SeqCst);
-        Err(crate::Error::unavailable("down"))
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        let read = self.inspects.fetch_add(1, Ordering::SeqCst);
+        if self.failures == 0 || read < self.failures {
+            return Err(crate::Error::unavailable("down"));
+        }
+        self.memory.inspect(name).await
     }
     fn guarantees(&self) -> Guarantees {
         self.memory.guarantees()
@@ -324,5 +329,63 @@ fn a_long_vacancy_is_polled_at_the_interval() {
             "{reads} reads in a 10 s vacancy with a 1 s interval"
         );
         waiting.abort();
+    });
+}
+
+/// The wait after an error counts from the failed read, not from the next call: a caller
+/// that backed off on its own is not made to wait an interval more (the review: 10 s of
+/// the caller's own wait, then 500 ms more).
+#[test]
+fn the_wait_after_an_error_counts_from_the_failed_read() {
+    bounded(|| async {
+        let backend = Arc::new(Failing {
+            failures: 1,
+            ..Failing::default()
+        });
+        let locker = Locker::new(backend.clone());
+        let election = (locker.election("e").expect("name")).with_observe_interval(ms(500));
+        let mut observer = election.observe();
+        assert!(observer.next().await.is_err());
+        tokio::time::sleep(ms(10_000)).await;
+        let called = tokio::time::Instant::now();
+        assert!(observer.next().await.expect("read").is_none());
+        assert!(called.elapsed() < ms(1), "waited {:?}", called.elapsed());
+        // Called at once instead, it waits out the interval from the failed read.
+        let mut observer = election.observe();
+        backend.inspects.store(0, Ordering::SeqCst);
+        let failed = tokio::time::Instant::now();
+        assert!(observer.next().await.is_err());
+        tokio::time::sleep(ms(200)).await;
+        assert!(observer.next().await.expect("read").is_none());
+        assert_eq!(failed.elapsed(), ms(500));
+    });
+}
+
+/// A leader read again after a vacancy is reported again, same term and all: the vacancy
+/// read was what the backend said (a GCS lease read as stale whose late refresh then
+/// landed, an etcd lease whose TTL read came back empty), and the observer reports who
+/// leads now rather than hide a leader. Terms never go backwards; a term can repeat
+/// only across a vacancy.
+#[test]
+fn a_leader_read_again_after_a_vacancy_is_reported_again() {
+    bounded(|| async {
+        let term = |owner: &str, t: u64| {
+            let owner = crate::Identity::named(owner).expect("id");
+            Some(HolderInfo::new(owner).with_token(crate::FenceToken::new(t)))
+        };
+        let holders = vec![term("a", 5), None, term("a", 5), term("b", 7)];
+        let backend = Arc::new(Scripted {
+            memory: MemoryBackend::new(),
+            holders: std::sync::Mutex::new(holders),
+        });
+        let election =
+            (Locker::new(backend).election("e").expect("name")).with_observe_interval(ms(10));
+        let mut observer = election.observe();
+        let mut seen: Vec<Option<u64>> = vec![None; 4];
+        for slot in &mut seen {
+            let leader = observer.next().await.expect("read");
+            *slot = leader.and_then(|l| l.term()).map(crate::FenceToken::get);
+        }
+        assert_eq!(seen, [Some(5), None, Some(5), Some(7)]);
     });
 }
