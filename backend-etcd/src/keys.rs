@@ -154,8 +154,8 @@ struct Value {
     /// The format mark (1), in every value this version writes: what tells anylock's own
     /// values from an `etcdctl elect` / Go `Election` proposal that happens to be JSON with
     /// an `owner` (which a same-owner retake must never take for its own, or it would
-    /// delete a Go leader's key). Values from before the mark are read for display only
-    /// ([`Legacy`]).
+    /// delete a Go leader's key). On a lock key a value without it is foreign; in a
+    /// semaphore slot, a value from before the mark is still read ([`Legacy`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     anylock: Option<u64>,
 }
@@ -163,9 +163,8 @@ struct Value {
 /// The mark [`Value::anylock`] carries.
 const FORMAT_MARK: u64 = 1;
 
-/// A value written before the format mark: exactly these fields and no other, so a
-/// foreign JSON value (a Go proposal with fields of its own) is not shown as anylock's.
-/// Read for display only: a same-owner retake needs the mark.
+/// A semaphore slot's value written before the format mark: exactly these fields and no
+/// other. Never read from a lock key, where Go may have written the same shape.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Legacy {
@@ -245,25 +244,37 @@ pub(crate) struct Stored {
 /// campaign value. A stored note is read lossily ([`Note::from_stored`]): anyone with
 /// write access to the prefix may have written it.
 pub(crate) fn decode_value(value: &[u8], lease: i64) -> Stored {
-    decode_own(value).unwrap_or_else(|| Stored {
+    decode_marked(value).unwrap_or_else(|| Stored {
         owner: Identity::from_stored(format!("etcd-lease/{lease:x}")),
         acquired_at: None,
         note: Note::from_stored(&String::from_utf8_lossy(value)),
     })
 }
 
-/// What a value anylock wrote says, strictly: `None` for anything else (an empty value,
-/// a foreign value, JSON without an owner). A value with the format mark, or one with
-/// exactly the fields of the values written before the mark. Semaphore slots hold only
-/// anylock's values.
+/// What a lock key's value says when anylock wrote it with the format mark; `None` for
+/// anything else (an empty value, a foreign value, JSON without the mark or an owner).
+/// The same rule as a same-owner retake ([`is_owned_by`]): a lock key without the mark
+/// may be a Go / `etcdctl elect` proposal that is JSON naming an owner (`{"owner":"ci"}`),
+/// so it is shown as foreign, never as that owner's (the review: `verify --owner ci`
+/// passed while a Go process led, and `release` named the holder it then refused).
+pub(crate) fn decode_marked(value: &[u8]) -> Option<Stored> {
+    match serde_json::from_slice::<Value>(value) {
+        Ok(v) if v.anylock.is_some() => stored(v.owner, v.acquired_unix_ms, v.note),
+        _ => None,
+    }
+}
+
+/// What a semaphore slot's value says: a value with the format mark, or one with exactly
+/// the fields of the values written before the mark (slot keys are a namespace only
+/// anylock writes, so an unmarked value there is an older anylock's); `None` otherwise.
 pub(crate) fn decode_own(value: &[u8]) -> Option<Stored> {
-    let (owner, acquired_unix_ms, note) = match serde_json::from_slice::<Value>(value) {
-        Ok(v) if v.anylock.is_some() => (v.owner, v.acquired_unix_ms, v.note),
-        _ => {
-            let old = serde_json::from_slice::<Legacy>(value).ok()?;
-            (old.owner, old.acquired_unix_ms, old.note)
-        }
-    };
+    decode_marked(value).or_else(|| {
+        let old = serde_json::from_slice::<Legacy>(value).ok()?;
+        stored(old.owner, old.acquired_unix_ms, old.note)
+    })
+}
+
+fn stored(owner: String, acquired_unix_ms: Option<u64>, note: Option<String>) -> Option<Stored> {
     if owner.is_empty() {
         return None;
     }
@@ -352,10 +363,23 @@ mod tests {
         );
         let ops = Identity::from_stored("~owner/ops".to_owned());
         assert!(!is_owned_by(proposal, &ops));
-        // A value from before the mark: shown as its owner's, never retaken.
-        let legacy = br#"{"owner":"~owner/ops","acquired_unix_ms":1700000000000,"nonce":7}"#;
-        assert_eq!(decode_value(legacy, 1).owner, ops);
-        assert!(!is_owned_by(legacy, &ops));
+        // Nor a proposal of exactly anylock's old shape: a lock key without the mark is
+        // foreign, shown whole, so `verify --owner ops` cannot pass for a Go leader and
+        // `release` never names a holder it then refuses as not its own.
+        for unmarked in [
+            &br#"{"owner":"~owner/ops"}"#[..],
+            br#"{"owner":"~owner/ops","acquired_unix_ms":1700000000000,"nonce":7}"#,
+        ] {
+            let shown = decode_value(unmarked, 0x2a);
+            assert_eq!(shown.owner.as_str(), "etcd-lease/2a");
+            assert_eq!(
+                shown.note.as_ref().map(Note::as_str),
+                Some(std::str::from_utf8(unmarked).expect("text"))
+            );
+            assert!(!is_owned_by(unmarked, &ops));
+            // In a semaphore slot (only anylock writes there) it is an older anylock's.
+            assert_eq!(decode_own(unmarked).map(|s| s.owner), Some(ops.clone()));
+        }
         // JSON that is not ours (no owner) is foreign too.
         let other = decode_value(br#"{"host":"h"}"#, 1);
         assert_eq!(other.owner.as_str(), "etcd-lease/1");
@@ -383,12 +407,12 @@ mod tests {
         let bare: serde_json::Value =
             serde_json::from_slice(&encode_value(&me, None)).expect("JSON");
         assert!(bare.get("note").is_none(), "{bare}");
-        // A value from the previous version (no note field) still decodes.
+        // A value from the previous version (no note field) still decodes as a slot's.
         let old = format!(
             r#"{{"owner":"{}","acquired_unix_ms":1700000000000}}"#,
             me.as_str()
         );
-        let stored = decode_value(old.as_bytes(), 7);
+        let stored = decode_own(old.as_bytes()).expect("an older slot value");
         assert_eq!((stored.owner, stored.note), (me.clone(), None));
         // The previous version's reader (the same struct without `note`) reads a new value.
         #[derive(Deserialize)]
@@ -405,15 +429,17 @@ mod tests {
 
     #[test]
     fn stored_notes_are_read_lossily_and_empty_means_none() {
-        let stored = decode_value(br#"{"owner":"o","note":"a\u001b[2Jb"}"#, 1);
+        let stored = decode_value(br#"{"owner":"o","note":"a\u001b[2Jb","anylock":1}"#, 1);
         assert_eq!(stored.note.expect("note").as_str(), "a\u{fffd}[2Jb");
-        assert_eq!(decode_value(br#"{"owner":"o","note":""}"#, 1).note, None);
+        let empty = br#"{"owner":"o","note":"","anylock":1}"#;
+        assert_eq!(decode_value(empty, 1).note, None);
         // A note of the wrong type makes the value foreign: shown whole, as the note.
-        let odd = decode_value(br#"{"owner":"o","note":5}"#, 1);
-        assert_eq!(odd.owner.as_str(), "etcd-lease/1");
+        let odd = br#"{"owner":"o","note":5,"anylock":1}"#;
+        let shown = decode_value(odd, 1);
+        assert_eq!(shown.owner.as_str(), "etcd-lease/1");
         assert_eq!(
-            odd.note.as_ref().map(Note::as_str),
-            Some(r#"{"owner":"o","note":5}"#)
+            shown.note.as_ref().map(Note::as_str),
+            Some(std::str::from_utf8(odd).expect("text"))
         );
     }
 

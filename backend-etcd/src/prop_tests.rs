@@ -202,7 +202,7 @@ proptest! {
             prop_assert!(note.as_str().len() <= lockcore::MAX_NOTE_LEN);
             prop_assert!(!note.as_str().chars().any(char::is_control), "{note:?}");
         }
-        if crate::keys::decode_own(&value).is_none() {
+        if crate::keys::decode_marked(&value).is_none() {
             prop_assert_eq!(owner.as_str(), format!("etcd-lease/{lease:x}"));
             prop_assert!(at.is_none());
         }

@@ -188,8 +188,9 @@ impl GcsBackend {
         let seen = self.permits_seen(names).await?;
         if let Some(other) = seen.live().find(|s| s.limit != limit.get()) {
             // Our own live permit of our limit beside another limit: an earlier attempt of
-            // ours whose check could not finish. It goes too, so the refusal leaves
-            // nothing of ours held. A permit of our identity taken with another limit is
+            // ours whose check could not finish (or, with one identity shared by several
+            // processes, which is not supported, another's: docs/gcs.md). It goes too, so
+            // the refusal leaves nothing of ours held. A permit of our identity taken with another limit is
             // not ours to judge (another process sharing the identity, whose limit may be
             // the right one): left alone, as the other backends leave it.
             let ours = |s: &&Slot| s.obj.is_owned_by(&request.owner) && s.limit == limit.get();

@@ -120,17 +120,17 @@ async fn resign(candidates: &Locker, watcher: &Locker, name: &str) -> Res<(Durat
             }
         }
     }));
-    let candidate = {
+    let mut candidate = {
         let election = election.clone();
-        tokio::spawn(async move {
+        Aborting(tokio::spawn(async move {
             let leadership = election.campaign(None).await?;
             Res::Ok((Instant::now(), leadership))
-        })
+        }))
     };
     tokio::time::sleep(hold()).await;
     let resigned = Instant::now();
     leader.resign().await?;
-    let (led, next) = (timeout(LIMIT, candidate).await)
+    let (led, next) = (timeout(LIMIT, &mut candidate.0).await)
         .map_err(|_| "the candidate did not lead within 30 s")???;
     let owner = next.guard().lease().owner().clone();
     let deadline = Instant::now() + LIMIT;
@@ -145,10 +145,11 @@ async fn resign(candidates: &Locker, watcher: &Locker, name: &str) -> Res<(Durat
     Ok((led.saturating_duration_since(resigned), seen))
 }
 
-/// A task aborted when this is dropped, on every path out of a sample.
-struct Aborting(tokio::task::JoinHandle<()>);
+/// A task aborted when this is dropped, on every path out of a sample (a candidate left
+/// campaigning after an error would lead a name nobody watches).
+struct Aborting<T>(tokio::task::JoinHandle<T>);
 
-impl Drop for Aborting {
+impl<T> Drop for Aborting<T> {
     fn drop(&mut self) {
         self.0.abort();
     }
