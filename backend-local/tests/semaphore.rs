@@ -160,7 +160,10 @@ async fn the_lock_and_the_semaphore_of_one_name_are_independent() {
 
 /// A backend instance per contender group, each with its own pools (as separate processes
 /// have): 4 instances × 3 tasks × 15 rounds on a semaphore of 3. The holders inside,
-/// counted by the test, never pass 3, and reach it.
+/// counted by the test, never pass 3, and reach it: in its first round each holder stays
+/// until 3 were inside at once (or 500 ms passed), so reaching 3 does not hang on 3 ms
+/// holds overlapping by luck (on a loaded machine they once never did: "never 3 inside"),
+/// and a mutex still fails it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn separate_backends_on_one_file_never_exceed_n() {
     const LIMIT: u32 = 3;
@@ -178,11 +181,18 @@ async fn separate_backends_on_one_file_never_exceed_n() {
             );
             let (inside, most, tokens) = (inside.clone(), most.clone(), tokens.clone());
             tasks.push(tokio::spawn(async move {
-                for _ in 0..15 {
+                for round in 0..15 {
                     let guard = locker.acquire_permit("pool", LIMIT).await.expect("permit");
                     let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
                     most.fetch_max(now, Ordering::SeqCst);
                     tokens.lock().expect("lock").push(guard.fence_token());
+                    let until = tokio::time::Instant::now() + Duration::from_millis(500);
+                    while round == 0
+                        && most.load(Ordering::SeqCst) < LIMIT as usize
+                        && tokio::time::Instant::now() < until
+                    {
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                    }
                     tokio::time::sleep(Duration::from_millis(3)).await;
                     inside.fetch_sub(1, Ordering::SeqCst);
                     guard.release().await.expect("release");
