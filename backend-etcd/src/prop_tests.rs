@@ -98,8 +98,12 @@ fn stored_values() -> impl Strategy<Value = Vec<u8>> {
     ];
     prop_oneof![
         Just(Vec::new()),
-        (owner.clone(), time)
+        (owner.clone(), time.clone())
             .prop_map(|(o, t)| format!("{{\"owner\":{o},\"acquired_unix_ms\":{t}}}").into_bytes()),
+        // With anylock's format mark: the times are read (and must not overflow).
+        (owner.clone(), time).prop_map(|(o, t)| {
+            format!("{{\"owner\":{o},\"acquired_unix_ms\":{t},\"anylock\":1}}").into_bytes()
+        }),
         owner
             .clone()
             .prop_map(|o| format!("{{\"owner\":{o},\"extra\":1}}").into_bytes()),

@@ -116,7 +116,8 @@ impl Harness for EtcdHarness {
             .lease_grant(i64::try_from(ttl.as_secs().max(1)).expect("ttl"))
             .await
             .expect("grant");
-        let value = format!("{{\"owner\":{:?}}}", owner.as_str());
+        // anylock's own value (with its format mark), as another anylock client writes it.
+        let value = format!("{{\"owner\":{:?},\"anylock\":1}}", owner.as_str());
         let key = format!("{prefix}{lease:x}");
         raw.put(key, value, lease).await.expect("put");
     }
