@@ -91,6 +91,7 @@ impl FaultProxy {
             bytes_down: AtomicU64::new(0),
             bytes_dropped: AtomicU64::new(0),
             resets: AtomicU64::new(0),
+            requests: AtomicU64::new(0),
         });
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(accept_loop(

@@ -349,3 +349,59 @@ async fn drop_closes_everything() {
     expect_closed(&mut client).await;
     expect_not_listening(handle.local_addr()).await;
 }
+
+/// Starts a server that answers `ok\n` to every line it reads, and nothing before a line
+/// ends.
+async fn line_server() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let _ = stream.set_nodelay(true);
+                let mut buf = [0; 64];
+                while let Ok(n) = stream.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    for _ in buf[..n].iter().filter(|&&b| b == b'\n') {
+                        if stream.write_all(b"ok\n").await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// Reads `count` answers of the line server.
+async fn answers(stream: &mut TcpStream, count: usize) {
+    let mut buf = vec![0; 3 * count];
+    timeout(PROMPT, stream.read_exact(&mut buf))
+        .await
+        .expect("answers in time")
+        .unwrap();
+}
+
+/// `requests` counts round trips, not chunks: a request written in two pieces before the
+/// answer counts once, and so does a pipeline of two written at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_count_round_trips() {
+    let proxy = FaultProxy::start(line_server().await).await.unwrap();
+    let mut client = connect(proxy.local_addr()).await;
+    for _ in 0..3 {
+        client.write_all(b"x\n").await.unwrap();
+        answers(&mut client, 1).await;
+    }
+    assert_eq!(proxy.stats().requests, 3);
+    client.write_all(b"a").await.unwrap();
+    wait_for("the first piece upstream", || proxy.stats().bytes_up == 7).await;
+    client.write_all(b"b\n").await.unwrap();
+    answers(&mut client, 1).await;
+    assert_eq!(proxy.stats().requests, 4, "one request in two pieces");
+    client.write_all(b"c\nd\n").await.unwrap();
+    answers(&mut client, 2).await;
+    assert_eq!(proxy.stats().requests, 5, "a pipeline of two");
+}

@@ -130,8 +130,16 @@ async fn pump(
     shared: &Shared,
 ) -> Outcome {
     let tainted = AtomicBool::new(false);
-    let up = Direction::new(&faults, &tainted, &shared.bytes_up, &shared.bytes_dropped);
-    let down = Direction::new(&faults, &tainted, &shared.bytes_down, &shared.bytes_dropped);
+    // Whether the upstream spoke since the client last did: the client's next chunk then
+    // starts a request (the first one does too).
+    let answered = AtomicBool::new(true);
+    let mut up = Direction::new(&faults, &tainted, &shared.bytes_up, &shared.bytes_dropped);
+    up.turn = Turn::Request {
+        answered: &answered,
+        requests: &shared.requests,
+    };
+    let mut down = Direction::new(&faults, &tainted, &shared.bytes_down, &shared.bytes_dropped);
+    down.turn = Turn::Answer(&answered);
     let (client_rd, client_wr) = client.split();
     let (server_rd, server_wr) = server.split();
     let pipes =
@@ -172,6 +180,34 @@ struct Direction<'a> {
     tainted: &'a AtomicBool,
     forwarded: &'a AtomicU64,
     dropped: &'a AtomicU64,
+    turn: Turn<'a>,
+}
+
+/// How a direction takes part in counting requests.
+enum Turn<'a> {
+    /// Not at all.
+    None,
+    /// Client to upstream: a chunk delivered after an answer starts a request.
+    Request {
+        answered: &'a AtomicBool,
+        requests: &'a AtomicU64,
+    },
+    /// Upstream to client: a chunk delivered is an answer.
+    Answer(&'a AtomicBool),
+}
+
+impl Turn<'_> {
+    fn delivered(&self) {
+        match self {
+            Turn::None => {}
+            Turn::Request { answered, requests } => {
+                if answered.swap(false, Ordering::SeqCst) {
+                    requests.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+            Turn::Answer(answered) => answered.store(true, Ordering::SeqCst),
+        }
+    }
 }
 
 impl<'a> Direction<'a> {
@@ -187,6 +223,7 @@ impl<'a> Direction<'a> {
             tainted,
             forwarded,
             dropped,
+            turn: Turn::None,
         }
     }
 
@@ -234,6 +271,7 @@ impl<'a> Direction<'a> {
             }
             to.write_all(&chunk.data).await?;
             self.forwarded.fetch_add(len as u64, Ordering::SeqCst);
+            self.turn.delivered();
         }
         if self.discard_if_blackholed(0) {
             // The end-of-stream is lost; the connection is reset when the blackhole ends.

@@ -40,6 +40,11 @@ pub struct ProxyStats {
     pub bytes_dropped: u64,
     /// Connections the proxy closed with `RST` (faults, failed upstream connects, I/O errors).
     pub resets: u64,
+    /// Requests: client chunks delivered upstream that opened a connection's exchange or
+    /// followed data from the upstream on that connection. A client that waits for each
+    /// answer before it writes again makes one per round trip; bytes the client writes
+    /// again before any answer (a pipeline) count once.
+    pub requests: u64,
 }
 
 /// State shared by the handles, the accept task and the connection tasks.
@@ -53,6 +58,7 @@ pub(super) struct Shared {
     pub(super) bytes_down: AtomicU64,
     pub(super) bytes_dropped: AtomicU64,
     pub(super) resets: AtomicU64,
+    pub(super) requests: AtomicU64,
 }
 
 /// A cheap, cloneable control handle for a [`FaultProxy`](super::FaultProxy).
@@ -94,6 +100,7 @@ impl FaultHandle {
             bytes_down: s.bytes_down.load(Ordering::SeqCst),
             bytes_dropped: s.bytes_dropped.load(Ordering::SeqCst),
             resets: s.resets.load(Ordering::SeqCst),
+            requests: s.requests.load(Ordering::SeqCst),
         }
     }
 }
