@@ -9,6 +9,7 @@ use sqlx::{Connection, Row, SqlStr};
 use tokio::time::{Instant, timeout_at};
 
 use crate::config::PostgresConfig;
+use crate::conns::{Conns, NotLent, PING_IF_IDLE_FOR};
 use crate::denied::Who;
 use crate::error::{Effect, connect_failed, map_error_as, timed_out};
 use crate::limits;
@@ -16,10 +17,14 @@ use crate::names::Names;
 use crate::permit_sql::{self, PermitStatements};
 use crate::sql::{self, Statements};
 
-/// The pool plus the statements, shared by every clone of a backend.
+/// The connections plus the statements, shared by every clone of a backend.
 #[derive(Debug)]
 pub(crate) struct Client {
+    /// sqlx's pool: fenced transactions, the user's own statements, the `LISTEN`
+    /// connection (lock calls run on [`conns`](Self::conns)).
     pub(crate) pool: PgPool,
+    /// The lock calls' connections.
+    pub(crate) conns: Conns,
     pub(crate) statements: Statements,
     /// The statements of semaphore permits.
     pub(crate) permits: PermitStatements,
@@ -32,11 +37,8 @@ pub(crate) struct Client {
     pub(crate) who: Who,
 }
 
-/// Pooled connections idle at least this long are pinged before a lock statement.
-const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
-
 impl Client {
-    /// A lazily connecting pool: no connection is opened until the first call.
+    /// Lazily connecting: no connection is opened until the first call.
     pub(crate) fn new(config: &PostgresConfig) -> Self {
         let pool = PgPoolOptions::new()
             .max_connections(config.pool_size())
@@ -63,6 +65,7 @@ impl Client {
         };
         Self {
             pool,
+            conns: Conns::new(config.connect_options(), config.pool_size()),
             statements: Statements::new(&names),
             permits: PermitStatements::new(&names),
             who,
@@ -102,10 +105,11 @@ impl Client {
         sqlx::query(statement.clone()).persistent(self.prepared)
     }
 
-    /// Runs `work` on one pooled connection within the configured timeout: one attempt,
-    /// no retries. Failing to get a connection is [`ErrorKind::Unavailable`] (nothing was
-    /// sent); failures after that are mapped with `effect`. Without prepared statements
-    /// the work runs inside `BEGIN`/`COMMIT` (see [`pinned`]).
+    /// Runs `work` on one of the lock calls' connections ([`Conns`]) within the configured
+    /// timeout: one attempt, no retries. Failing to get a connection is
+    /// [`ErrorKind::Unavailable`] (nothing was sent); failures after that are mapped with
+    /// `effect`. Without prepared statements the work runs inside `BEGIN`/`COMMIT` (see
+    /// [`pinned`]). The connection is used again only if the work ended without an error.
     pub(crate) async fn run<T>(
         &self,
         effect: Effect,
@@ -132,10 +136,20 @@ impl Client {
         work: impl AsyncFnOnce(&mut PgConnection) -> Result<T, sqlx::Error>,
     ) -> lockcore::Result<T> {
         let deadline = Instant::now() + self.timeout;
-        let mut conn = match timeout_at(deadline, self.pool.acquire()).await {
-            Ok(Ok(conn)) => conn,
-            Ok(Err(err)) => return Err(map_error_as(err, Effect::Read, Some(&self.who))),
-            Err(_) => {
+        let mut conn = match self.conns.lend(deadline).await {
+            Ok(conn) => conn,
+            Err(NotLent::Connect(err)) => {
+                return Err(map_error_as(err, Effect::Read, Some(&self.who)));
+            }
+            Err(NotLent::Busy) => {
+                return Err(Error::unavailable(format!(
+                    "all {} connections stayed busy for {:?}; nothing was sent (raise \
+                     pool_size, or make fewer calls at once)",
+                    self.conns.size(),
+                    self.timeout
+                )));
+            }
+            Err(NotLent::Slow) => {
                 return Err(timed_out(
                     Effect::Read,
                     self.timeout,
@@ -151,7 +165,10 @@ impl Client {
             }
         };
         match timeout_at(deadline, attempt).await {
-            Ok(Ok(value)) => Ok(value),
+            Ok(Ok(value)) => {
+                conn.give_back();
+                Ok(value)
+            }
             Ok(Err(err)) => Err(map_error_as(err, effect, Some(&self.who))),
             Err(_) => Err(timed_out(effect, self.timeout, "waiting for the reply")),
         }

@@ -37,6 +37,7 @@
 mod backend;
 mod client;
 mod config;
+mod conns;
 mod denied;
 mod error;
 pub mod fenced;

@@ -239,7 +239,10 @@ async fn a_failed_statement_fails_every_lease_temporarily() {
         .await
         .expect("proxy");
     let through = url.replace(upstream, &proxy.local_addr().to_string());
-    let config = common::config(&through, &schema).with_timeout(Duration::from_secs(1));
+    // A pool of one: the batch below must find the connection the release used idle.
+    let config = common::config(&through, &schema)
+        .with_timeout(Duration::from_secs(1))
+        .with_pool_size(1);
     let backend = PostgresBackend::connect(config).await.expect("connect");
     let mut batch = Vec::new();
     for _ in 0..3 {
@@ -248,12 +251,10 @@ async fn a_failed_statement_fails_every_lease_temporarily() {
     let gone = grant(&backend, &fresh_name("cut-gone"), &Identity::unique(), LONG).await;
     backend.release(&gone).await.expect("release");
     batch.push(gone);
-    // sqlx hands a used connection back to the pool in a task of its own, which can take a
-    // round trip; a blackhole set before that is done leaves no idle connection, and the
-    // batch below then fails as `Unavailable` (nothing sent: seen once in CI under load,
-    // and every time with a pool of one) instead of the sent write this test is about.
-    // Half a second lets the return finish through the still-open proxy.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The release's connection is idle again before the release returns (sqlx's pool gave
+    // it back in a task of its own after a ping, and a blackhole set before that left no
+    // idle connection: the batch failed as `Unavailable`, nothing sent, every time with a
+    // pool of one, instead of the sent write this test is about).
 
     proxy.set_fault(Fault::Blackhole);
     let results = backend.refresh_many(&batch).await;
