@@ -121,8 +121,11 @@ impl PostgresBackend {
         &self.inner.config
     }
 
-    /// The connection pool, for your own statements (fenced ones go through
-    /// [`begin_fenced`](Self::begin_fenced)).
+    /// A sqlx pool (of `pool_size` connections, opened when used) for your own statements
+    /// (fenced ones go through [`begin_fenced`](Self::begin_fenced)). Lock calls do not
+    /// use it: they run on connections the backend keeps apart (docs/postgres.md,
+    /// "Connections"), so your statements never wait behind lock traffic, nor it behind
+    /// yours.
     pub fn pool(&self) -> &PgPool {
         &self.inner.client.pool
     }

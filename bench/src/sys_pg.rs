@@ -7,13 +7,13 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use lockcore::LockBackend;
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgPoolOptions, Postgres};
-use sqlx::{AssertSqlSafe, PgPool};
+use sqlx::postgres::{PgConnection, PgPoolOptions, Postgres};
+use sqlx::{AssertSqlSafe, Connection, PgPool};
 
 use crate::op::{Entry, Held, Lock, Op, Res, Role};
 use crate::system::{Ctx, Kind, Peer, System, host_port, with_param};
 
-/// Connections in ours' pool, the raw pool and the peer's pool: enough that 64 tasks never
+/// Connections in ours' pool and the peer's pool: enough that 64 tasks never
 /// queue for one (the backend's default pool has 10).
 pub(crate) const POOL: u32 = 64;
 
@@ -37,11 +37,13 @@ pub(crate) async fn ours(url: &str, run: &str) -> Res<Arc<dyn LockBackend>> {
 /// PostgreSQL at `url` (`postgres://user@host:port/db`).
 pub(crate) async fn connect(url: &str, ctx: &Ctx) -> Res<System> {
     let backend = ours(url, &ctx.run).await?;
-    let raw = pool(url, POOL).await?;
+    let setup = pool(url, 1).await?;
     let table = format!("\"{}\".raw_writes", schema(&ctx.run));
     let create =
         format!("CREATE TABLE IF NOT EXISTS {table} (name text PRIMARY KEY, v bigint NOT NULL)");
-    sqlx::query(AssertSqlSafe(create)).execute(&raw).await?;
+    sqlx::query(AssertSqlSafe(create)).execute(&setup).await?;
+    setup.close().await;
+    let raw = Arc::new(RawConns::new(url));
     let peer = Advisory {
         pool: pool(url, POOL + 2).await?,
         run: ctx.run.clone(),
@@ -60,7 +62,7 @@ pub(crate) async fn connect(url: &str, ctx: &Ctx) -> Res<System> {
             Entry::new(
                 "raw upsert + update (2 writes, the least a lease lock needs)",
                 Role::Raw,
-                Arc::new(TwoWrites { pool: raw, table }),
+                Arc::new(TwoWrites { conns: raw, table }),
             )
             .in_throughput(),
         ],
@@ -74,8 +76,9 @@ pub(crate) async fn connect(url: &str, ctx: &Ctx) -> Res<System> {
     })
 }
 
-/// A pool that never pings a connection before handing it out (as pgbench: one round
-/// trip per statement).
+/// A sqlx pool that never pings a connection before handing it out. It still pings each
+/// connection as it comes back (sqlx 0.9, off the caller's path): two round trips per
+/// statement. The peer uses it, as an application on sqlx would.
 async fn pool(url: &str, size: u32) -> Res<PgPool> {
     Ok(PgPoolOptions::new()
         .max_connections(size)
@@ -84,21 +87,54 @@ async fn pool(url: &str, size: u32) -> Res<PgPool> {
         .await?)
 }
 
-/// `SELECT 1`, a prepared statement on a pooled connection.
-struct Select1(PgPool);
+/// Connections kept between statements with nothing sent in between (as pgbench keeps its
+/// clients' and as the backend keeps its lock calls'): one round trip per statement, the
+/// raw entries' floor. Opened on demand, one per concurrent task at most.
+struct RawConns {
+    url: String,
+    idle: std::sync::Mutex<Vec<PgConnection>>,
+}
+
+impl RawConns {
+    fn new(url: &str) -> Self {
+        Self {
+            url: url.to_owned(),
+            idle: std::sync::Mutex::default(),
+        }
+    }
+
+    async fn take(&self) -> Res<PgConnection> {
+        let idle = self.idle.lock().expect("raw connections").pop();
+        match idle {
+            Some(conn) => Ok(conn),
+            None => Ok(PgConnection::connect(&self.url).await?),
+        }
+    }
+
+    /// Back for the next statement; only after one that succeeded.
+    fn give_back(&self, conn: PgConnection) {
+        self.idle.lock().expect("raw connections").push(conn);
+    }
+}
+
+/// `SELECT 1`, a prepared statement on a kept connection.
+struct Select1(Arc<RawConns>);
 
 #[async_trait]
 impl Op for Select1 {
     async fn run(&self, _: usize) -> Res<()> {
-        sqlx::query("SELECT 1").execute(&self.0).await?;
+        let mut conn = self.0.take().await?;
+        sqlx::query("SELECT 1").execute(&mut conn).await?;
+        self.0.give_back(conn);
         Ok(())
     }
 }
 
 /// An upsert then an update of one row: the two write statements of any lease-table
-/// lock's grant and release, without conditions, tokens or notifications.
+/// lock's grant and release, without conditions, tokens or notifications, each on a kept
+/// connection as a lock's acquire and release would be.
 struct TwoWrites {
-    pool: PgPool,
+    conns: Arc<RawConns>,
     table: String,
 }
 
@@ -110,15 +146,19 @@ impl Op for TwoWrites {
             "INSERT INTO {} (name, v) VALUES ($1, 1) ON CONFLICT (name) DO UPDATE SET v = EXCLUDED.v + 1",
             self.table
         );
+        let mut conn = self.conns.take().await?;
         sqlx::query(AssertSqlSafe(upsert))
             .bind(&name)
-            .execute(&self.pool)
+            .execute(&mut conn)
             .await?;
+        self.conns.give_back(conn);
         let update = format!("UPDATE {} SET v = 0 WHERE name = $1", self.table);
+        let mut conn = self.conns.take().await?;
         sqlx::query(AssertSqlSafe(update))
             .bind(&name)
-            .execute(&self.pool)
+            .execute(&mut conn)
             .await?;
+        self.conns.give_back(conn);
         Ok(())
     }
 }
