@@ -55,6 +55,7 @@ async fn local(url: &str) -> Res<System> {
         raw: None,
         extras: Vec::new(),
         peers: Vec::new(),
+        floor: None,
         counter: None,
         note: String::new(),
     })

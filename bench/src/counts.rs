@@ -308,6 +308,7 @@ mod tests {
             raw: None,
             extras: Vec::new(),
             peers: Vec::new(),
+            floor: None,
             counter: None,
             note: String::new(),
         };

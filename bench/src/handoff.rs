@@ -1,6 +1,7 @@
 //! Item 3: contended handoff latency, from the holder's release call to the next waiter
 //! holding the lock: ours with release notification, ours with notification turned off
-//! (backoff polling), and each peer's own waiting.
+//! (backoff polling), the raw floor where there is one ([`crate::floor`]), and each peer's
+//! own waiting.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -40,7 +41,7 @@ fn waiters(system: &System, ctx: &Ctx) -> Vec<Waiter> {
         mode: mode.to_owned(),
         lock: Arc::new(Ours::new(polled, ctx.ttl)),
     });
-    for peer in &system.peers {
+    for peer in system.floor.iter().chain(&system.peers) {
         if let Some(waiting) = peer.waiting {
             all.push(Waiter {
                 label: peer.label.clone(),

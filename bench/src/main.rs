@@ -22,6 +22,7 @@ mod etcd_grpc;
 mod failover;
 mod failover_table;
 mod fanout;
+mod floor;
 mod handoff;
 mod info;
 mod latency;

@@ -62,6 +62,8 @@ pub(crate) async fn connect(url: &str, ctx: &Ctx) -> Res<System> {
             }),
         )],
         peers,
+        // The Lock RPC's own waiter is the reference: the server queues it.
+        floor: None,
         counter: Some(Arc::new(EtcdRpcs {
             url: format!("http://{member}/metrics"),
             http: reqwest::Client::new(),

@@ -55,6 +55,7 @@ pub(crate) async fn connect(url: &str, ctx: &Ctx) -> Res<System> {
             Arc::new(peer),
             "polled: 10 ms doubling to 1 s",
         )],
+        floor: None,
         counter: ctx
             .gcs_server
             .clone()

@@ -44,6 +44,8 @@ pub(crate) async fn connect(url: &str, ctx: &Ctx) -> Res<System> {
     sqlx::query(AssertSqlSafe(create)).execute(&setup).await?;
     setup.close().await;
     let raw = Arc::new(RawConns::new(url));
+    let floor_table = format!("\"{}\".floor_locks", schema(&ctx.run));
+    crate::floor::create_pg_table(url, &floor_table).await?;
     let peer = Advisory {
         pool: pool(url, POOL + 2).await?,
         run: ctx.run.clone(),
@@ -62,7 +64,10 @@ pub(crate) async fn connect(url: &str, ctx: &Ctx) -> Res<System> {
             Entry::new(
                 "raw upsert + update (2 writes, the least a lease lock needs)",
                 Role::Raw,
-                Arc::new(TwoWrites { conns: raw, table }),
+                Arc::new(TwoWrites {
+                    conns: raw.clone(),
+                    table,
+                }),
             )
             .in_throughput(),
         ],
@@ -71,6 +76,12 @@ pub(crate) async fn connect(url: &str, ctx: &Ctx) -> Res<System> {
             Arc::new(peer),
             "queued in the server",
         )],
+        floor: Some(crate::floor::postgres(
+            raw.clone(),
+            url,
+            floor_table,
+            &ctx.run,
+        )),
         counter: None,
         note: String::new(),
     })
@@ -90,7 +101,7 @@ async fn pool(url: &str, size: u32) -> Res<PgPool> {
 /// Connections kept between statements with nothing sent in between (as pgbench keeps its
 /// clients' and as the backend keeps its lock calls'): one round trip per statement, the
 /// raw entries' floor. Opened on demand, one per concurrent task at most.
-struct RawConns {
+pub(crate) struct RawConns {
     url: String,
     idle: std::sync::Mutex<Vec<PgConnection>>,
 }
@@ -103,7 +114,7 @@ impl RawConns {
         }
     }
 
-    async fn take(&self) -> Res<PgConnection> {
+    pub(crate) async fn take(&self) -> Res<PgConnection> {
         let idle = self.idle.lock().expect("raw connections").pop();
         match idle {
             Some(conn) => Ok(conn),
@@ -112,7 +123,7 @@ impl RawConns {
     }
 
     /// Back for the next statement; only after one that succeeded.
-    fn give_back(&self, conn: PgConnection) {
+    pub(crate) fn give_back(&self, conn: PgConnection) {
         self.idle.lock().expect("raw connections").push(conn);
     }
 }

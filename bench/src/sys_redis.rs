@@ -43,6 +43,11 @@ pub(crate) async fn single(url: &str, ctx: &Ctx) -> Res<System> {
         raw: Some(ping),
         extras: vec![set_del],
         peers: vec![Peer::new("rslock", rslock(&[url.to_owned()]), RSLOCK_WAIT)],
+        floor: Some(crate::floor::redis(
+            redis::Client::open(url)?,
+            connection(url).await?,
+            &ctx.run,
+        )),
         counter: Some(Arc::new(RedisCommands {
             nodes: vec![redis::Client::open(url)?],
         })),
@@ -77,6 +82,7 @@ pub(crate) async fn redlock(urls: &str, _ctx: &Ctx) -> Res<System> {
             Arc::new(Ping(conns.clone())),
         )],
         peers: vec![Peer::new(label, rslock(&nodes), RSLOCK_WAIT)],
+        floor: None,
         counter: Some(Arc::new(RedisCommands {
             nodes: nodes
                 .iter()

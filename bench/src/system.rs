@@ -84,6 +84,9 @@ pub(crate) struct System {
     pub(crate) extras: Vec<Entry>,
     /// Peer locks.
     pub(crate) peers: Vec<Peer>,
+    /// The raw handoff floor ([`crate::floor`]), where the harness has one: timed in the
+    /// handoff section only.
+    pub(crate) floor: Option<Peer>,
     /// The server's own call counter.
     pub(crate) counter: Option<Arc<dyn Counter>>,
     /// A remark for the report (which etcd member answered, and so on).

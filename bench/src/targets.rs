@@ -155,12 +155,26 @@ fn handoff_row(r: &Results, backend: &str) -> Vec<String> {
             .map(|l| l.summary.p50_us)
     });
     let x = raw.and_then(|raw| ratio(h.summary.p50_us, raw));
-    let text = format!(
+    let mut text = format!(
         "{} round trips ({} vs raw {})",
         fmt_ratio(x).trim_end_matches('×'),
         fmt_us(h.summary.p50_us),
         raw.map_or("—".to_owned(), fmt_us)
     );
+    // The same handoff with the server's plain commands, in the same minutes: what the
+    // machine costs, apart from what anylock adds.
+    let floor = r
+        .handoff
+        .iter()
+        .find(|f| f.backend == backend && f.label == crate::floor::LABEL);
+    if let Some(floor) = floor {
+        let f = raw.and_then(|raw| ratio(floor.summary.p50_us, raw));
+        text.push_str(&format!(
+            "; the raw floor {} ({})",
+            fmt_ratio(f).trim_end_matches('×'),
+            fmt_us(floor.summary.p50_us)
+        ));
+    }
     vec![target, text, met(x.map(|x| x <= 4.0))]
 }
 
@@ -382,6 +396,24 @@ mod tests {
         );
         assert!(
             row(&text, "local: handoff").contains("800 µs (notified) | met"),
+            "{text}"
+        );
+        // With a raw floor in the same run, the row says what it costs.
+        r.handoff.push(HandoffRow {
+            backend: "redis".into(),
+            label: crate::floor::LABEL.into(),
+            mode: "notified: DEL + PUBLISH, the subscriber's SET NX".into(),
+            summary: summary(350.0),
+            samples_ms: Vec::new(),
+            raw_p50_us: Some(100.0),
+            cycle_p50_us: None,
+            errors: 0,
+        });
+        let text = targets(&r);
+        assert!(
+            row(&text, "redis: notified").ends_with(
+                "| 4.0 round trips (400 µs vs raw 100 µs); the raw floor 3.5 (350 µs) | met |"
+            ),
             "{text}"
         );
     }

@@ -141,6 +141,7 @@ mod tests {
             raw: Some(cycle("raw")),
             extras: vec![cycle("floor").in_throughput(), cycle("latency only")],
             peers: vec![Peer::new("peer", lock.clone(), "polled")],
+            floor: None,
             counter: None,
             note: String::new(),
         };
