@@ -294,12 +294,15 @@ impl Observer {
     /// # Cancel safety
     /// Cancel safe: a dropped call reports nothing and loses nothing.
     pub async fn next(&mut self) -> Result<Option<Leader>> {
-        if std::mem::take(&mut self.failed)
-            && let Some(last) = self.last_read
-        {
+        if self.failed {
             // An interval from the failed read, not from this call: a caller that waited
-            // on its own already let the backend rest.
-            tokio::time::sleep_until(last + self.election.interval).await;
+            // on its own already let the backend rest. Cleared only once waited out, so a
+            // call dropped during the wait does not shorten it (the review: 200 reads of a
+            // failing backend in 1 s when every call was cancelled after 5 ms).
+            if let Some(last) = self.last_read {
+                tokio::time::sleep_until(last + self.election.interval).await;
+            }
+            self.failed = false;
         }
         loop {
             if !self.subscribed {
@@ -309,6 +312,12 @@ impl Observer {
                 self.subscribed = true;
                 // Without notifications (or when subscribing fails) it polls.
                 self.events = events.ok().flatten();
+            }
+            // Reads start at least this far apart, whatever wakes the observer and however
+            // often a caller drops `next()` and calls it again (a wake long after the last
+            // read reads at once).
+            if let Some(last) = self.last_read {
+                tokio::time::sleep_until(last + MIN_READ_GAP).await;
             }
             self.last_read = Some(tokio::time::Instant::now());
             let leader = match self.election.leader().await {
@@ -344,11 +353,6 @@ impl Observer {
                     if let Ok(None) = woke {
                         // The stream ended (connection gone): poll from now on.
                         self.events = None;
-                    }
-                    // Whatever the backend's wake-ups, reads start at least this far
-                    // apart (a wake long after the last read reads at once).
-                    if let Some(last) = self.last_read {
-                        tokio::time::sleep_until(last + MIN_READ_GAP).await;
                     }
                 }
                 _ => tokio::time::sleep(self.poll_gap(interval)).await,

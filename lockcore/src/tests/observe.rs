@@ -389,3 +389,53 @@ fn a_leader_read_again_after_a_vacancy_is_reported_again() {
         assert_eq!(seen, [Some(5), None, Some(5), Some(7)]);
     });
 }
+
+/// A call dropped during the wait after an error does not shorten it: the wait counts from
+/// the failed read and is cleared only once waited out (the review: 200 reads of a failing
+/// backend in 1 s when every call was cancelled after 5 ms).
+#[test]
+fn a_dropped_call_does_not_shorten_the_wait_after_an_error() {
+    bounded(|| async {
+        let backend = Arc::new(Failing::default());
+        let locker = Locker::new(backend.clone());
+        let election = (locker.election("e").expect("name")).with_observe_interval(ms(500));
+        let mut observer = election.observe();
+        let started = tokio::time::Instant::now();
+        while started.elapsed() < ms(1_000) {
+            tokio::select! {
+                _ = observer.next() => {}
+                () = tokio::time::sleep(ms(5)) => {}
+            }
+        }
+        let reads = backend.inspects.load(Ordering::SeqCst);
+        // At 0, 500 and 1000 ms at most.
+        assert!(reads <= 3, "{reads} reads of a failing backend in 1 s");
+    });
+}
+
+/// Reads start at least 10 ms apart across calls too: a caller that drops `next()` every
+/// millisecond and calls it again does not read every millisecond.
+#[test]
+fn reads_are_paced_across_dropped_calls() {
+    bounded(|| async {
+        let backend = Arc::new(EagerWake::default());
+        let locker = Locker::new(backend.clone());
+        let election = (locker.election("e").expect("name")).with_observe_interval(ms(500));
+        let _leading = election.campaign(None).await.expect("campaign");
+        let mut observer = election.observe();
+        assert!(observer.next().await.expect("read").is_some());
+        let before = backend.inspects.load(Ordering::SeqCst);
+        let started = tokio::time::Instant::now();
+        while started.elapsed() < ms(1_000) {
+            tokio::select! {
+                _ = observer.next() => {}
+                () = tokio::time::sleep(ms(1)) => {}
+            }
+        }
+        let reads = backend.inspects.load(Ordering::SeqCst) - before;
+        assert!(
+            reads <= 101,
+            "{reads} reads in 1 s of calls dropped after 1 ms"
+        );
+    });
+}
