@@ -9,8 +9,8 @@
 //!
 //! [`Queue::claim`] is the queued waiter's attempt: one Txn that, if our key still has its
 //! create revision and no key under the prefix has a lower one, rewrites its value with the
-//! acquisition time (same key, same lease, same create revision), then one keep-alive, so
-//! the lease runs a full TTL from this attempt on. The place becomes the grant: the
+//! acquisition time (same key, same lease, same create revision), sent together with one
+//! keep-alive, so the lease runs a full TTL from this attempt on. The place becomes the grant: the
 //! keep-alive task stops and lockcore's refresher takes over the lease.
 //!
 //! A place can be lost while it waits: an operator deletes the key, or the lease expires

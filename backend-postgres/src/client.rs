@@ -138,9 +138,7 @@ impl Client {
         let deadline = Instant::now() + self.timeout;
         let mut conn = match self.conns.lend(deadline).await {
             Ok(conn) => conn,
-            Err(NotLent::Connect(err)) => {
-                return Err(map_error_as(err, Effect::Read, Some(&self.who)));
-            }
+            Err(NotLent::Connect(err)) => return Err(connect_failed(err, &self.who)),
             Err(NotLent::Busy) => {
                 return Err(Error::unavailable(format!(
                     "all {} connections stayed busy for {:?}; nothing was sent (raise \
@@ -201,6 +199,11 @@ impl Client {
                         ..found
                     }),
                     Err(err) if found.complete() && is_insufficient_privilege(&err) => {
+                        // The failed transaction's ROLLBACK is only queued (sqlx sends it
+                        // with the next message); send it now, or the connection goes back
+                        // idle in an aborted transaction (the review; sqlx's pool pinged
+                        // every connection on return, which sent it).
+                        sqlx::Connection::ping(&mut *conn).await?;
                         tracing::warn!(table = %names.permits, error = %err,
                             "cannot create the semaphore permits table; locks work, permits \
                              fail until its owner creates it (docs/postgres.md, Semaphores)");

@@ -1,6 +1,7 @@
 //! The connections lock calls run on: at most `pool_size` of them, opened when needed,
 //! kept idle between calls (the most recently used first), pinged before a call when idle
-//! for a second or more, and dropped whenever a call did not end cleanly.
+//! for a second or more, closed after ten minutes idle or thirty since they were opened,
+//! and dropped whenever a call did not end cleanly.
 //!
 //! Why not sqlx's pool: it pings every connection as it comes back (a `Sync` and its
 //! `ReadyForQuery`, in a task of its own), so each lock statement cost two round trips,
@@ -11,8 +12,8 @@
 //! error, so a connection left mid-statement (an error, a timeout, a dropped future) is
 //! never lent again. The sqlx pool stays for what needs a `'static` transaction or is
 //! the user's own ([`PostgresBackend::pool`](crate::PostgresBackend::pool),
-//! [`begin_fenced`](crate::PostgresBackend::begin_fenced)) and for the `LISTEN`
-//! connection.
+//! [`begin_fenced`](crate::PostgresBackend::begin_fenced)); the `LISTEN` connection has
+//! a one-connection pool of its own (`notify.rs`).
 
 use std::ops::{Deref, DerefMut};
 use std::sync::{Mutex, PoisonError};
@@ -28,10 +29,13 @@ use tokio::time::{Instant, timeout_at};
 /// ping before every call would cost the round trip this module saves.
 pub(crate) const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
 
-/// Idle connections unused for this long are closed rather than pinged and lent (as
-/// sqlx's pool's default idle timeout does), so a burst's connections do not stay open
-/// for ever on the server.
+/// Idle connections unused for this long are closed (sqlx's pool's default idle timeout),
+/// so a burst's connections do not stay open for ever on the server.
 const CLOSE_IF_IDLE_FOR: Duration = Duration::from_secs(600);
+
+/// Connections opened this long ago are closed when they come back (sqlx's pool's default
+/// maximum lifetime), so none lives for ever.
+const MAX_LIFETIME: Duration = Duration::from_secs(1800);
 
 /// Why no connection was lent.
 #[derive(Debug)]
@@ -50,12 +54,31 @@ pub(crate) struct Conns {
     options: PgConnectOptions,
     slots: Semaphore,
     size: u32,
-    idle: Mutex<Vec<Idle>>,
+    idle: Mutex<Vec<Idle<PgConnection>>>,
 }
 
-struct Idle {
-    conn: PgConnection,
+/// An idle connection: since when, and when it was opened.
+struct Idle<C> {
+    conn: C,
     since: Instant,
+    opened: Instant,
+}
+
+/// Removes from `idle` (oldest first, most recently used last) the connections idle for
+/// [`CLOSE_IF_IDLE_FOR`] or opened [`MAX_LIFETIME`] ago by `now`, and returns them. Every
+/// entry is looked at, not only the top: under a steady light load only the most recently
+/// used connection is ever lent, and the rest of a burst's would otherwise stay open.
+fn expire<C>(idle: &mut Vec<Idle<C>>, now: Instant) -> Vec<C> {
+    let stale = |i: &Idle<C>| {
+        now.saturating_duration_since(i.since) >= CLOSE_IF_IDLE_FOR
+            || now.saturating_duration_since(i.opened) >= MAX_LIFETIME
+    };
+    if !idle.iter().any(stale) {
+        return Vec::new();
+    }
+    let (gone, kept): (Vec<_>, Vec<_>) = idle.drain(..).partition(stale);
+    *idle = kept;
+    gone.into_iter().map(|i| i.conn).collect()
 }
 
 impl std::fmt::Debug for Conns {
@@ -84,7 +107,7 @@ impl Conns {
         self.size
     }
 
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Idle<PgConnection>>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -98,20 +121,25 @@ impl Conns {
             Ok(Err(_)) | Err(_) => return Err(NotLent::Busy),
         };
         loop {
-            let popped = self.idle().pop();
-            let Some(Idle { mut conn, since }) = popped else {
+            let popped = {
+                let mut idle = self.idle();
+                let gone = expire(&mut idle, Instant::now());
+                gone.into_iter().for_each(close_quietly);
+                idle.pop()
+            };
+            let Some(Idle {
+                mut conn,
+                since,
+                opened,
+            }) = popped
+            else {
                 break;
             };
-            let idle_for = since.elapsed();
-            if idle_for >= CLOSE_IF_IDLE_FOR {
-                close_quietly(conn);
-                continue;
-            }
-            if idle_for < PING_IF_IDLE_FOR {
-                return Ok(Lent::new(conn, self, permit));
+            if since.elapsed() < PING_IF_IDLE_FOR {
+                return Ok(Lent::new(conn, opened, self, permit));
             }
             match timeout_at(deadline, conn.ping()).await {
-                Ok(Ok(())) => return Ok(Lent::new(conn, self, permit)),
+                Ok(Ok(())) => return Ok(Lent::new(conn, opened, self, permit)),
                 Ok(Err(err)) => {
                     tracing::debug!(error = %err, "an idle PostgreSQL connection failed its ping; dropped");
                 }
@@ -119,7 +147,7 @@ impl Conns {
             }
         }
         match timeout_at(deadline, PgConnection::connect_with(&self.options)).await {
-            Ok(Ok(conn)) => Ok(Lent::new(conn, self, permit)),
+            Ok(Ok(conn)) => Ok(Lent::new(conn, Instant::now(), self, permit)),
             Ok(Err(err)) => Err(NotLent::Connect(err)),
             Err(_) => Err(NotLent::Slow),
         }
@@ -148,26 +176,41 @@ fn close_quietly(conn: PgConnection) {
 /// what it still has to read, so it is never lent again.
 pub(crate) struct Lent<'a> {
     conn: Option<PgConnection>,
+    opened: Instant,
     conns: &'a Conns,
     _permit: SemaphorePermit<'a>,
 }
 
 impl<'a> Lent<'a> {
-    fn new(conn: PgConnection, conns: &'a Conns, permit: SemaphorePermit<'a>) -> Self {
+    fn new(
+        conn: PgConnection,
+        opened: Instant,
+        conns: &'a Conns,
+        permit: SemaphorePermit<'a>,
+    ) -> Self {
         Self {
             conn: Some(conn),
+            opened,
             conns,
             _permit: permit,
         }
     }
 
     /// Returns the connection for the next call: only after a call that ended cleanly.
+    /// Connections past their lifetime, this one or idle ones, are closed instead.
     pub(crate) fn give_back(mut self) {
         if let Some(conn) = self.conn.take() {
-            self.conns.idle().push(Idle {
-                conn,
-                since: Instant::now(),
-            });
+            let now = Instant::now();
+            let gone = {
+                let mut idle = self.conns.idle();
+                idle.push(Idle {
+                    conn,
+                    since: now,
+                    opened: self.opened,
+                });
+                expire(&mut idle, now)
+            };
+            gone.into_iter().for_each(close_quietly);
         }
     }
 }
@@ -216,6 +259,26 @@ mod tests {
         // The failed attempt gave its slot back.
         assert_eq!(conns.slots.available_permits(), 1);
         assert_eq!(conns.idle_count(), 0);
+    }
+
+    #[test]
+    fn idle_and_old_connections_expire_wherever_they_are_in_the_list() {
+        let start = Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        let idle = |conn: u32, since: u64, opened: u64| Idle {
+            conn,
+            since: at(since),
+            opened: at(opened),
+        };
+        // A burst's connections at the bottom, the one in steady use on top.
+        let mut list = vec![idle(1, 0, 0), idle(2, 0, 0), idle(3, 599, 0)];
+        assert!(expire(&mut list, at(599)).is_empty());
+        assert_eq!(expire(&mut list, at(600)), [1, 2]);
+        assert_eq!(list.iter().map(|i| i.conn).collect::<Vec<_>>(), [3]);
+        // In use all along, but opened 30 minutes ago.
+        let mut list = vec![idle(4, 1_799, 0), idle(5, 1_799, 100)];
+        assert_eq!(expire(&mut list, at(1_800)), [4]);
+        assert_eq!(list.len(), 1);
     }
 
     #[test]

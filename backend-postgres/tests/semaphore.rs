@@ -625,11 +625,29 @@ async fn a_role_that_cannot_create_the_permits_table_still_locks() {
         ),
     )
     .await;
+    let app = format!("anylock-semrole-{:08x}", rand::random::<u32>());
     let as_role = url.replacen("postgres@", &format!("{role}@"), 1);
     {
-        let limited = PostgresBackend::connect(common::config(&as_role, &schema))
+        let sep = if as_role.contains('?') { '&' } else { '?' };
+        let named = format!("{as_role}{sep}application_name={app}");
+        let limited = PostgresBackend::connect(common::config(&named, &schema))
             .await
             .expect("connects although it cannot create the permits table");
+        // The refused CREATE's transaction was rolled back before its connection was kept
+        // for the next call, not left aborted (the review: `idle in transaction
+        // (aborted)` until its next use).
+        let states: Vec<String> = sqlx::query_scalar(
+            "SELECT coalesce(state, '') FROM pg_stat_activity WHERE application_name = $1",
+        )
+        .bind(&app)
+        .fetch_all(&admin)
+        .await
+        .expect("activity");
+        assert!(!states.is_empty(), "the kept connection is listed");
+        assert!(
+            states.iter().all(|s| s == "idle"),
+            "the kept connection: {states:?}"
+        );
         let unprepared = common::config(&as_role, &schema).with_prepared_statements(false);
         PostgresBackend::connect(unprepared)
             .await
