@@ -14,8 +14,8 @@ use sqlx::postgres::PgListener;
 use sqlx::{AssertSqlSafe, Connection};
 
 use crate::op::{Held, Lock, Res};
-use crate::sys_pg::RawConns;
-use crate::sys_redis::PREFIX;
+use crate::raw_conns::RawConns;
+use crate::system::PREFIX;
 use crate::system::Peer;
 
 /// What the handoff table calls a floor.

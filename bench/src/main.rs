@@ -41,6 +41,7 @@ mod profile {
     }
 }
 mod proto;
+mod raw_conns;
 mod report;
 mod results;
 mod scale;

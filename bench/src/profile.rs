@@ -15,7 +15,7 @@ use crate::common::{TTL, progress};
 use crate::measure::{error_budget, warm_up};
 use crate::op::{Entry, NAMES, Ours, Res, Role};
 use crate::procstat::client_cpu;
-use crate::sys_redis::PREFIX;
+use crate::system::PREFIX;
 use crate::system::with_param;
 use crate::targets::OURS;
 

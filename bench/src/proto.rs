@@ -24,7 +24,7 @@ use crate::op::Res;
 use crate::procstat::rss_bytes;
 use crate::results::ScaleRow;
 use crate::scale::Window;
-use crate::sys_redis::PREFIX;
+use crate::system::PREFIX;
 use crate::system::{Ctx, Kind, System};
 
 /// Leases per pipelined batch or statement.

@@ -7,10 +7,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use lockcore::LockBackend;
 use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgConnection, PgPoolOptions, Postgres};
-use sqlx::{AssertSqlSafe, Connection, PgPool};
+use sqlx::postgres::{PgPoolOptions, Postgres};
+use sqlx::{AssertSqlSafe, PgPool};
 
 use crate::op::{Entry, Held, Lock, Op, Res, Role};
+use crate::raw_conns::RawConns;
 use crate::system::{Ctx, Kind, Peer, System, host_port, with_param};
 
 /// Connections in ours' pool and the peer's pool: enough that 64 tasks never
@@ -96,36 +97,6 @@ async fn pool(url: &str, size: u32) -> Res<PgPool> {
         .test_before_acquire(false)
         .connect(url)
         .await?)
-}
-
-/// Connections kept between statements with nothing sent in between (as pgbench keeps its
-/// clients' and as the backend keeps its lock calls'): one round trip per statement, the
-/// raw entries' floor. Opened on demand, one per concurrent task at most.
-pub(crate) struct RawConns {
-    url: String,
-    idle: std::sync::Mutex<Vec<PgConnection>>,
-}
-
-impl RawConns {
-    fn new(url: &str) -> Self {
-        Self {
-            url: url.to_owned(),
-            idle: std::sync::Mutex::default(),
-        }
-    }
-
-    pub(crate) async fn take(&self) -> Res<PgConnection> {
-        let idle = self.idle.lock().expect("raw connections").pop();
-        match idle {
-            Some(conn) => Ok(conn),
-            None => Ok(PgConnection::connect(&self.url).await?),
-        }
-    }
-
-    /// Back for the next statement; only after one that succeeded.
-    pub(crate) fn give_back(&self, conn: PgConnection) {
-        self.idle.lock().expect("raw connections").push(conn);
-    }
 }
 
 /// `SELECT 1`, a prepared statement on a kept connection.

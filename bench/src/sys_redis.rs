@@ -13,11 +13,7 @@ use rslock::{LockError, LockManager};
 
 use crate::op::{Entry, Held, Lock, Op, Res, Role};
 use crate::servers::RedisCommands;
-use crate::system::{Ctx, Kind, Peer, System, host_port, with_param};
-
-/// The key prefix of our locks (`{anylock-bench:NAME}:lock`), so a run's keys are easy to
-/// find and remove.
-pub(crate) const PREFIX: &str = "anylock-bench";
+use crate::system::{Ctx, Kind, PREFIX, Peer, System, host_port, with_param};
 
 /// How rslock waits.
 const RSLOCK_WAIT: &str = "polled: retries 0–200 ms apart";

@@ -12,6 +12,10 @@ use lockcore::{LockBackend, Semaphores, Waiting};
 use crate::op::{Bare, Entry, Lock, Ours, OursPermit, Role};
 use crate::servers::Counter;
 
+/// The key prefix of our locks (`{anylock-bench:NAME}:lock`), so a run's keys are easy to
+/// find and remove.
+pub(crate) const PREFIX: &str = "anylock-bench";
+
 /// Which backend.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
