@@ -122,27 +122,36 @@ impl LockBackend for Scripted {
     }
 }
 
+/// `owner` leading in term `t`, as a scripted read.
+fn term(owner: &str, t: u64) -> Option<HolderInfo> {
+    let owner = crate::Identity::named(owner).expect("id");
+    Some(HolderInfo::new(owner).with_token(crate::FenceToken::new(t)))
+}
+
+/// The terms the first `reports` changes of an observer over `holders` name (`None`: no
+/// leader).
+async fn terms_reported(holders: Vec<Option<HolderInfo>>, reports: usize) -> Vec<Option<u64>> {
+    let backend = Arc::new(Scripted {
+        memory: MemoryBackend::new(),
+        holders: std::sync::Mutex::new(holders),
+    });
+    let election =
+        (Locker::new(backend).election("e").expect("name")).with_observe_interval(ms(10));
+    let mut observer = election.observe();
+    let mut seen = Vec::with_capacity(reports);
+    for _ in 0..reports {
+        let leader = observer.next().await.expect("read");
+        seen.push(leader.and_then(|l| l.term()).map(crate::FenceToken::get));
+    }
+    seen
+}
+
 #[test]
 fn an_observer_never_reports_a_term_older_than_one_it_reported() {
     bounded(|| async {
-        let term = |owner: &str, t: u64| {
-            let owner = crate::Identity::named(owner).expect("id");
-            Some(HolderInfo::new(owner).with_token(crate::FenceToken::new(t)))
-        };
         // A stale read after a vacancy shows an older term (3 after 5).
         let holders = vec![term("a", 5), None, term("old", 3), term("b", 7)];
-        let backend = Arc::new(Scripted {
-            memory: MemoryBackend::new(),
-            holders: std::sync::Mutex::new(holders),
-        });
-        let election =
-            (Locker::new(backend).election("e").expect("name")).with_observe_interval(ms(10));
-        let mut observer = election.observe();
-        let mut seen: Vec<Option<u64>> = vec![None; 3];
-        for slot in &mut seen {
-            let leader = observer.next().await.expect("read");
-            *slot = leader.and_then(|l| l.term()).map(crate::FenceToken::get);
-        }
+        let seen = terms_reported(holders, 3).await;
         assert_eq!(seen, [Some(5), None, Some(7)], "term 3 came after term 5");
     });
 }
@@ -369,23 +378,8 @@ fn the_wait_after_an_error_counts_from_the_failed_read() {
 #[test]
 fn a_leader_read_again_after_a_vacancy_is_reported_again() {
     bounded(|| async {
-        let term = |owner: &str, t: u64| {
-            let owner = crate::Identity::named(owner).expect("id");
-            Some(HolderInfo::new(owner).with_token(crate::FenceToken::new(t)))
-        };
         let holders = vec![term("a", 5), None, term("a", 5), term("b", 7)];
-        let backend = Arc::new(Scripted {
-            memory: MemoryBackend::new(),
-            holders: std::sync::Mutex::new(holders),
-        });
-        let election =
-            (Locker::new(backend).election("e").expect("name")).with_observe_interval(ms(10));
-        let mut observer = election.observe();
-        let mut seen: Vec<Option<u64>> = vec![None; 4];
-        for slot in &mut seen {
-            let leader = observer.next().await.expect("read");
-            *slot = leader.and_then(|l| l.term()).map(crate::FenceToken::get);
-        }
+        let seen = terms_reported(holders, 4).await;
         assert_eq!(seen, [Some(5), None, Some(5), Some(7)]);
     });
 }
