@@ -131,6 +131,9 @@ async fn a_lease_read_at_its_last_millisecond_is_attempted_again_at_once_body() 
     assert_eq!(attempts.len(), HELD_WITH_TIME_LEFT + 2, "{attempts:?}");
     let zero = attempts[HELD_WITH_TIME_LEFT];
     let gap = attempts[HELD_WITH_TIME_LEFT + 1] - zero;
-    assert!(gap <= ms(10), "attempted {gap:?} after reading zero time left");
+    assert!(
+        gap <= ms(10),
+        "attempted {gap:?} after reading zero time left"
+    );
     guard.release().await.expect("release");
 }
