@@ -256,8 +256,11 @@ pub(crate) fn holder_info(found: &Found) -> HolderInfo {
             raw.len()
         ))),
     };
+    // `PTTL` rounds down: 0 is a key with under a millisecond left, still there. Reported
+    // as 1 ms, so a waiter sleeps until it is gone rather than take it for an expired
+    // holder not yet removed (which lockcore does not let cap its backoff).
     if let Ok(ms) = u64::try_from(pttl) {
-        info = info.with_expires_in(Duration::from_millis(ms));
+        info = info.with_expires_in(Duration::from_millis(ms.max(1)));
     }
     info.with_note(Note::from_stored(&found.note))
 }
@@ -379,6 +382,20 @@ mod tests {
         assert_eq!(info.note(), None);
         let info = holder_info(&Found::new(raw, 1500, "ci \x1b[2J run"));
         assert_eq!(info.note().map(Note::as_str), Some("ci \u{fffd}[2J run"));
+    }
+
+    /// `PTTL` 0 is a key in its last millisecond, still there (Redis deletes it once the
+    /// clock passes its expiry): it reads as 1 ms left, not zero, which lockcore takes for
+    /// a holder expired but not yet removed and answers with its full backoff (the
+    /// failover bench saw a crashed leader's successor take over 267 ms past the TTL).
+    #[test]
+    fn a_key_in_its_last_millisecond_has_one_ms_left() {
+        let owner = Identity::from_stored("host/1/abc");
+        let raw = format!("7{}", value_suffix(&new_nonce(), &owner));
+        let info = holder_info(&Found::new(raw.clone(), 0, ""));
+        assert_eq!(info.expires_in(), Some(Duration::from_millis(1)));
+        let info = holder_info(&Found::new(raw, 2, ""));
+        assert_eq!(info.expires_in(), Some(Duration::from_millis(2)));
     }
 
     #[test]

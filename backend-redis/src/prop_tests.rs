@@ -215,7 +215,7 @@ proptest! {
                     [Value::Int(0), v, Value::Int(p), ..] if text_of(v) == Some(found.value.clone()) && *p == found.pttl);
                 prop_assert!(shape_ok);
                 let holder = holder_info(&found);
-                prop_assert_eq!(holder.expires_in(), u64::try_from(found.pttl).ok().map(Duration::from_millis));
+                prop_assert_eq!(holder.expires_in(), u64::try_from(found.pttl).ok().map(|ms| Duration::from_millis(ms.max(1))));
                 prop_assert!(holder.note().is_none_or(|n| n.as_str().len() <= lockcore::MAX_NOTE_LEN));
             }
             None => {}

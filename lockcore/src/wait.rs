@@ -54,14 +54,7 @@ pub(crate) struct Wait {
     queue_tried: bool,
     /// `Some(n)` while waiting for a permit of a semaphore of `n`.
     permits: Option<Permits>,
-    /// The last holder read had time left: if the next reads zero, its lease ran out
-    /// between the two (not one lingering after its end), so the next attempt comes after
-    /// [`ZERO_LEFT_RECHECK`], once, rather than after the grown backoff.
-    time_left_seen: bool,
 }
-
-/// How soon a holder read at zero time left, just after it read some, is attempted again.
-const ZERO_LEFT_RECHECK: Duration = Duration::from_millis(5);
 
 impl Wait {
     /// The wait of one acquisition; nothing is asked of the backend until an attempt
@@ -86,7 +79,6 @@ impl Wait {
             events_from_ticket: false,
             queue_tried: false,
             permits,
-            time_left_seen: false,
         }
     }
 
@@ -181,18 +173,11 @@ impl Wait {
         let mut delay = self.backoff.delay(self.attempt, unit);
         self.attempt = self.attempt.saturating_add(1);
         // Never sleep past the holder's expiry; but a holder already at zero (expired by
-        // the backend's clock, not yet removed) gets the plain backoff, not a 1 ms poll,
-        // except once right after a reading with time left: then the lease most likely
-        // ended between the two (an attempt in its last millisecond), not lingers.
-        match self.holder.as_ref().and_then(HolderInfo::expires_in) {
-            Some(left) if !left.is_zero() => {
-                delay = delay.min(left);
-                self.time_left_seen = true;
-            }
-            Some(_) if std::mem::take(&mut self.time_left_seen) => {
-                delay = delay.min(ZERO_LEFT_RECHECK);
-            }
-            _ => self.time_left_seen = false,
+        // the backend's clock, not yet removed) gets the plain backoff, not a 1 ms poll.
+        if let Some(left) = self.holder.as_ref().and_then(HolderInfo::expires_in)
+            && !left.is_zero()
+        {
+            delay = delay.min(left);
         }
         let now = Instant::now();
         let mut wake = now + delay.max(Duration::from_millis(1));
