@@ -284,13 +284,13 @@ impl Locker {
                             "the grant arrived with no validity left and was released",
                         ));
                     }
-                    wait.holder = None;
+                    wait.no_holder();
                 }
                 Ok((_, Attempted::Held(holder))) if options.wait() == WaitMode::TryOnce => {
                     return Err(held_error(holder, request.permits));
                 }
                 Ok((_, Attempted::Held(holder))) => {
-                    wait.holder = Some(holder);
+                    wait.held_by(holder);
                     // Our place may already be first, and a release just before the
                     // subscription notifies no one: either way, try again before sleeping.
                     let queued = wait.join_queue(&self.backend, request).await;

@@ -45,7 +45,12 @@ pub(crate) struct Wait {
     backoff: crate::backoff::Backoff,
     /// Bounds each backend call the wait makes itself (joining the queue).
     attempt_timeout: Duration,
-    pub(crate) holder: Option<HolderInfo>,
+    /// The last holder that refused us, for the timeout's message.
+    holder: Option<HolderInfo>,
+    /// When that holder's lease ends by the backend's reading, taken when it was read:
+    /// the wait never sleeps past it, and once it has passed (a failed attempt read no
+    /// newer one) it caps nothing.
+    holder_expiry: Option<Instant>,
     pub(crate) last_error: Option<Error>,
     /// Our place in the backend's FIFO queue; dropped (leaving the queue) with `Wait`.
     ticket: Option<QueueTicket>,
@@ -74,12 +79,27 @@ impl Wait {
             backoff: options.backoff().clone(),
             attempt_timeout: options.acquire_timeout(),
             holder: None,
+            holder_expiry: None,
             last_error: None,
             ticket: None,
             events_from_ticket: false,
             queue_tried: false,
             permits,
         }
+    }
+
+    /// An attempt found the lock held by `holder`.
+    pub(crate) fn held_by(&mut self, holder: HolderInfo) {
+        self.holder_expiry = (holder.expires_in())
+            .filter(|left| !left.is_zero())
+            .map(|left| Instant::now() + left);
+        self.holder = Some(holder);
+    }
+
+    /// An attempt's grant came too late to use: nobody is known to hold the lock.
+    pub(crate) fn no_holder(&mut self) {
+        self.holder = None;
+        self.holder_expiry = None;
     }
 
     /// Subscribes to the lock's release notifications, once per acquisition, after the
@@ -172,12 +192,15 @@ impl Wait {
     pub(crate) async fn pause(&mut self, unit: f64) -> Result<()> {
         let mut delay = self.backoff.delay(self.attempt, unit);
         self.attempt = self.attempt.saturating_add(1);
-        // Never sleep past the holder's expiry; but a holder already at zero (expired by
-        // the backend's clock, not yet removed) gets the plain backoff, not a 1 ms poll.
-        if let Some(left) = self.holder.as_ref().and_then(HolderInfo::expires_in)
-            && !left.is_zero()
-        {
-            delay = delay.min(left);
+        // Never sleep past the holder's expiry as read; but a holder already at zero
+        // (expired by the backend's clock, not yet removed) gets the plain backoff, not a
+        // 1 ms poll, and so does one whose expiry passed since (the attempts after it
+        // failed: a server down at the lease's end is not retried every millisecond).
+        if let Some(at) = self.holder_expiry {
+            let left = at.saturating_duration_since(Instant::now());
+            if !left.is_zero() {
+                delay = delay.min(left);
+            }
         }
         let now = Instant::now();
         let mut wake = now + delay.max(Duration::from_millis(1));
