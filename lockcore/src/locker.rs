@@ -271,6 +271,8 @@ impl Locker {
         // a zero or tiny wait still means "one real try"; later ones stop at the deadline.
         let mut first = true;
         loop {
+            // When this attempt left, on the runtime's clock (the one the wait sleeps on).
+            let sent_at = Instant::now();
             let outcome = self.attempt(request, options, first, wait.deadline).await;
             first = false;
             match outcome {
@@ -290,7 +292,7 @@ impl Locker {
                     return Err(held_error(holder, request.permits));
                 }
                 Ok((_, Attempted::Held(holder))) => {
-                    wait.held_by(holder);
+                    wait.held_by(holder, sent_at);
                     // Our place may already be first, and a release just before the
                     // subscription notifies no one: either way, try again before sleeping.
                     let queued = wait.join_queue(&self.backend, request).await;

@@ -212,6 +212,11 @@ impl HolderInfo {
     }
 
     /// Sets how long until the lease expires unless refreshed, on the backend's clock.
+    ///
+    /// A backend rounds a live lease's time left up, never to zero: zero means expired
+    /// but not yet removed, and a waiter does not let such a holder cap its sleep (it
+    /// would poll every millisecond), so a live holder reported at zero makes waiters
+    /// sleep their whole backoff past its end.
     pub fn with_expires_in(mut self, remaining: Duration) -> Self {
         self.expires_in = Some(remaining);
         self

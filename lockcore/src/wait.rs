@@ -88,11 +88,14 @@ impl Wait {
         }
     }
 
-    /// An attempt found the lock held by `holder`.
-    pub(crate) fn held_by(&mut self, holder: HolderInfo) {
+    /// An attempt sent at `sent` found the lock held by `holder`. Its time left counts
+    /// from the sending (the backend read it after that), so the wait never sleeps past
+    /// the lease's end however long the reply took; a time left too large for the clock
+    /// caps nothing.
+    pub(crate) fn held_by(&mut self, holder: HolderInfo, sent: Instant) {
         self.holder_expiry = (holder.expires_in())
             .filter(|left| !left.is_zero())
-            .map(|left| Instant::now() + left);
+            .and_then(|left| sent.checked_add(left));
         self.holder = Some(holder);
     }
 

@@ -125,3 +125,103 @@ async fn a_failing_backend_is_retried_at_the_backoff_after_the_holders_expiry_bo
     // As in the test above: a few dozen attempts in 5 s at the default backoff.
     assert!(attempts <= 50, "{attempts} attempts in 5 s");
 }
+
+/// Held with `left` on the first attempt, unavailable for the next `errors`, then free;
+/// records when each attempt came.
+#[derive(Debug)]
+struct HeldThenDownThenFree {
+    inner: MemoryBackend,
+    left: std::time::Duration,
+    errors: usize,
+    attempts: std::sync::Mutex<Vec<tokio::time::Instant>>,
+}
+
+impl HeldThenDownThenFree {
+    fn new(left: std::time::Duration, errors: usize) -> Self {
+        Self {
+            inner: MemoryBackend::new(),
+            left,
+            errors,
+            attempts: std::sync::Mutex::default(),
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for HeldThenDownThenFree {
+    fn backend_name(&self) -> &str {
+        "held-then-down-then-free"
+    }
+    fn guarantees(&self) -> Guarantees {
+        self.inner.guarantees()
+    }
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let n = {
+            let mut attempts = self.attempts.lock().expect("attempts");
+            attempts.push(tokio::time::Instant::now());
+            attempts.len()
+        };
+        if n == 1 {
+            let holder = HolderInfo::new(Identity::from_stored("h/1/0")).with_expires_in(self.left);
+            return Ok(Acquire::Held(holder));
+        }
+        if n <= 1 + self.errors {
+            return Err(crate::Error::new(crate::ErrorKind::Unavailable, "refused"));
+        }
+        self.inner.acquire(request).await
+    }
+    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        self.inner.refresh(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        self.inner.inspect(name).await
+    }
+}
+
+/// Failed attempts before the holder's expiry still wake at it: with no jitter the
+/// backoff after the refusal runs 20, 40, 80 ms (attempts at 20, 60 and 140 ms fail),
+/// then 160 ms is cut to the 60 ms left, so the grant comes at the 200 ms expiry, not at
+/// 300 ms.
+#[test]
+fn failed_attempts_before_the_holders_expiry_still_wake_at_it() {
+    crate::tests::bounded(failed_attempts_before_the_holders_expiry_still_wake_at_it_body);
+}
+
+async fn failed_attempts_before_the_holders_expiry_still_wake_at_it_body() {
+    let backend = Arc::new(HeldThenDownThenFree::new(ms(200), 3));
+    let backoff = crate::Backoff::new(ms(20), ms(1000)).with_jitter(crate::Jitter::None);
+    let options = LockOptions::new(ms(10_000))
+        .with_wait(WaitMode::Timeout(ms(5000)))
+        .with_backoff(backoff);
+    let locker = Locker::new(backend.clone()).with_options(options);
+    let guard = locker.acquire("job").await.expect("free after the expiry");
+    let attempts = backend.attempts.lock().expect("attempts").clone();
+    let since_first: Vec<_> = attempts.iter().map(|at| *at - attempts[0]).collect();
+    assert_eq!(
+        since_first,
+        [ms(0), ms(20), ms(60), ms(140), ms(200)],
+        "attempt times"
+    );
+    guard.release().await.expect("release");
+}
+
+/// A holder whose time left is too large for the clock (a backend's "never") caps
+/// nothing and panics nothing.
+#[test]
+fn a_time_left_too_large_for_the_clock_is_no_cap() {
+    crate::tests::bounded(a_time_left_too_large_for_the_clock_is_no_cap_body);
+}
+
+async fn a_time_left_too_large_for_the_clock_is_no_cap_body() {
+    let backend = Arc::new(HeldThenDownThenFree::new(std::time::Duration::MAX, 0));
+    let locker = Locker::new(backend.clone());
+    let guard = locker
+        .acquire("job")
+        .await
+        .expect("free on the second attempt");
+    assert_eq!(backend.attempts.lock().expect("attempts").len(), 2);
+    guard.release().await.expect("release");
+}
