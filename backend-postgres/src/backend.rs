@@ -207,8 +207,10 @@ impl LockBackend for PostgresBackend {
             None => {
                 let now = self.inspect(&request.name).await?;
                 Ok(Acquire::Held(now.unwrap_or_else(|| {
+                    // The lock is free again: a holder that ends at once, so a waiter
+                    // tries again now (zero would read as expired and wait a backoff).
                     HolderInfo::new(Identity::from_stored(UNKNOWN_HOLDER))
-                        .with_expires_in(Duration::ZERO)
+                        .with_expires_in(Duration::from_micros(1))
                 })))
             }
         }

@@ -15,10 +15,17 @@ use crate::names::Names;
 
 /// Columns describing a holder: identity, token, note, grant time and time left, both in
 /// microseconds so no date-time crate is needed.
+///
+/// The time left is read by `clock_timestamp()`, after the statement judged the lease live
+/// by `now()`, its start: a lease that ended in between still reports 1 µs (rounded up,
+/// never zero), as `HolderInfo::with_expires_in` asks of a live lease, so a waiter wakes at
+/// once rather than after its backoff. Only a lease already over at `now()` (a permit whose
+/// row a fenced transaction holds) reports 0.
 pub(crate) const HOLDER: &str = "owner, token, note, \
     (extract(epoch FROM acquired_at) * 1000000)::bigint AS acquired_at_us, \
-    greatest(0, extract(epoch FROM expires_at - clock_timestamp()) * 1000000)::bigint \
-    AS expires_in_us";
+    CASE WHEN expires_at > now() \
+         THEN greatest(1, ceil(extract(epoch FROM expires_at - clock_timestamp()) * 1000000)) \
+         ELSE 0 END::bigint AS expires_in_us";
 
 /// Every statement of the lock protocol, ready to bind.
 #[derive(Debug, Clone)]
