@@ -63,8 +63,9 @@ pub(crate) struct Args {
     /// Measure nothing else: sample the CPU of one workload in-process and write
     /// `<out>/<workload>-<profile-tag>.svg` (a flamegraph) and `.txt` (the top frames).
     /// Workloads: `redis-cycle` (`Locker::try_acquire` + `release`, uncontended, on
-    /// `--redis`).
-    #[arg(long, value_parser = ["redis-cycle"])]
+    /// `--redis`); `gcs-cycle` (the same on an in-process GCS test server) and `gcs-loop`
+    /// (the gcslock-style loop there).
+    #[arg(long, value_parser = ["redis-cycle", "gcs-cycle", "gcs-loop"])]
     pub(crate) profile: Option<String>,
     /// The suffix of the profile's files (`before`, `after`, …).
     #[arg(long, default_value = "latest")]

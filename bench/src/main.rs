@@ -73,12 +73,19 @@ use crate::op::Res;
 use crate::results::Results;
 use crate::system::{Ctx, Kind, System};
 
-/// The bucket of the in-process GCS test server.
-const BUCKET: &str = "anylock-bench";
-
 fn main() -> ExitCode {
     let args = Args::parse();
     let _ = started();
+    // Building a GCS backend installs the rustls provider that plain reqwest clients need
+    // (the GCS test server and the gcslock-style loop build some).
+    let warmup = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .map(|rt| rt.block_on(backend_gcs::GcsBackend::from_url("gs://provider-warmup")));
+    match warmup {
+        Err(e) => return fail(&e.into()),
+        Ok(Err(e)) => return fail(&e.into()),
+        Ok(Ok(_)) => {}
+    }
     if let Some(workload) = &args.profile {
         return match profile::run(&args, workload) {
             Ok(()) => ExitCode::SUCCESS,
@@ -90,15 +97,6 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => fail(&e),
         };
-    }
-    // Building a GCS backend installs the rustls provider that plain reqwest clients need.
-    let warmup = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .map(|rt| rt.block_on(backend_gcs::GcsBackend::from_url("gs://provider-warmup")));
-    match warmup {
-        Err(e) => return fail(&e.into()),
-        Ok(Err(e)) => return fail(&e.into()),
-        Ok(Ok(_)) => {}
     }
     let gcs = match start_gcs(&args) {
         Ok(gcs) => gcs,
@@ -131,22 +129,15 @@ fn fail(e: &op::BoxError) -> ExitCode {
     ExitCode::FAILURE
 }
 
-/// Starts the in-process GCS test server on a runtime of its own (its threads are named
-/// so their CPU is not counted as the client's), unless `--gcs` names another.
+/// Starts the in-process GCS test server ([`servers::gcs_test_server`]), unless `--gcs`
+/// names another.
 fn start_gcs(args: &Args) -> Res<Option<(tokio::runtime::Runtime, Arc<GcsTestServer>)>> {
     let wanted = args.only.is_empty() || args.only.iter().any(|o| o == "gcs");
     let child = args.scale_child.is_some() || args.failover_child.is_some();
     if !wanted || args.gcs.is_some() || child {
         return Ok(None);
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .thread_name(procstat::SERVER_THREADS)
-        .enable_all()
-        .build()?;
-    let server = runtime.block_on(GcsTestServer::start());
-    server.create_bucket(BUCKET);
-    Ok(Some((runtime, Arc::new(server))))
+    servers::gcs_test_server().map(Some)
 }
 
 async fn run(args: Args, gcs_server: Option<Arc<GcsTestServer>>) -> Res<()> {
@@ -165,7 +156,7 @@ async fn run(args: Args, gcs_server: Option<Arc<GcsTestServer>>) -> Res<()> {
     for (kind, url) in targets.list {
         let url = match (kind, url, &gcs_server) {
             (_, Some(url), _) => url,
-            (Kind::Gcs, None, Some(server)) => format!("gs://{BUCKET}?endpoint={}", server.url()),
+            (Kind::Gcs, None, Some(server)) => servers::gcs_url(server),
             (Kind::Local, None, _) => format!("local:{}/locks.sqlite3", local_dir.display()),
             (kind, None, _) => return Err(format!("no URL for {}", kind.name()).into()),
         };

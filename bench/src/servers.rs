@@ -8,6 +8,31 @@ use async_trait::async_trait;
 use gcs_test_server::GcsTestServer;
 
 use crate::op::Res;
+use crate::procstat;
+
+/// The bucket of the in-process GCS test server.
+pub(crate) const BUCKET: &str = "anylock-bench";
+
+/// Starts the in-process GCS test server on a runtime of its own, with one bucket
+/// ([`BUCKET`]); its threads are named so their CPU is not counted as the client's.
+///
+/// # Errors
+/// When the runtime cannot be built.
+pub(crate) fn gcs_test_server() -> Res<(tokio::runtime::Runtime, Arc<GcsTestServer>)> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .thread_name(procstat::SERVER_THREADS)
+        .enable_all()
+        .build()?;
+    let server = runtime.block_on(GcsTestServer::start());
+    server.create_bucket(BUCKET);
+    Ok((runtime, Arc::new(server)))
+}
+
+/// The `gs://` URL of the in-process test server's bucket.
+pub(crate) fn gcs_url(server: &GcsTestServer) -> String {
+    format!("gs://{BUCKET}?endpoint={}", server.url())
+}
 
 /// Calls by name, as a server counts them.
 pub(crate) type Calls = BTreeMap<String, u64>;
