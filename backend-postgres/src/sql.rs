@@ -17,7 +17,8 @@ use crate::names::Names;
 /// microseconds so no date-time crate is needed.
 ///
 /// The time left is read by `clock_timestamp()`, after the statement judged the lease live
-/// by `now()`, its start: a lease that ended in between still reports 1 µs (rounded up,
+/// by `now()`, its transaction's start (for a permit, before the name's advisory lock was
+/// waited for): a lease that ended in between still reports 1 µs (rounded up,
 /// never zero), as `HolderInfo::with_expires_in` asks of a live lease, so a waiter wakes at
 /// once rather than after its backoff. Only a lease already over at `now()` (a permit whose
 /// row a fenced transaction holds) reports 0.

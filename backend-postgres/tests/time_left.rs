@@ -57,7 +57,13 @@ fn refused(outcome: Acquire) -> HolderInfo {
 /// The holder's lease is live when the refusing statement starts and over when it reads
 /// the row: the statement waits (behind the test's `LOCK TABLE`) across the expiry. It
 /// must report a time left above zero, so that a waiter wakes at once; before the fix it
-/// reported zero, and a waiter slept its whole backoff.
+/// reported zero, and a waiter slept its whole backoff (lockcore's side of this:
+/// `tests/poll.rs`, `a_holder_ending_before_the_reply_arrives_is_tried_again_at_once`).
+///
+/// The attempt runs on the connection the grant just used (the backend keeps it and lends
+/// it again), where the acquire statement is already prepared: so the wait is inside the
+/// statement's own transaction. On a fresh connection the `Parse` would wait in a
+/// transaction of its own and the statement would start after the expiry and win.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_that_ends_while_the_refusing_statement_runs_reports_time_left() {
     let Some(url) = shared_url() else { return };
@@ -68,7 +74,8 @@ async fn a_lease_that_ends_while_the_refusing_statement_runs_reports_time_left()
     let table = table(&schema);
     let name = fresh_name("ends-mid-statement");
     let holder = Identity::unique();
-    grant(&backend, &name, &holder, Duration::from_secs(2)).await;
+    // Long enough for the set-up below on a loaded machine (the premise is checked).
+    grant(&backend, &name, &holder, Duration::from_secs(4)).await;
 
     let mut blocker = admin.begin().await.expect("begin");
     sqlx::query(AssertSqlSafe(format!(

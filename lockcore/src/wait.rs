@@ -51,6 +51,11 @@ pub(crate) struct Wait {
     /// the wait never sleeps past it, and once it has passed (a failed attempt read no
     /// newer one) it caps nothing.
     holder_expiry: Option<Instant>,
+    /// `holder_expiry` was read by the attempt just made: the next pause is cut to it even
+    /// when it has already passed (a lease shorter than the reply took, such as a key in
+    /// its last millisecond), so the next attempt comes 1 ms later, not after the backoff.
+    /// Cleared by that pause, so attempts that fail after it are paced by the backoff.
+    expiry_fresh: bool,
     pub(crate) last_error: Option<Error>,
     /// Our place in the backend's FIFO queue; dropped (leaving the queue) with `Wait`.
     ticket: Option<QueueTicket>,
@@ -80,6 +85,7 @@ impl Wait {
             attempt_timeout: options.acquire_timeout(),
             holder: None,
             holder_expiry: None,
+            expiry_fresh: false,
             last_error: None,
             ticket: None,
             events_from_ticket: false,
@@ -96,6 +102,7 @@ impl Wait {
         self.holder_expiry = (holder.expires_in())
             .filter(|left| !left.is_zero())
             .and_then(|left| sent.checked_add(left));
+        self.expiry_fresh = self.holder_expiry.is_some();
         self.holder = Some(holder);
     }
 
@@ -103,6 +110,7 @@ impl Wait {
     pub(crate) fn no_holder(&mut self) {
         self.holder = None;
         self.holder_expiry = None;
+        self.expiry_fresh = false;
     }
 
     /// Subscribes to the lock's release notifications, once per acquisition, after the
@@ -195,13 +203,16 @@ impl Wait {
     pub(crate) async fn pause(&mut self, unit: f64) -> Result<()> {
         let mut delay = self.backoff.delay(self.attempt, unit);
         self.attempt = self.attempt.saturating_add(1);
-        // Never sleep past the holder's expiry as read; but a holder already at zero
-        // (expired by the backend's clock, not yet removed) gets the plain backoff, not a
-        // 1 ms poll, and so does one whose expiry passed since (the attempts after it
-        // failed: a server down at the lease's end is not retried every millisecond).
+        // Never sleep past the holder's expiry as read, even when it passed while the
+        // reply travelled (the next attempt then comes after the 1 ms floor); but a holder
+        // already at zero (expired by the backend's clock, not yet removed) gets the plain
+        // backoff, not a 1 ms poll, and so does one whose expiry passed in an earlier pause
+        // (the attempts after it failed: a server down at the lease's end is not retried
+        // every millisecond).
+        let fresh = std::mem::take(&mut self.expiry_fresh);
         if let Some(at) = self.holder_expiry {
             let left = at.saturating_duration_since(Instant::now());
-            if !left.is_zero() {
+            if fresh || !left.is_zero() {
                 delay = delay.min(left);
             }
         }

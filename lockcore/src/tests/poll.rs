@@ -98,6 +98,8 @@ struct HeldThenDownThenFree {
     inner: MemoryBackend,
     left: std::time::Duration,
     errors: usize,
+    /// How long each attempt's reply takes.
+    reply_after: std::time::Duration,
     attempts: std::sync::Mutex<Vec<tokio::time::Instant>>,
 }
 
@@ -107,8 +109,15 @@ impl HeldThenDownThenFree {
             inner: MemoryBackend::new(),
             left,
             errors,
+            reply_after: std::time::Duration::ZERO,
             attempts: std::sync::Mutex::default(),
         }
+    }
+
+    /// Each attempt answers `after` it was sent.
+    fn replying_after(mut self, after: std::time::Duration) -> Self {
+        self.reply_after = after;
+        self
     }
 }
 
@@ -126,6 +135,7 @@ impl LockBackend for HeldThenDownThenFree {
             attempts.push(tokio::time::Instant::now());
             attempts.len()
         };
+        tokio::time::sleep(self.reply_after).await;
         if n == 1 {
             let holder = HolderInfo::new(Identity::from_stored("h/1/0")).with_expires_in(self.left);
             return Ok(Acquire::Held(holder));
@@ -188,5 +198,35 @@ async fn a_time_left_too_large_for_the_clock_is_no_cap_body() {
         .await
         .expect("free on the second attempt");
     assert_eq!(backend.attempts.lock().expect("attempts").len(), 2);
+    guard.release().await.expect("release");
+}
+
+/// A holder whose time left is shorter than the reply took (PostgreSQL reports 1 µs for a
+/// lease that ended while the refusing statement ran, Redis 1 ms for a key in its last
+/// millisecond): its expiry has passed when the refusal arrives, and the next attempt
+/// comes after the 1 ms floor, not after the backoff (review: before this, it came 20 ms
+/// later here, a whole backoff, and the backends' rounding up served nothing).
+#[test]
+fn a_holder_ending_before_the_reply_arrives_is_tried_again_at_once() {
+    crate::tests::bounded(a_holder_ending_before_the_reply_arrives_is_tried_again_at_once_body);
+}
+
+async fn a_holder_ending_before_the_reply_arrives_is_tried_again_at_once_body() {
+    let backend = Arc::new(
+        HeldThenDownThenFree::new(std::time::Duration::from_micros(1), 0).replying_after(ms(5)),
+    );
+    let backoff = crate::Backoff::new(ms(20), ms(1000)).with_jitter(crate::Jitter::None);
+    let options = LockOptions::new(ms(10_000))
+        .with_wait(WaitMode::Timeout(ms(5000)))
+        .with_backoff(backoff);
+    let locker = Locker::new(backend.clone()).with_options(options);
+    let guard = locker
+        .acquire("job")
+        .await
+        .expect("free once the holder ended");
+    let attempts = backend.attempts.lock().expect("attempts").clone();
+    let since_first: Vec<_> = attempts.iter().map(|at| *at - attempts[0]).collect();
+    // The refusal arrives at 5 ms; the holder ended at 1 µs; the next attempt at 6 ms.
+    assert_eq!(since_first, [ms(0), ms(6)], "attempt times");
     guard.release().await.expect("release");
 }
