@@ -306,7 +306,7 @@ impl Locker {
                 }
                 Err(err) if err.is_temporary() && options.wait() != WaitMode::TryOnce => {
                     tracing::debug!(error = %err, "acquire attempt failed; retrying");
-                    wait.last_error = Some(err);
+                    wait.attempt_failed(err);
                 }
                 Err(err) => return Err(err),
             }

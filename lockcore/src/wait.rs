@@ -54,9 +54,14 @@ pub(crate) struct Wait {
     /// `holder_expiry` was read by the attempt just made: the next pause is cut to it even
     /// when it has already passed (a lease shorter than the reply took, such as a key in
     /// its last millisecond), so the next attempt comes 1 ms later, not after the backoff.
-    /// Cleared by that pause, so attempts that fail after it are paced by the backoff.
+    /// Cleared by that pause and by a failed attempt, so failures are paced by the backoff.
     expiry_fresh: bool,
-    pub(crate) last_error: Option<Error>,
+    /// A pause was cut to the 1 ms floor by an expiry already passed when it was read:
+    /// another such reading gets the backoff, until a reading of an expiry still ahead
+    /// (a backend whose reading does not move, such as GCS's whole-second `Date`, could
+    /// otherwise be tried every millisecond until the holder is really gone).
+    passed_cut: bool,
+    last_error: Option<Error>,
     /// Our place in the backend's FIFO queue; dropped (leaving the queue) with `Wait`.
     ticket: Option<QueueTicket>,
     /// `events` came from the ticket: their end means the place was lost.
@@ -86,6 +91,7 @@ impl Wait {
             holder: None,
             holder_expiry: None,
             expiry_fresh: false,
+            passed_cut: false,
             last_error: None,
             ticket: None,
             events_from_ticket: false,
@@ -110,6 +116,14 @@ impl Wait {
     pub(crate) fn no_holder(&mut self) {
         self.holder = None;
         self.holder_expiry = None;
+        self.expiry_fresh = false;
+        self.passed_cut = false;
+    }
+
+    /// An attempt failed with a temporary `err`: kept for the timeout's message; the pause
+    /// after it is paced by the backoff, whatever an earlier refusal read.
+    pub(crate) fn attempt_failed(&mut self, err: Error) {
+        self.last_error = Some(err);
         self.expiry_fresh = false;
     }
 
@@ -203,17 +217,22 @@ impl Wait {
     pub(crate) async fn pause(&mut self, unit: f64) -> Result<()> {
         let mut delay = self.backoff.delay(self.attempt, unit);
         self.attempt = self.attempt.saturating_add(1);
-        // Never sleep past the holder's expiry as read, even when it passed while the
-        // reply travelled (the next attempt then comes after the 1 ms floor); but a holder
-        // already at zero (expired by the backend's clock, not yet removed) gets the plain
-        // backoff, not a 1 ms poll, and so does one whose expiry passed in an earlier pause
-        // (the attempts after it failed: a server down at the lease's end is not retried
+        // Never sleep past the holder's expiry as read, and when it passed while the reply
+        // travelled, try again after the 1 ms floor, once (until a reading of an expiry
+        // still ahead). A holder already at zero (expired by the backend's clock, not yet
+        // removed) gets the plain backoff, not a 1 ms poll, and so does one whose expiry
+        // passed before a failed attempt (a server down at the lease's end is not retried
         // every millisecond).
         let fresh = std::mem::take(&mut self.expiry_fresh);
         if let Some(at) = self.holder_expiry {
             let left = at.saturating_duration_since(Instant::now());
-            if fresh || !left.is_zero() {
+            if !left.is_zero() {
                 delay = delay.min(left);
+                if fresh {
+                    self.passed_cut = false;
+                }
+            } else if fresh && !std::mem::replace(&mut self.passed_cut, true) {
+                delay = Duration::ZERO;
             }
         }
         let now = Instant::now();

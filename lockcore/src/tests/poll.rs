@@ -13,10 +13,13 @@ use crate::{
     LockOptions, Locker, MemoryBackend, Result, WaitMode,
 };
 
-/// Reports the lock held by someone whose lease has zero time left, for ever.
+/// Reports the lock held by someone whose lease has `left` (zero by default) time left,
+/// for ever, each reply `reply_after` the attempt was sent.
 #[derive(Debug, Default)]
 struct ExpiredButListed {
     inner: MemoryBackend,
+    left: std::time::Duration,
+    reply_after: std::time::Duration,
     attempts: AtomicUsize,
 }
 
@@ -30,7 +33,8 @@ impl LockBackend for ExpiredButListed {
     }
     async fn acquire(&self, _request: &AcquireRequest) -> Result<Acquire> {
         self.attempts.fetch_add(1, Ordering::Relaxed);
-        let holder = HolderInfo::new(Identity::from_stored("h/1/0")).with_expires_in(ms(0));
+        tokio::time::sleep(self.reply_after).await;
+        let holder = HolderInfo::new(Identity::from_stored("h/1/0")).with_expires_in(self.left);
         Ok(Acquire::Held(holder))
     }
     async fn refresh(&self, lease: &Lease) -> Result<Lease> {
@@ -100,6 +104,8 @@ struct HeldThenDownThenFree {
     errors: usize,
     /// How long each attempt's reply takes.
     reply_after: std::time::Duration,
+    /// Release notifications (the inner backend's) flow once subscribed.
+    notifying: bool,
     attempts: std::sync::Mutex<Vec<tokio::time::Instant>>,
 }
 
@@ -110,8 +116,15 @@ impl HeldThenDownThenFree {
             left,
             errors,
             reply_after: std::time::Duration::ZERO,
+            notifying: false,
             attempts: std::sync::Mutex::default(),
         }
+    }
+
+    /// With release notifications.
+    fn notifying(mut self) -> Self {
+        self.notifying = true;
+        self
     }
 
     /// Each attempt answers `after` it was sent.
@@ -153,6 +166,13 @@ impl LockBackend for HeldThenDownThenFree {
     }
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         self.inner.inspect(name).await
+    }
+    async fn subscribe(&self, name: &LockName) -> Result<Option<crate::ReleaseEvents>> {
+        if self.notifying {
+            self.inner.subscribe(name).await
+        } else {
+            Ok(None)
+        }
     }
 }
 
@@ -228,5 +248,81 @@ async fn a_holder_ending_before_the_reply_arrives_is_tried_again_at_once_body() 
     let since_first: Vec<_> = attempts.iter().map(|at| *at - attempts[0]).collect();
     // The refusal arrives at 5 ms; the holder ended at 1 µs; the next attempt at 6 ms.
     assert_eq!(since_first, [ms(0), ms(6)], "attempt times");
+    guard.release().await.expect("release");
+}
+
+/// A backend whose reading does not move (GCS reports the same small time left for a
+/// lapsed lease until its whole-second `Date` ticks over, for up to 2 s): after one
+/// attempt at the 1 ms floor, the waiter is paced by the backoff, not every round trip
+/// plus 1 ms (review: about 830 attempts in 5 s here before this was bounded).
+#[test]
+fn a_reading_that_does_not_move_is_tried_at_the_floor_once() {
+    crate::tests::bounded(a_reading_that_does_not_move_is_tried_at_the_floor_once_body);
+}
+
+async fn a_reading_that_does_not_move_is_tried_at_the_floor_once_body() {
+    let backend = Arc::new(ExpiredButListed {
+        left: std::time::Duration::from_micros(1),
+        reply_after: ms(5),
+        ..ExpiredButListed::default()
+    });
+    let options = LockOptions::new(ms(10_000)).with_wait(WaitMode::Timeout(ms(5000)));
+    let locker = Locker::new(backend.clone())
+        .with_options(options)
+        .with_jitter_seed(3);
+    let err = locker.acquire("job").await.expect_err("never free");
+    assert_eq!(err.kind(), crate::ErrorKind::Timeout);
+    let attempts = backend.attempts.load(Ordering::Relaxed);
+    // As for a holder at zero: a few dozen attempts in 5 s at the default backoff.
+    assert!(attempts <= 50, "{attempts} attempts in 5 s");
+}
+
+/// The 1 ms floor is for the pause right after the refusal that read the passed expiry:
+/// attempts that fail after it (a server down at the lease's end) wait the backoff.
+#[test]
+fn failures_after_a_passed_expiry_wait_the_backoff() {
+    crate::tests::bounded(failures_after_a_passed_expiry_wait_the_backoff_body);
+}
+
+async fn failures_after_a_passed_expiry_wait_the_backoff_body() {
+    let backend = Arc::new(
+        HeldThenDownThenFree::new(std::time::Duration::from_micros(1), usize::MAX)
+            .replying_after(ms(5)),
+    );
+    let options = LockOptions::new(ms(10_000)).with_wait(WaitMode::Timeout(ms(5000)));
+    let locker = Locker::new(backend.clone())
+        .with_options(options)
+        .with_jitter_seed(3);
+    let err = locker.acquire("job").await.expect_err("never available");
+    assert_eq!(err.kind(), crate::ErrorKind::Timeout);
+    let attempts = backend.attempts.lock().expect("attempts").len();
+    assert!(attempts <= 50, "{attempts} attempts in 5 s");
+}
+
+/// Also when the refusal was followed by a subscription and an immediate attempt (which
+/// failed): the pause after that failure is the backoff, not the floor the refusal's
+/// reading would have earned (review: the reading's mark outlived the attempt).
+#[test]
+fn a_failure_after_the_subscription_waits_the_backoff() {
+    crate::tests::bounded(a_failure_after_the_subscription_waits_the_backoff_body);
+}
+
+async fn a_failure_after_the_subscription_waits_the_backoff_body() {
+    let backend = Arc::new(
+        HeldThenDownThenFree::new(std::time::Duration::from_micros(1), 1)
+            .replying_after(ms(5))
+            .notifying(),
+    );
+    let backoff = crate::Backoff::new(ms(20), ms(1000)).with_jitter(crate::Jitter::None);
+    let options = LockOptions::new(ms(10_000))
+        .with_wait(WaitMode::Timeout(ms(5000)))
+        .with_backoff(backoff);
+    let locker = Locker::new(backend.clone()).with_options(options);
+    let guard = locker.acquire("job").await.expect("free after one failure");
+    let attempts = backend.attempts.lock().expect("attempts").clone();
+    let since_first: Vec<_> = attempts.iter().map(|at| *at - attempts[0]).collect();
+    // Refused (reply at 5 ms), subscribed, tried at once (5 ms) and failed (10 ms): the
+    // backoff's 20 ms, so the third attempt at 30 ms, not at 11.
+    assert_eq!(since_first, [ms(0), ms(5), ms(30)], "attempt times");
     guard.release().await.expect("release");
 }
