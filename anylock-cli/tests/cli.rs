@@ -144,7 +144,13 @@ fn pipeline_habits_skip_with_a_chosen_code_and_run_shell_lines(scene: &Scene) {
     // the run below then waited 28 of its 30 s on Redis: a 2 s margin that a loaded CI
     // machine missed (the crash case has tests of its own: tests/process.rs).
     support::send(holder.id(), nix::sys::signal::Signal::SIGTERM);
-    wait_child(&mut holder, Duration::from_secs(30));
+    let stopped = wait_child(&mut holder, Duration::from_secs(30));
+    // 143: its command stopped by the SIGTERM it forwarded (0 if the command had already
+    // finished); never 122 (lost) or 125 (failed), after which the lease could remain.
+    assert!(
+        matches!(stopped.code(), Some(0 | 143)),
+        "the stopped holder exited {stopped:?}"
+    );
 
     let shell = scene.output(&[
         "run",

@@ -22,6 +22,13 @@ pub(crate) const KEY_NOTE: &str = "note";
 /// stale: `Date` has one-second resolution.
 pub(crate) const DATE_RESOLUTION: Duration = Duration::from_secs(1);
 
+/// The least time left a holder is reported with. `Date` has whole seconds, so a reading
+/// does not shrink within one `Date` second: a lapsing lease can read the same few
+/// milliseconds on every refusal for up to 2 s, and a waiter that believes it would try
+/// again every round trip. Takeover waits for `Date` to tick past the margin anyway, so
+/// waking up to this much later than the reading says costs a waiter nothing it could get.
+pub(crate) const LEAST_TIME_LEFT: Duration = Duration::from_millis(100);
+
 /// The fields of a GCS object resource that the lock uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct LockObject {
@@ -101,17 +108,19 @@ impl LockObject {
     /// Time left at server time `date`: `updated + ttl - Date`, capped at the TTL (`Date` is
     /// truncated to the second, so the difference can exceed the TTL by up to a second).
     /// Once lapsed but not yet stale (inside the `Date` margin), the time until a contender
-    /// may take over instead, never 0: a waiter told 0 polls without pause until then.
-    /// Zero once stale.
+    /// may take over instead, never 0 (lockcore reads 0 as expired and not yet removed, and
+    /// its waiters would wake at their backoff, not at the takeover). Never below
+    /// [`LEAST_TIME_LEFT`] (nor the TTL) while not stale. Zero once stale.
     fn time_left(&self, ttl: Duration, date: SystemTime) -> Duration {
         let expires = self.updated + ttl;
         if self.is_stale(date) {
             return Duration::ZERO;
         }
+        let least = LEAST_TIME_LEFT.min(ttl);
         match expires.duration_since(date) {
-            Ok(left) if !left.is_zero() => left.min(ttl),
+            Ok(left) if !left.is_zero() => left.min(ttl).max(least),
             _ => match (expires + DATE_RESOLUTION).duration_since(date) {
-                Ok(until_stale) if !until_stale.is_zero() => until_stale,
+                Ok(until_stale) if !until_stale.is_zero() => until_stale.max(least),
                 // `Date` must tick once more before the lock counts as stale.
                 _ => DATE_RESOLUTION,
             },
@@ -325,6 +334,35 @@ mod tests {
             o.holder(Some(at(14_000))).expires_in(),
             Some(DATE_RESOLUTION),
             "stale only once Date ticks past the margin"
+        );
+    }
+
+    /// A reading below a tenth of `Date`'s second is reported as 100 ms, live or inside
+    /// the margin: it does not shrink within the `Date` second, and waiters told a few
+    /// milliseconds tried again every round trip for up to 2 s (review).
+    #[test]
+    fn a_reading_of_a_few_milliseconds_is_reported_as_the_least_time_left() {
+        let o = object(10_000, 3_000);
+        assert_eq!(
+            o.holder(Some(at(12_994))).expires_in(),
+            Some(LEAST_TIME_LEFT),
+            "live, 6 ms by Date"
+        );
+        assert_eq!(
+            o.holder(Some(at(13_994))).expires_in(),
+            Some(LEAST_TIME_LEFT),
+            "lapsed, 6 ms before Date's margin ends"
+        );
+        assert_eq!(
+            o.holder(Some(at(12_800))).expires_in(),
+            Some(Duration::from_millis(200)),
+            "above it, as read"
+        );
+        let short = object(10_000, 50);
+        assert_eq!(
+            short.holder(Some(at(10_049))).expires_in(),
+            Some(Duration::from_millis(50)),
+            "never above the TTL"
         );
     }
 

@@ -53,8 +53,9 @@ pub(crate) struct Wait {
     holder_expiry: Option<Instant>,
     /// `holder_expiry` was read by the attempt just made: the next pause is cut to it even
     /// when it has already passed (a lease shorter than the reply took, such as a key in
-    /// its last millisecond), so the next attempt comes 1 ms later, not after the backoff.
-    /// Cleared by that pause and by a failed attempt, so failures are paced by the backoff.
+    /// its last millisecond), so the next attempt comes 1 ms later, not after the backoff,
+    /// unless `passed_cut` says that was done already. Cleared by that pause and by a
+    /// failed attempt, so failures are paced by the backoff.
     expiry_fresh: bool,
     /// A pause was cut to the 1 ms floor by an expiry already passed when it was read:
     /// another such reading gets the backoff, until a reading of an expiry still ahead
@@ -109,6 +110,11 @@ impl Wait {
             .filter(|left| !left.is_zero())
             .and_then(|left| sent.checked_add(left));
         self.expiry_fresh = self.holder_expiry.is_some();
+        if self.holder_expiry.is_some_and(|at| at > Instant::now()) {
+            // A reading of an expiry still ahead: the next one that has passed in transit
+            // earns the 1 ms floor again.
+            self.passed_cut = false;
+        }
         self.holder = Some(holder);
     }
 
@@ -228,9 +234,6 @@ impl Wait {
             let left = at.saturating_duration_since(Instant::now());
             if !left.is_zero() {
                 delay = delay.min(left);
-                if fresh {
-                    self.passed_cut = false;
-                }
             } else if fresh && !std::mem::replace(&mut self.passed_cut, true) {
                 delay = Duration::ZERO;
             }

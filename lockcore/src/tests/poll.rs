@@ -326,3 +326,83 @@ async fn a_failure_after_the_subscription_waits_the_backoff_body() {
     assert_eq!(since_first, [ms(0), ms(5), ms(30)], "attempt times");
     guard.release().await.expect("release");
 }
+
+/// Refuses with each of `readings` as the holder's time left in turn, each reply
+/// `REPLY_AFTER` after its attempt, then grants; records when each attempt came.
+#[derive(Debug)]
+struct Scripted {
+    inner: MemoryBackend,
+    readings: Vec<std::time::Duration>,
+    attempts: std::sync::Mutex<Vec<tokio::time::Instant>>,
+}
+
+const REPLY_AFTER: std::time::Duration = std::time::Duration::from_millis(5);
+
+#[async_trait]
+impl LockBackend for Scripted {
+    fn backend_name(&self) -> &str {
+        "scripted"
+    }
+    fn guarantees(&self) -> Guarantees {
+        self.inner.guarantees()
+    }
+    async fn acquire(&self, request: &AcquireRequest) -> Result<Acquire> {
+        let n = {
+            let mut attempts = self.attempts.lock().expect("attempts");
+            attempts.push(tokio::time::Instant::now());
+            attempts.len()
+        };
+        tokio::time::sleep(REPLY_AFTER).await;
+        match self.readings.get(n - 1) {
+            Some(left) => Ok(Acquire::Held(
+                HolderInfo::new(Identity::from_stored("h/1/0")).with_expires_in(*left),
+            )),
+            None => self.inner.acquire(request).await,
+        }
+    }
+    async fn refresh(&self, lease: &Lease) -> Result<Lease> {
+        self.inner.refresh(lease).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<()> {
+        self.inner.release(lease).await
+    }
+    async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
+        self.inner.inspect(name).await
+    }
+}
+
+/// The floor is taken once per run of passed readings: a reading of an expiry still
+/// ahead in between earns it again. With no jitter and replies 5 ms after each attempt:
+/// refused at 0 (1 µs: floor, next at 6), at 6 (1 µs again: the backoff's 40 ms, next at
+/// 51), at 51 (50 ms: ahead, so woken at its end, 101), at 101 (1 µs: floor again, 107),
+/// granted at 107.
+#[test]
+fn a_reading_ahead_in_between_earns_the_floor_again() {
+    crate::tests::bounded(a_reading_ahead_in_between_earns_the_floor_again_body);
+}
+
+async fn a_reading_ahead_in_between_earns_the_floor_again_body() {
+    let tiny = std::time::Duration::from_micros(1);
+    let backend = Arc::new(Scripted {
+        inner: MemoryBackend::new(),
+        readings: vec![tiny, tiny, ms(50), tiny],
+        attempts: std::sync::Mutex::default(),
+    });
+    let backoff = crate::Backoff::new(ms(20), ms(1000)).with_jitter(crate::Jitter::None);
+    let options = LockOptions::new(ms(10_000))
+        .with_wait(WaitMode::Timeout(ms(5000)))
+        .with_backoff(backoff);
+    let locker = Locker::new(backend.clone()).with_options(options);
+    let guard = locker
+        .acquire("job")
+        .await
+        .expect("granted after the script");
+    let attempts = backend.attempts.lock().expect("attempts").clone();
+    let since_first: Vec<_> = attempts.iter().map(|at| *at - attempts[0]).collect();
+    assert_eq!(
+        since_first,
+        [ms(0), ms(6), ms(51), ms(101), ms(107)],
+        "attempt times"
+    );
+    guard.release().await.expect("release");
+}
