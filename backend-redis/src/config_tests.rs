@@ -7,6 +7,7 @@ use lockcore::ErrorKind;
 use crate::config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_NODE_TIMEOUT, DEFAULT_PREFIX, DEFAULT_TIMEOUT,
 };
+#[cfg(feature = "tls")]
 use crate::node_url::NodeUrl;
 use crate::{RedisConfig, RedlockConfig};
 
