@@ -54,6 +54,49 @@ fn refused(outcome: Acquire) -> HolderInfo {
     }
 }
 
+/// A backend on a fresh schema (dropped afterwards), the test's own pool, the lock table
+/// and a fresh lock name.
+struct Scene {
+    _cleanup: common::DropSchema,
+    backend: PostgresBackend,
+    admin: PgPool,
+    table: String,
+    name: LockName,
+}
+
+impl Scene {
+    /// `None` where no shared server is configured (a failure when one is required).
+    async fn new(tag: &str) -> Option<Self> {
+        let url = shared_url()?;
+        let schema = fresh_schema(tag);
+        Some(Self {
+            _cleanup: common::drop_schema_later(&url, &schema),
+            backend: backend(&url, &schema).await,
+            admin: admin(&url).await,
+            table: table(&schema),
+            name: fresh_name(tag),
+        })
+    }
+
+    /// Waits for the spawned attempt's refusal, asserts its holder ends at once (above
+    /// zero, at most 1 ms: `why`), and that the lock is indeed free: the next attempt wins.
+    async fn assert_refused_by_a_holder_ending_at_once(
+        &self,
+        outcome: tokio::task::JoinHandle<Acquire>,
+        why: &str,
+    ) -> HolderInfo {
+        let seen = refused(outcome.await.expect("attempt task"));
+        let left = seen.expires_in().expect("a time left");
+        assert!(
+            left > Duration::ZERO && left <= Duration::from_millis(1),
+            "{why}, not {left:?} (holder {})",
+            seen.owner()
+        );
+        grant(&self.backend, &self.name, &Identity::unique(), LONG).await;
+        seen
+    }
+}
+
 /// The holder's lease is live when the refusing statement starts and over when it reads
 /// the row: the statement waits (behind the test's `LOCK TABLE`) across the expiry. It
 /// must report a time left above zero, so that a waiter wakes at once; before the fix it
@@ -66,16 +109,19 @@ fn refused(outcome: Acquire) -> HolderInfo {
 /// transaction of its own and the statement would start after the expiry and win.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_that_ends_while_the_refusing_statement_runs_reports_time_left() {
-    let Some(url) = shared_url() else { return };
-    let schema = fresh_schema("left");
-    let _cleanup = common::drop_schema_later(&url, &schema);
-    let backend = backend(&url, &schema).await;
-    let admin = admin(&url).await;
-    let table = table(&schema);
-    let name = fresh_name("ends-mid-statement");
+    let Some(scene) = Scene::new("ends-mid-statement").await else {
+        return;
+    };
+    let Scene {
+        backend,
+        admin,
+        table,
+        name,
+        ..
+    } = &scene;
     let holder = Identity::unique();
     // Long enough for the set-up below on a loaded machine (the premise is checked).
-    grant(&backend, &name, &holder, Duration::from_secs(4)).await;
+    grant(backend, name, &holder, Duration::from_secs(4)).await;
 
     let mut blocker = admin.begin().await.expect("begin");
     sqlx::query(AssertSqlSafe(format!(
@@ -93,8 +139,8 @@ async fn a_lease_that_ends_while_the_refusing_statement_runs_reports_time_left()
     .await
     .expect("read the expiry")
     .get("e");
-    let outcome = spawn_attempt(&backend, &name);
-    let started = wait_until_blocked(&admin, &table).await;
+    let outcome = spawn_attempt(backend, name);
+    let started = wait_until_blocked(admin, table).await;
     assert!(
         started < expires_at,
         "the test's premise: the attempt's statement started ({started} µs) before the \
@@ -111,20 +157,18 @@ async fn a_lease_that_ends_while_the_refusing_statement_runs_reports_time_left()
     .expect("sleep past the expiry");
     blocker.commit().await.expect("commit");
 
-    let seen = refused(outcome.await.expect("attempt task"));
+    let seen = scene
+        .assert_refused_by_a_holder_ending_at_once(
+            outcome,
+            "a lease live at the statement's start but over at its read reports a tiny, \
+             non-zero time left",
+        )
+        .await;
     assert_eq!(
         seen.owner(),
         &holder,
         "the refusal names the holder it saw live"
     );
-    let left = seen.expires_in().expect("a time left");
-    assert!(
-        left > Duration::ZERO && left <= Duration::from_millis(1),
-        "a lease live at the statement's start but over at its read reports a tiny, \
-         non-zero time left, not {left:?}"
-    );
-    // And the lock is indeed free now: the next attempt wins it.
-    grant(&backend, &name, &Identity::unique(), LONG).await;
 }
 
 /// The attempt's insert of a name's first row waits behind another transaction's
@@ -135,13 +179,16 @@ async fn a_lease_that_ends_while_the_refusing_statement_runs_reports_time_left()
 /// whole backoff for).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_race_that_finds_the_lock_free_reports_a_holder_ending_at_once() {
-    let Some(url) = shared_url() else { return };
-    let schema = fresh_schema("race");
-    let _cleanup = common::drop_schema_later(&url, &schema);
-    let backend = backend(&url, &schema).await;
-    let admin = admin(&url).await;
-    let table = table(&schema);
-    let name = fresh_name("lost-race");
+    let Some(scene) = Scene::new("lost-race").await else {
+        return;
+    };
+    let Scene {
+        backend,
+        admin,
+        table,
+        name,
+        ..
+    } = &scene;
 
     let mut racer = admin.begin().await.expect("begin");
     sqlx::query(AssertSqlSafe(format!(
@@ -151,17 +198,14 @@ async fn a_lost_race_that_finds_the_lock_free_reports_a_holder_ending_at_once() 
     .execute(&mut *racer)
     .await
     .expect("insert a row without a holder");
-    let outcome = spawn_attempt(&backend, &name);
-    wait_until_blocked(&admin, &table).await;
+    let outcome = spawn_attempt(backend, name);
+    wait_until_blocked(admin, table).await;
     racer.commit().await.expect("commit");
 
-    let seen = refused(outcome.await.expect("attempt task"));
-    let left = seen.expires_in().expect("a time left");
-    assert!(
-        left > Duration::ZERO && left <= Duration::from_millis(1),
-        "a lost race that then finds no holder reports a holder ending at once, not \
-         {left:?} (holder {})",
-        seen.owner()
-    );
-    grant(&backend, &name, &Identity::unique(), LONG).await;
+    scene
+        .assert_refused_by_a_holder_ending_at_once(
+            outcome,
+            "a lost race that then finds no holder reports a holder ending at once",
+        )
+        .await;
 }

@@ -134,6 +134,19 @@ fn waiting_without_jitter(backend: &Arc<Scripted>) -> Locker {
 /// A time left shorter than any reply.
 const TINY: Duration = Duration::from_micros(1);
 
+/// Waits 5 s on `backend`, which never grants, at the default backoff (20 ms doubling to
+/// 1 s, full jitter): that allows a few dozen attempts, where polling every millisecond
+/// (or every round trip) would make hundreds or thousands. Asserts at most 50.
+async fn assert_paced_by_the_backoff(backend: Arc<Scripted>) {
+    let err = waiting(&backend)
+        .acquire("job")
+        .await
+        .expect_err("never granted");
+    assert_eq!(err.kind(), crate::ErrorKind::Timeout);
+    let attempts = backend.attempt_count();
+    assert!(attempts <= 50, "{attempts} attempts in 5 s");
+}
+
 #[test]
 fn a_holder_with_zero_time_left_does_not_make_waiters_poll_every_millisecond() {
     crate::tests::bounded(
@@ -143,15 +156,7 @@ fn a_holder_with_zero_time_left_does_not_make_waiters_poll_every_millisecond() {
 
 async fn a_holder_with_zero_time_left_does_not_make_waiters_poll_every_millisecond_body() {
     let backend = Arc::new(Scripted::new([], Step::Held(ms(0))));
-    let err = waiting(&backend)
-        .acquire("job")
-        .await
-        .expect_err("never free");
-    assert_eq!(err.kind(), crate::ErrorKind::Timeout);
-    let attempts = backend.attempt_count();
-    // The default backoff (20 ms doubling to 1 s, full jitter) allows a few dozen attempts
-    // in 5 s; polling every millisecond would make thousands.
-    assert!(attempts <= 50, "{attempts} attempts in 5 s");
+    assert_paced_by_the_backoff(backend).await;
 }
 
 /// The cap on a waiter's sleep is the holder's expiry as read, a point in time: once it
@@ -169,14 +174,7 @@ async fn a_failing_backend_is_retried_at_the_backoff_after_the_holders_expiry_bo
     // Held with 3 ms left, then unavailable for ever (a server that went down at the
     // lease's end, refusing connections at once).
     let backend = Arc::new(Scripted::new([Step::Held(ms(3))], Step::Down));
-    let err = waiting(&backend)
-        .acquire("job")
-        .await
-        .expect_err("never available");
-    assert_eq!(err.kind(), crate::ErrorKind::Timeout);
-    let attempts = backend.attempt_count();
-    // As in the first test: a few dozen attempts in 5 s at the default backoff.
-    assert!(attempts <= 50, "{attempts} attempts in 5 s");
+    assert_paced_by_the_backoff(backend).await;
 }
 
 /// Failed attempts before the holder's expiry still wake at it: with no jitter the
@@ -252,14 +250,7 @@ fn a_reading_that_does_not_move_is_tried_at_the_floor_once() {
 
 async fn a_reading_that_does_not_move_is_tried_at_the_floor_once_body() {
     let backend = Arc::new(Scripted::new([], Step::Held(TINY)).replying_after(ms(5)));
-    let err = waiting(&backend)
-        .acquire("job")
-        .await
-        .expect_err("never free");
-    assert_eq!(err.kind(), crate::ErrorKind::Timeout);
-    let attempts = backend.attempt_count();
-    // As for a holder at zero: a few dozen attempts in 5 s at the default backoff.
-    assert!(attempts <= 50, "{attempts} attempts in 5 s");
+    assert_paced_by_the_backoff(backend).await;
 }
 
 /// The 1 ms floor is for the pause right after the refusal that read the passed expiry:
@@ -271,13 +262,7 @@ fn failures_after_a_passed_expiry_wait_the_backoff() {
 
 async fn failures_after_a_passed_expiry_wait_the_backoff_body() {
     let backend = Arc::new(Scripted::new([Step::Held(TINY)], Step::Down).replying_after(ms(5)));
-    let err = waiting(&backend)
-        .acquire("job")
-        .await
-        .expect_err("never available");
-    assert_eq!(err.kind(), crate::ErrorKind::Timeout);
-    let attempts = backend.attempt_count();
-    assert!(attempts <= 50, "{attempts} attempts in 5 s");
+    assert_paced_by_the_backoff(backend).await;
 }
 
 /// Also when the refusal was followed by a subscription and an immediate attempt (which
