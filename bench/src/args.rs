@@ -61,18 +61,27 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) from_results: Option<PathBuf>,
     /// Measure nothing else: sample the CPU of one workload in-process and write
-    /// `<out>/<workload>-<profile-tag>.svg` (a flamegraph) and `.txt` (the top frames).
-    /// Workloads: `redis-cycle` (`Locker::try_acquire` + `release`, uncontended, on
-    /// `--redis`); `gcs-cycle` (the same on an in-process GCS test server) and `gcs-loop`
-    /// (the gcslock-style loop there).
-    #[arg(long, value_parser = ["redis-cycle", "gcs-cycle", "gcs-loop"])]
+    /// `<out>/<workload>[-tasksN]-<profile-tag>.svg` (a flamegraph) and `.txt` (the top
+    /// frames). A workload is `<backend>-<who>`: the backend (redis, redlock, postgres,
+    /// etcd, gcs, local) and `ours` (`Locker::try_acquire` + `release`, uncontended),
+    /// `peer` (the first peer of the backend's tables: rslock, `pg_advisory_lock`, etcd's
+    /// Lock RPC, the gcslock-style loop) or `floor` (PostgreSQL's two-write floor). GCS
+    /// runs on an in-process test server whose threads are left out of the client's CPU.
+    /// `redis-cycle`, `gcs-cycle` and `gcs-loop` are the older names of `redis-ours`,
+    /// `gcs-ours` and `gcs-peer`.
+    #[arg(long)]
     pub(crate) profile: Option<String>,
     /// The suffix of the profile's files (`before`, `after`, …).
     #[arg(long, default_value = "latest")]
     pub(crate) profile_tag: String,
-    /// Cycles sampled by `--profile` (after one untimed pass over the 1,000 names).
+    /// Cycles sampled by `--profile` (after one untimed pass over the 1,000 names), in
+    /// all: each of `--profile-tasks` tasks runs its share.
     #[arg(long, default_value_t = 60_000)]
     pub(crate) profile_cycles: usize,
+    /// Tasks running the profiled cycles at once, each on its own names (the throughput
+    /// section's 64-task column is `--profile-tasks 64`).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub(crate) profile_tasks: u16,
     /// Internal: measure one backend's scale section in this (child) process.
     #[arg(long, hide = true)]
     pub(crate) scale_child: Option<String>,
@@ -117,23 +126,12 @@ impl Args {
         let mut list = Vec::new();
         let mut missing = Vec::new();
         let servers = [
-            (Kind::Redis, self.redis.clone(), "ANYLOCK_TEST_REDIS_URL"),
-            (
-                Kind::Redlock,
-                self.redlock.as_deref().map(redlock_nodes),
-                "ANYLOCK_TEST_REDLOCK_URLS",
-            ),
-            (
-                Kind::Postgres,
-                self.postgres.clone(),
-                "ANYLOCK_TEST_POSTGRES_URL",
-            ),
-            (
-                Kind::Etcd,
-                self.etcd.as_deref().map(first_etcd),
-                "ANYLOCK_TEST_ETCD_ENDPOINTS",
-            ),
-        ];
+            (Kind::Redis, "ANYLOCK_TEST_REDIS_URL"),
+            (Kind::Redlock, "ANYLOCK_TEST_REDLOCK_URLS"),
+            (Kind::Postgres, "ANYLOCK_TEST_POSTGRES_URL"),
+            (Kind::Etcd, "ANYLOCK_TEST_ETCD_ENDPOINTS"),
+        ]
+        .map(|(kind, var)| (kind, self.server_url(kind), var));
         for (kind, url, var) in servers.into_iter().filter(|s| wanted(s.0)) {
             match url {
                 Some(url) if !url.trim().is_empty() => list.push((kind, Some(url))),
@@ -148,6 +146,19 @@ impl Args {
         }
         require(&missing, strict && self.smoke)?;
         Ok(Targets { list })
+    }
+
+    /// The URL the flags (or their variables) give for a server backend, normalised:
+    /// Redlock's nodes as a list of `redis://` URLs, etcd's first member alone. `None` for
+    /// GCS, `local:` and a backend with no URL.
+    pub(crate) fn server_url(&self, kind: Kind) -> Option<String> {
+        match kind {
+            Kind::Redis => self.redis.clone(),
+            Kind::Redlock => self.redlock.as_deref().map(redlock_nodes),
+            Kind::Postgres => self.postgres.clone(),
+            Kind::Etcd => self.etcd.as_deref().map(first_etcd),
+            Kind::Gcs | Kind::Local => None,
+        }
     }
 
     /// How much each section measures.

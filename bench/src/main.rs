@@ -23,6 +23,7 @@ mod failover;
 mod failover_table;
 mod fanout;
 mod floor;
+mod go_pprof;
 mod handoff;
 mod info;
 mod latency;
@@ -221,7 +222,7 @@ async fn sections(systems: &[System], ctx: &Ctx, plan: &args::Plan, out: &mut Re
 }
 
 /// Removes what the run left on shared servers (Redis fence counters, the schema).
-async fn cleanup(servers: &[(Kind, String)], ctx: &Ctx) {
+pub(crate) async fn cleanup(servers: &[(Kind, String)], ctx: &Ctx) {
     for (kind, url) in servers {
         let done = match kind {
             Kind::Redis | Kind::Redlock => {

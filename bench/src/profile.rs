@@ -1,25 +1,28 @@
-//! `--profile WORKLOAD`: a CPU profile of one uncontended cycle (`Locker::try_acquire` +
+//! `--profile WORKLOAD`: a CPU profile of uncontended cycles (`Locker::try_acquire` +
 //! `LockGuard::release`, or a peer's lock + unlock, on 1,000 names in turn, as the latency
-//! section runs it), sampled in-process by `pprof` at [`FREQUENCY`] Hz over every thread of
-//! the process. Writes a flamegraph SVG and a text file with the top frames by share.
+//! section runs them; with `--profile-tasks N`, N tasks at once on disjoint names, as the
+//! throughput section runs them), sampled in-process by `pprof` at [`FREQUENCY`] Hz over
+//! every thread of the process. Writes a flamegraph SVG and a text file with the top
+//! frames by share and, for the client's threads, in µs of CPU per cycle.
 //!
-//! Workloads: `redis-cycle` (ours on `--redis`), `gcs-cycle` (ours) and `gcs-loop` (the
-//! gcslock-style loop), both on an in-process GCS test server whose threads are named
-//! apart (`gcs-server`), so the text can split the client's samples from the server's.
+//! A workload is `<backend>-<who>` ([`Workload`]). GCS runs on an in-process test server
+//! whose threads are named apart (`gcs-server`), so the text can split the client's
+//! samples from the server's; the other servers are processes of their own.
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::time::Instant;
 
 use crate::args::Args;
 use crate::common::{TTL, progress};
-use crate::measure::{error_budget, warm_up};
-use crate::op::{Entry, NAMES, Op, Ours, Res, Role};
+use crate::measure::{error_budget, task_index, warm_up};
+use crate::op::{Entry, NAMES, Op, Res, Role};
 use crate::procstat::{SERVER_THREADS, client_cpu};
-use crate::system::{Ctx, PREFIX, with_param};
+use crate::system::{Ctx, Kind, System};
 use crate::targets::OURS;
 
 /// Samples per second of CPU time (not a multiple of the timer tick, so the samples do not
@@ -32,57 +35,126 @@ const TOP: usize = 25;
 /// Longest frame name the text file prints (generic parameters can run to pages).
 const LONGEST: usize = 160;
 
-/// The crates whose frames the inclusive list keeps: anylock's own.
-const OURS_CRATES: [&str; 4] = ["lockcore", "backend_redis", "backend_gcs", "anylock"];
+/// Whose cycle a profile samples.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Who {
+    /// `Locker::try_acquire` + `LockGuard::release`.
+    Ours,
+    /// The backend's first peer (rslock, `pg_advisory_lock`, etcd's Lock RPC, the
+    /// gcslock-style loop).
+    Peer,
+    /// The reference point the throughput section measures beside ours (PostgreSQL's
+    /// two-write floor).
+    Floor,
+}
 
-/// Runs the profile `args.profile` names and writes its files under `args.out`.
+/// A `--profile` workload: `<backend>-<who>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Workload {
+    kind: Kind,
+    who: Who,
+}
+
+impl Workload {
+    /// `redis-ours`, `postgres-floor`, …, and the older names `redis-cycle`, `gcs-cycle`
+    /// (ours) and `gcs-loop` (the peer).
+    fn parse(name: &str) -> Res<Self> {
+        let unknown = || {
+            format!(
+                "no profile workload {name:?}: name a backend (redis, redlock, postgres, etcd, \
+                 gcs, local) and whose cycle (ours, peer, floor), as in redis-ours or \
+                 postgres-floor"
+            )
+        };
+        let (backend, who) = name.rsplit_once('-').ok_or_else(unknown)?;
+        let kind = Kind::from_name(backend).ok_or_else(unknown)?;
+        let who = match (kind, who) {
+            (_, "ours") | (Kind::Redis | Kind::Gcs, "cycle") => Who::Ours,
+            (_, "peer") | (Kind::Gcs, "loop") => Who::Peer,
+            (_, "floor") => Who::Floor,
+            _ => return Err(unknown().into()),
+        };
+        Ok(Self { kind, who })
+    }
+}
+
+/// Runs the profile `workload` names and writes its files under `args.out`.
 ///
 /// # Errors
-/// When the workload is unknown, Redis is not configured or unreachable, a cycle fails,
-/// or a file cannot be written.
+/// When the workload is unknown, its server is not configured or unreachable, the backend
+/// has no such cycle (a `floor` where there is none), too many cycles fail, or a file
+/// cannot be written.
 pub(crate) fn run(args: &Args, workload: &str) -> Res<()> {
+    let spec = Workload::parse(workload)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("bench-worker")
         .build()?;
-    let run = format!("p{:08x}", rand::random::<u32>());
-    let n = args.profile_cycles;
-    let (report, measured, what) = match workload {
-        "redis-cycle" => {
-            let url = args
-                .redis
-                .clone()
-                .ok_or("--profile redis-cycle needs --redis or ANYLOCK_TEST_REDIS_URL")?;
-            let profiled = runtime.block_on(redis_cycles(&url, &run, n));
-            let cleaned = runtime.block_on(crate::sys_redis::cleanup(&url, &run));
-            let (report, measured) = profiled?;
-            cleaned?;
-            (report, measured, "Locker::try_acquire + release on Redis")
-        }
-        "gcs-cycle" | "gcs-loop" => {
-            let peer = workload == "gcs-loop";
-            let (_server_runtime, server) = crate::servers::gcs_test_server()?;
-            let ctx = Ctx {
-                run: run.clone(),
-                ttl: TTL,
-                gcs_server: Some(server.clone()),
-            };
-            let url = crate::servers::gcs_url(&server);
-            let (report, measured) = runtime.block_on(gcs_cycles(&url, &ctx, peer, n))?;
-            let what = if peer {
-                "the gcslock-style loop (create with ifGenerationMatch=0, DELETE) on the \
-                 in-process GCS test server"
-            } else {
-                "Locker::try_acquire + release on the in-process GCS test server"
-            };
-            (report, measured, what)
-        }
-        other => return Err(format!("no profile workload {other}").into()),
+    let ctx = Ctx {
+        run: format!("p{:08x}", rand::random::<u32>()),
+        ttl: TTL,
+        gcs_server: None,
     };
+    let (n, tasks) = (args.profile_cycles, usize::from(args.profile_tasks));
+    let local_dir = std::env::temp_dir().join(format!("anylock-bench-{}", ctx.run));
+    // The in-process GCS test server runs on a runtime of its own, kept to the end.
+    let (_server_runtime, ctx, url) = match spec.kind {
+        Kind::Gcs => {
+            let (server_runtime, server) = crate::servers::gcs_test_server()?;
+            let url = crate::servers::gcs_url(&server);
+            let ctx = Ctx {
+                gcs_server: Some(server),
+                ..ctx
+            };
+            (Some(server_runtime), ctx, url)
+        }
+        Kind::Local => {
+            let url = format!("local:{}/locks.sqlite3", local_dir.display());
+            (None, ctx, url)
+        }
+        kind => {
+            let url = args.server_url(kind).ok_or_else(|| {
+                format!(
+                    "--profile {workload} needs --{} (or its variable; run scripts/servers \
+                     start, then source .servers/env)",
+                    kind.name()
+                )
+            })?;
+            (None, ctx, url)
+        }
+    };
+    let outcome = runtime.block_on(async {
+        let system = System::connect(spec.kind, &url, &ctx)
+            .await
+            .map_err(|e| format!("{}: cannot connect: {e}", spec.kind.name()))?;
+        let picked = pick(&system, &ctx, spec.who).map(|(what, entry)| (what, entry.op));
+        let profiled = match picked {
+            Ok((what, op)) => sample(op, n, tasks).await.map(|(r, m)| (r, m, what)),
+            Err(e) => Err(e),
+        };
+        drop(system);
+        crate::cleanup(&[(spec.kind, url.clone())], &ctx).await;
+        profiled
+    });
+    let _ = std::fs::remove_dir_all(&local_dir);
+    let (report, measured, what) = outcome?;
     std::fs::create_dir_all(&args.out)?;
-    let stem = args.out.join(format!("{workload}-{}", args.profile_tag));
+    let tasks_part = if tasks > 1 {
+        format!("-tasks{tasks}")
+    } else {
+        String::new()
+    };
+    let stem = args
+        .out
+        .join(format!("{workload}{tasks_part}-{}", args.profile_tag));
     let title = format!(
-        "{workload}: {what}, {n} cycles{}",
+        "{workload}: {what}, {} cycles{}{}",
+        measured.cycles,
+        if tasks > 1 {
+            format!(" by {tasks} tasks at once")
+        } else {
+            String::new()
+        },
         if args.commit.is_empty() {
             String::new()
         } else {
@@ -94,11 +166,47 @@ pub(crate) fn run(args: &Args, workload: &str) -> Res<()> {
     let svg = std::fs::File::create(stem.with_extension("svg"))?;
     report.flamegraph_with_options(svg, &mut options)?;
     let stacks = stacks(&report);
-    let text = summary(&title, &stacks, n, measured);
+    let text = summary(&title, &stacks, measured);
     std::fs::write(stem.with_extension("txt"), &text)?;
     progress(&format!("wrote {}.svg and .txt", display(&stem)));
     print!("{text}");
     Ok(())
+}
+
+/// The cycle `who` names on `system`, and what the title calls it.
+fn pick(system: &System, ctx: &Ctx, who: Who) -> Res<(String, Entry)> {
+    let backend = system.kind.name();
+    let prefix = format!("{}-{backend}-profile", ctx.run);
+    let on = match system.kind {
+        Kind::Gcs => "the in-process GCS test server".to_owned(),
+        _ => backend.to_owned(),
+    };
+    match who {
+        Who::Ours => Ok((
+            format!("Locker::try_acquire + release on {on}"),
+            Entry::cycle(OURS, Role::Ours, system.ours(ctx), &prefix),
+        )),
+        Who::Peer => {
+            let peer = system
+                .peers
+                .first()
+                .ok_or_else(|| format!("the {backend} tables have no peer to profile"))?;
+            Ok((
+                format!("{} on {on}", peer.label),
+                Entry::cycle(&peer.label, Role::Peer, peer.lock.clone(), &prefix),
+            ))
+        }
+        Who::Floor => {
+            let floor = system
+                .extras
+                .iter()
+                .find(|e| e.in_throughput)
+                .ok_or_else(|| {
+                    format!("{backend} has no floor measured beside ours (only postgres has)")
+                })?;
+            Ok((format!("{} on {on}", floor.label), floor.clone()))
+        }
+    }
 }
 
 fn display(path: &Path) -> String {
@@ -114,47 +222,53 @@ pub(crate) struct Measured {
     /// CPU time of the process without the in-process GCS test server's threads (the
     /// client's), seconds.
     pub(crate) cpu_s: f64,
+    /// Cycles run (failed ones included).
+    pub(crate) cycles: usize,
+    /// Cycles that failed.
+    pub(crate) failed: u64,
 }
 
-/// Ours on Redis at `url`: see [`sample`].
-async fn redis_cycles(url: &str, run: &str, n: usize) -> Res<(pprof::Report, Measured)> {
-    let backend = backend_redis::open(&with_param(url, "prefix", PREFIX)).await?;
-    let lock = Arc::new(Ours::new(backend, TTL));
-    let entry = Entry::cycle(OURS, Role::Ours, lock, &format!("{run}-profile"));
-    sample(entry.op.as_ref(), n).await
-}
-
-/// Ours, or with `peer` the gcslock-style loop, on GCS at `url`: see [`sample`].
-async fn gcs_cycles(url: &str, ctx: &Ctx, peer: bool, n: usize) -> Res<(pprof::Report, Measured)> {
-    let system = crate::sys_gcs::connect(url, ctx).await?;
-    let prefix = format!("{}-profile", ctx.run);
-    let entry = if peer {
-        let peer = system.peers.first().ok_or("the GCS system has no peer")?;
-        Entry::cycle(&peer.label, Role::Peer, peer.lock.clone(), &prefix)
-    } else {
-        let lock = Arc::new(Ours::new(system.backend.clone(), TTL));
-        Entry::cycle(OURS, Role::Ours, lock, &prefix)
-    };
-    sample(entry.op.as_ref(), n).await
-}
-
-/// One untimed pass over the names, then `n` profiled cycles: the report and what the
-/// profiled cycles took.
-async fn sample(op: &dyn Op, n: usize) -> Res<(pprof::Report, Measured)> {
-    warm_up(op, NAMES, error_budget(NAMES)).await?;
+/// One untimed pass over the names, then `n` profiled cycles, shared among `tasks` tasks
+/// on disjoint names: the report and what the profiled cycles took. A few failed cycles
+/// are counted (as the throughput section does); more fail the profile.
+async fn sample(op: Arc<dyn Op>, n: usize, tasks: usize) -> Res<(pprof::Report, Measured)> {
+    warm_up(op.as_ref(), NAMES, error_budget(NAMES)).await?;
     let guard = pprof::ProfilerGuardBuilder::default()
         .frequency(FREQUENCY)
         .blocklist(&["libgcc", "vdso"])
         .build()?;
+    let failed = Arc::new(AtomicU64::new(0));
+    let per_task = n.div_ceil(tasks.max(1));
     let start = Instant::now();
     let cpu = client_cpu();
-    for i in 0..n {
-        op.run(i).await?;
+    let handles: Vec<_> = (0..tasks)
+        .map(|task| {
+            let (op, failed) = (op.clone(), failed.clone());
+            tokio::spawn(async move {
+                for k in 0..per_task {
+                    if op.run(task_index(task, tasks, k)).await.is_err() {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.await?;
     }
     let measured = Measured {
         wall_s: start.elapsed().as_secs_f64(),
         cpu_s: client_cpu().saturating_sub(cpu).as_secs_f64(),
+        cycles: per_task * tasks,
+        failed: failed.load(Ordering::Relaxed),
     };
+    if measured.failed > error_budget(measured.cycles) {
+        return Err(format!(
+            "{} of {} profiled cycles failed",
+            measured.failed, measured.cycles
+        )
+        .into());
+    }
     Ok((guard.report().build()?, measured))
 }
 
@@ -195,16 +309,20 @@ pub(crate) fn clean(name: &str) -> String {
 /// The text file: totals, CPU per cycle, and shares of the samples by thread, by crate
 /// of the innermost frame, by innermost frame (self), and by frame of anylock's own
 /// crates anywhere in the stack (inclusive).
-pub(crate) fn summary(title: &str, stacks: &[Stack], cycles: usize, m: Measured) -> String {
+pub(crate) fn summary(title: &str, stacks: &[Stack], m: Measured) -> String {
     let total: u64 = stacks.iter().map(|s| s.samples).sum();
+    let cycles = m.cycles;
     let per_cycle = |s: f64| 1e6 * s / cycles.max(1) as f64;
     let mut out = format!("# {title}\n\n");
     let _ = writeln!(
         out,
-        "{cycles} cycles in {:.2} s: {:.1} µs of wall time and {:.1} µs of process CPU per \
-         cycle ({:.0} % of a core; CPU from /proc, without an in-process test server's \
-         threads). {total} samples at {FREQUENCY} Hz, the server's threads included.",
+        "{cycles} cycles ({} failed) in {:.2} s, {:.0} a second: {:.1} µs of wall time and \
+         {:.1} µs of process CPU per cycle ({:.0} % of a core; CPU from /proc, without an \
+         in-process test server's threads). {total} samples at {FREQUENCY} Hz, the server's \
+         threads included.",
+        m.failed,
         m.wall_s,
+        cycles as f64 / m.wall_s.max(f64::EPSILON),
         per_cycle(m.wall_s),
         per_cycle(m.cpu_s),
         100.0 * m.cpu_s / m.wall_s.max(f64::EPSILON),
@@ -225,12 +343,12 @@ pub(crate) fn summary(title: &str, stacks: &[Stack], cycles: usize, m: Measured)
             tally(stacks, |s| syscall_caller(s).into_iter().collect()),
         ),
         (
-            "frame of lockcore, backend_redis, backend_gcs or anylock anywhere in the stack \
+            "frame of lockcore, a backend_* crate or anylock anywhere in the stack \
              (inclusive)",
             tally(stacks, |s| {
                 inclusive(s)
                     .into_iter()
-                    .filter(|f| OURS_CRATES.contains(&crate_of(f).as_str()))
+                    .filter(|f| is_ours(&crate_of(f)))
                     .collect()
             }),
         ),
@@ -257,7 +375,7 @@ fn client_sections(out: &mut String, stacks: &[Stack], cpu_per_cycle: f64) {
         .filter(|s| !s.thread.starts_with(SERVER_THREADS))
         .collect();
     let total: u64 = client.iter().map(|s| s.samples).sum();
-    if total == 0 || client.len() == stacks.len() {
+    if total == 0 {
         return;
     }
     let sections: [(&str, HashMap<String, u64>); 2] = [
@@ -285,6 +403,11 @@ fn client_sections(out: &mut String, stacks: &[Stack], cpu_per_cycle: f64) {
             let _ = writeln!(out, "{us:7.1}  {name}");
         }
     }
+}
+
+/// Whether `krate` is one of anylock's own: `lockcore`, a backend, the facade.
+fn is_ours(krate: &str) -> bool {
+    krate == "lockcore" || krate == "anylock" || krate.starts_with("backend_")
 }
 
 /// The crate a frame belongs to: the first path segment of its name (of the `Self` type
@@ -399,8 +522,14 @@ mod tests {
         let measured = Measured {
             wall_s: 1.0,
             cpu_s: 0.5,
+            cycles: 2,
+            failed: 1,
         };
-        let text = summary("t", &stacks, 2, measured);
+        let text = summary("t", &stacks, measured);
+        assert!(
+            text.contains("2 cycles (1 failed) in 1.00 s, 2 a second"),
+            "{text}"
+        );
         assert!(text.contains(" 75.0 %  bench-worker"), "{text}");
         assert!(text.contains(" 75.0 %  C (libc, system calls)"), "{text}");
         assert!(text.contains(" 75.0 %  __GI___writev"), "{text}");
@@ -433,9 +562,11 @@ mod tests {
         let measured = Measured {
             wall_s: 1.0,
             cpu_s: 0.5,
+            cycles: 2,
+            failed: 0,
         };
         // 0.5 s of client CPU over 2 cycles: 250,000 µs per cycle, split 3:1.
-        let text = summary("t", &stacks, 2, measured);
+        let text = summary("t", &stacks, measured);
         let client = &text[text.find("## client threads only").expect("client part")..];
         assert!(
             client.contains("187500.0  C (libc, system calls)"),
@@ -444,8 +575,39 @@ mod tests {
         assert!(client.contains("\n62500.0  lockcore\n"), "{client}");
         assert!(client.contains("250000.0  backend_gcs::send"), "{client}");
         assert!(!client.contains("gcs_test_server"), "{client}");
-        // Without a server thread there is nothing to split off.
-        let alone = summary("t", &stacks[..2], 2, measured);
-        assert!(!alone.contains("## client threads only"), "{alone}");
+        // With the server in another process every thread is the client's, and the
+        // sections still price each line per cycle, so two profiles compare line by line.
+        let alone = summary("t", &stacks[..2], measured);
+        let client = &alone[alone.find("## client threads only").expect("client part")..];
+        assert!(client.contains("250000.0  backend_gcs::send"), "{client}");
+    }
+
+    #[test]
+    fn workloads_name_a_backend_and_whose_cycle() {
+        let parsed = |name| Workload::parse(name).expect(name);
+        assert_eq!(
+            parsed("postgres-floor"),
+            Workload {
+                kind: Kind::Postgres,
+                who: Who::Floor
+            }
+        );
+        assert_eq!(parsed("redis-peer").who, Who::Peer);
+        assert_eq!(parsed("etcd-ours").kind, Kind::Etcd);
+        // The older names of the Redis and GCS profiles still work.
+        assert_eq!(parsed("redis-cycle"), parsed("redis-ours"));
+        assert_eq!(parsed("gcs-cycle"), parsed("gcs-ours"));
+        assert_eq!(parsed("gcs-loop"), parsed("gcs-peer"));
+        for bad in [
+            "redis",
+            "postgres-loop",
+            "mysql-ours",
+            "",
+            "-ours",
+            "etcd-cycle",
+        ] {
+            let err = Workload::parse(bad).expect_err(bad).to_string();
+            assert!(err.contains("name a backend"), "{bad}: {err}");
+        }
     }
 }
