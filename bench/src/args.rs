@@ -65,7 +65,8 @@ pub(crate) struct Args {
     /// frames). A workload is `<backend>-<who>`: the backend (redis, redlock, postgres,
     /// etcd, gcs, local) and `ours` (`Locker::try_acquire` + `release`, uncontended),
     /// `peer` (the first peer of the backend's tables: rslock, `pg_advisory_lock`, etcd's
-    /// Lock RPC, the gcslock-style loop) or `floor` (PostgreSQL's two-write floor). GCS
+    /// Lock RPC with a lease per lock, the gcslock-style loop), `peer2` (etcd's Lock RPC
+    /// with one shared lease) or `floor` (PostgreSQL's two-write floor). GCS
     /// runs on an in-process test server whose threads are left out of the client's CPU.
     /// `redis-cycle`, `gcs-cycle` and `gcs-loop` are the older names of `redis-ours`,
     /// `gcs-ours` and `gcs-peer`.
@@ -78,6 +79,12 @@ pub(crate) struct Args {
     /// all: each of `--profile-tasks` tasks runs its share.
     #[arg(long, default_value_t = 60_000)]
     pub(crate) profile_cycles: usize,
+    /// etcd only: the cycles run this long while every member's own CPU profile is read
+    /// from its `/debug/pprof` (members started with `--enable-pprof`, as
+    /// `scripts/servers` starts them), instead of `--profile-cycles`; the members'
+    /// profile is written beside the client's as `…-members.txt` and `.svg`.
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub(crate) profile_seconds: u64,
     /// Tasks running the profiled cycles at once, each on its own names (the throughput
     /// section's 64-task column is `--profile-tasks 64`).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=1000))]
@@ -222,6 +229,20 @@ pub(crate) fn redlock_nodes(url: &str) -> String {
     nodes.join(",")
 }
 
+/// Every member of `etcd://h1:p1,h2:p2/prefix` or `http://h1:p1,http://h2:p2`, each as
+/// `http://h:p`.
+pub(crate) fn etcd_members(url: &str) -> Vec<String> {
+    url.split(',')
+        .map(|part| {
+            let part = part.trim();
+            let rest = part.split_once("://").map_or(part, |(_, r)| r);
+            rest.split(['/', '?']).next().unwrap_or(rest).to_owned()
+        })
+        .filter(|host| !host.is_empty())
+        .map(|host| format!("http://{host}"))
+        .collect()
+}
+
 /// The first member of `etcd://h1:p1,h2:p2/prefix` or `http://h1:p1,http://h2:p2`, as
 /// `http://h1:p1`.
 pub(crate) fn first_etcd(url: &str) -> String {
@@ -346,6 +367,19 @@ mod tests {
             redlock_nodes("redis://a:1,redis://b:2"),
             "redis://a:1,redis://b:2"
         );
+    }
+
+    #[test]
+    fn etcd_urls_list_every_member() {
+        assert_eq!(
+            etcd_members("etcd://h1:2379,h2:2379/locks?x=1"),
+            ["http://h1:2379", "http://h2:2379"]
+        );
+        assert_eq!(
+            etcd_members(" http://127.0.0.1:27379, http://127.0.0.1:27380 "),
+            ["http://127.0.0.1:27379", "http://127.0.0.1:27380"]
+        );
+        assert!(etcd_members("").is_empty());
     }
 
     #[test]

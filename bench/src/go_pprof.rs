@@ -1,6 +1,3 @@
-// Wired into --profile etcd-members next.
-#![allow(dead_code)]
-
 //! A Go server's CPU profile, fetched from its pprof endpoint and decoded: an etcd member
 //! started with `--enable-pprof` answers `GET <client URL>/debug/pprof/profile?seconds=N`
 //! after N seconds of sampling (100 Hz) with a gzip-compressed protobuf in pprof's

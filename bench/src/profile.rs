@@ -13,15 +13,17 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::args::Args;
+use crate::args::{Args, etcd_members};
 use crate::common::{TTL, progress};
+use crate::go_pprof::CpuProfile;
 use crate::measure::{error_budget, task_index, warm_up};
 use crate::op::{Entry, NAMES, Op, Res, Role};
-use crate::procstat::{SERVER_THREADS, client_cpu};
+use crate::procstat::{SERVER_THREADS, client_cpu, machine_busy};
 use crate::system::{Ctx, Kind, System};
 use crate::targets::OURS;
 
@@ -40,9 +42,10 @@ const LONGEST: usize = 160;
 enum Who {
     /// `Locker::try_acquire` + `LockGuard::release`.
     Ours,
-    /// The backend's first peer (rslock, `pg_advisory_lock`, etcd's Lock RPC, the
-    /// gcslock-style loop).
-    Peer,
+    /// The backend's peer at this index, in its tables' order: 0 is rslock,
+    /// `pg_advisory_lock`, etcd's Lock RPC with a lease per lock, the gcslock-style loop;
+    /// 1 is etcd's Lock RPC with one shared lease (`peer2`).
+    Peer(usize),
     /// The reference point the throughput section measures beside ours (PostgreSQL's
     /// two-write floor).
     Floor,
@@ -62,7 +65,7 @@ impl Workload {
         let unknown = || {
             format!(
                 "no profile workload {name:?}: name a backend (redis, redlock, postgres, etcd, \
-                 gcs, local) and whose cycle (ours, peer, floor), as in redis-ours or \
+                 gcs, local) and whose cycle (ours, peer, peer2, floor), as in redis-ours or \
                  postgres-floor"
             )
         };
@@ -70,7 +73,8 @@ impl Workload {
         let kind = Kind::from_name(backend).ok_or_else(unknown)?;
         let who = match (kind, who) {
             (_, "ours") | (Kind::Redis | Kind::Gcs, "cycle") => Who::Ours,
-            (_, "peer") | (Kind::Gcs, "loop") => Who::Peer,
+            (_, "peer") | (Kind::Gcs, "loop") => Who::Peer(0),
+            (_, "peer2") => Who::Peer(1),
             (_, "floor") => Who::Floor,
             _ => return Err(unknown().into()),
         };
@@ -123,13 +127,24 @@ pub(crate) fn run(args: &Args, workload: &str) -> Res<()> {
             (None, ctx, url)
         }
     };
+    let span = if spec.kind == Kind::Etcd {
+        let urls = args.etcd.as_deref().map(etcd_members).unwrap_or_default();
+        Span::Members {
+            urls,
+            seconds: args.profile_seconds,
+        }
+    } else {
+        Span::Cycles(n)
+    };
     let outcome = runtime.block_on(async {
         let system = System::connect(spec.kind, &url, &ctx)
             .await
             .map_err(|e| format!("{}: cannot connect: {e}", spec.kind.name()))?;
         let picked = pick(&system, &ctx, spec.who).map(|(what, entry)| (what, entry.op));
         let profiled = match picked {
-            Ok((what, op)) => sample(op, n, tasks).await.map(|(r, m)| (r, m, what)),
+            Ok((what, op)) => sample(op, tasks, span)
+                .await
+                .map(|(r, m, members)| (r, m, members, what)),
             Err(e) => Err(e),
         };
         drop(system);
@@ -137,7 +152,7 @@ pub(crate) fn run(args: &Args, workload: &str) -> Res<()> {
         profiled
     });
     let _ = std::fs::remove_dir_all(&local_dir);
-    let (report, measured, what) = outcome?;
+    let (report, measured, members, what) = outcome?;
     std::fs::create_dir_all(&args.out)?;
     let tasks_part = if tasks > 1 {
         format!("-tasks{tasks}")
@@ -170,7 +185,98 @@ pub(crate) fn run(args: &Args, workload: &str) -> Res<()> {
     std::fs::write(stem.with_extension("txt"), &text)?;
     progress(&format!("wrote {}.svg and .txt", display(&stem)));
     print!("{text}");
+    if let Some(members) = members {
+        let stem = stem.with_file_name(format!(
+            "{workload}{tasks_part}-{}-members",
+            args.profile_tag
+        ));
+        let title = format!("etcd members' CPU under {title}");
+        let mut options = pprof::flamegraph::Options::default();
+        options.title = title.clone();
+        options.count_name = "µs".to_owned();
+        let folded = members.profile.folded();
+        let svg = std::fs::File::create(stem.with_extension("svg"))?;
+        pprof::flamegraph::from_lines(&mut options, folded.iter().map(String::as_str), svg)?;
+        let text = members_summary(&title, &members, measured.cycles);
+        std::fs::write(stem.with_extension("txt"), &text)?;
+        progress(&format!("wrote {}.svg and .txt", display(&stem)));
+        print!("{text}");
+    }
     Ok(())
+}
+
+/// The members' text file: their CPU per cycle (each member's, and the rest of the
+/// machine's from `/proc` for scale), then µs per cycle by Go package of the innermost
+/// frame, by function (self) and by function anywhere in the stack (inclusive).
+fn members_summary(title: &str, members: &Members, cycles: usize) -> String {
+    let per_cycle = |ns: u64| ns as f64 / 1e3 / cycles.max(1) as f64;
+    let total = u64::try_from(members.profile.cpu.as_nanos()).unwrap_or(u64::MAX);
+    let mut out = format!("# {title}\n\n");
+    let each: Vec<String> = members
+        .each
+        .iter()
+        .map(|(url, cpu)| {
+            let ns = u64::try_from(cpu.as_nanos()).unwrap_or(u64::MAX);
+            format!("{url} {:.1}", per_cycle(ns))
+        })
+        .collect();
+    let rest = members
+        .rest_of_machine
+        .map_or("not read".to_owned(), |cpu| {
+            let ns = u64::try_from(cpu.as_nanos()).unwrap_or(u64::MAX);
+            format!("{:.1} µs", per_cycle(ns))
+        });
+    let _ = writeln!(
+        out,
+        "{cycles} cycles in the members' {:.1} s window; their CPU as Go's profiler counts \
+         it (100 Hz): {:.1} µs per cycle ({}; {} samples). The whole machine less this \
+         process, from /proc/stat over the same cycles: {rest} per cycle. Go's profiler \
+         counted about 0.8 of an etcd member's CPU in /proc when checked here, so compare \
+         lines between workloads, not with /proc.",
+        members.profile.duration.as_secs_f64(),
+        per_cycle(total),
+        each.join(", "),
+        members.profile.samples,
+    );
+    let (own, inclusive) = members.profile.by_function();
+    let mut packages: HashMap<String, u64> = HashMap::new();
+    for (function, ns) in &own {
+        *packages.entry(go_package(function).to_owned()).or_insert(0) += ns;
+    }
+    // The inclusive list goes down to a floor rather than a count, so that a function
+    // missing from one workload's file cost it less than the floor.
+    let sections = [
+        ("Go package of the innermost frame", packages, TOP, 0.0),
+        ("function (self)", own, TOP, 0.0),
+        (
+            "function anywhere in the stack (inclusive), down to 1 µs per cycle",
+            inclusive,
+            usize::MAX,
+            1.0,
+        ),
+    ];
+    for (what, counts, top, floor) in sections {
+        let _ = writeln!(out, "\n## by {what}: µs of the members' CPU per cycle\n");
+        let mut sorted: Vec<(String, u64)> = counts.into_iter().collect();
+        sorted.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+        let listed = sorted.into_iter().take(top);
+        for (name, ns) in listed.take_while(|(_, ns)| per_cycle(*ns) >= floor) {
+            let name: String = name.chars().take(LONGEST).collect();
+            let _ = writeln!(out, "{:7.1}  {name}", per_cycle(ns));
+        }
+    }
+    out
+}
+
+/// The package of a Go function name: `go.etcd.io/etcd/mvcc` of
+/// `go.etcd.io/etcd/mvcc.(*keyIndex).Less`, `runtime` of `runtime.futex`; a name without
+/// a package (an assembly routine such as `cmpbody`) stands for itself.
+fn go_package(function: &str) -> &str {
+    let last_slash = function.rfind('/').map_or(0, |i| i + 1);
+    match function[last_slash..].find('.') {
+        Some(dot) => &function[..last_slash + dot],
+        None => function,
+    }
 }
 
 /// The cycle `who` names on `system`, and what the title calls it.
@@ -186,11 +292,14 @@ fn pick(system: &System, ctx: &Ctx, who: Who) -> Res<(String, Entry)> {
             format!("Locker::try_acquire + release on {on}"),
             Entry::cycle(OURS, Role::Ours, system.ours(ctx), &prefix),
         )),
-        Who::Peer => {
-            let peer = system
-                .peers
-                .first()
-                .ok_or_else(|| format!("the {backend} tables have no peer to profile"))?;
+        Who::Peer(index) => {
+            let peer = system.peers.get(index).ok_or_else(|| {
+                format!(
+                    "the {backend} tables have {} peers, no peer {}",
+                    system.peers.len(),
+                    index + 1
+                )
+            })?;
             Ok((
                 format!("{} on {on}", peer.label),
                 Entry::cycle(&peer.label, Role::Peer, peer.lock.clone(), &prefix),
@@ -228,38 +337,90 @@ pub(crate) struct Measured {
     pub(crate) failed: u64,
 }
 
-/// One untimed pass over the names, then `n` profiled cycles, shared among `tasks` tasks
-/// on disjoint names: the report and what the profiled cycles took. A few failed cycles
-/// are counted (as the throughput section does); more fail the profile.
-async fn sample(op: Arc<dyn Op>, n: usize, tasks: usize) -> Res<(pprof::Report, Measured)> {
+/// How long the profiled cycles run.
+enum Span {
+    /// This many cycles in all.
+    Cycles(usize),
+    /// Until every etcd member at `urls` has answered a CPU profile of `seconds`.
+    Members { urls: Vec<String>, seconds: u64 },
+}
+
+/// The etcd members' own CPU profiles over the profiled cycles.
+struct Members {
+    /// Every member's profile, merged.
+    profile: CpuProfile,
+    /// Each member's URL and its profile's CPU time.
+    each: Vec<(String, Duration)>,
+    /// The CPU time of the machine less this process's over the same window (`/proc`),
+    /// where `/proc/stat` is readable.
+    rest_of_machine: Option<Duration>,
+}
+
+/// One untimed pass over the names, then the profiled cycles, shared among `tasks` tasks
+/// on disjoint names, for as long as `span` says: the report, what the profiled cycles
+/// took, and with [`Span::Members`] the members' profiles. A few failed cycles are
+/// counted (as the throughput section does); more fail the profile.
+async fn sample(
+    op: Arc<dyn Op>,
+    tasks: usize,
+    span: Span,
+) -> Res<(pprof::Report, Measured, Option<Members>)> {
     warm_up(op.as_ref(), NAMES, error_budget(NAMES)).await?;
     let guard = pprof::ProfilerGuardBuilder::default()
         .frequency(FREQUENCY)
         .blocklist(&["libgcc", "vdso"])
         .build()?;
-    let failed = Arc::new(AtomicU64::new(0));
-    let per_task = n.div_ceil(tasks.max(1));
+    let (done, failed) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let per_task = match &span {
+        Span::Cycles(n) => n.div_ceil(tasks.max(1)),
+        Span::Members { .. } => usize::MAX,
+    };
     let start = Instant::now();
-    let cpu = client_cpu();
+    let (cpu, machine) = (client_cpu(), machine_busy());
     let handles: Vec<_> = (0..tasks)
         .map(|task| {
-            let (op, failed) = (op.clone(), failed.clone());
+            let (op, done, failed, stop) = (op.clone(), done.clone(), failed.clone(), stop.clone());
             tokio::spawn(async move {
                 for k in 0..per_task {
-                    if op.run(task_index(task, tasks, k)).await.is_err() {
-                        failed.fetch_add(1, Ordering::Relaxed);
+                    if stop.load(Ordering::Relaxed) {
+                        break;
                     }
+                    let counter = if op.run(task_index(task, tasks, k)).await.is_ok() {
+                        &done
+                    } else {
+                        &failed
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
                 }
             })
         })
         .collect();
+    let members = match span {
+        Span::Cycles(_) => None,
+        Span::Members { urls, seconds } => {
+            let client = reqwest::Client::new();
+            let fetched = futures_util::future::join_all(
+                urls.iter()
+                    .map(|url| crate::go_pprof::fetch_cpu_profile(&client, url, seconds)),
+            )
+            .await;
+            stop.store(true, Ordering::Relaxed);
+            Some((urls, fetched))
+        }
+    };
     for handle in handles {
         handle.await?;
     }
+    let client_cpu_s = client_cpu().saturating_sub(cpu);
+    let rest_of_machine = machine_busy()
+        .zip(machine)
+        .map(|(after, before)| after.saturating_sub(before).saturating_sub(client_cpu_s));
+    let cycles = done.load(Ordering::Relaxed) + failed.load(Ordering::Relaxed);
     let measured = Measured {
         wall_s: start.elapsed().as_secs_f64(),
-        cpu_s: client_cpu().saturating_sub(cpu).as_secs_f64(),
-        cycles: per_task * tasks,
+        cpu_s: client_cpu_s.as_secs_f64(),
+        cycles: usize::try_from(cycles).unwrap_or(usize::MAX),
         failed: failed.load(Ordering::Relaxed),
     };
     if measured.failed > error_budget(measured.cycles) {
@@ -269,7 +430,24 @@ async fn sample(op: Arc<dyn Op>, n: usize, tasks: usize) -> Res<(pprof::Report, 
         )
         .into());
     }
-    Ok((guard.report().build()?, measured))
+    let members = match members {
+        None => None,
+        Some((urls, fetched)) => {
+            let mut merged = CpuProfile::default();
+            let mut each = Vec::new();
+            for (url, profile) in urls.into_iter().zip(fetched) {
+                let profile = profile.map_err(|e| format!("etcd member {url}: {e}"))?;
+                each.push((url, profile.cpu));
+                merged.merge(profile);
+            }
+            Some(Members {
+                profile: merged,
+                each,
+                rest_of_machine,
+            })
+        }
+    };
+    Ok((guard.report().build()?, measured, members))
 }
 
 /// One sampled stack: its thread, its frames from the innermost out, and its samples.
@@ -583,6 +761,76 @@ mod tests {
     }
 
     #[test]
+    fn go_functions_belong_to_their_package() {
+        assert_eq!(
+            go_package("go.etcd.io/etcd/mvcc.(*keyIndex).Less"),
+            "go.etcd.io/etcd/mvcc"
+        );
+        assert_eq!(
+            go_package("google.golang.org/grpc/internal/transport.(*loopyWriter).run.func1"),
+            "google.golang.org/grpc/internal/transport"
+        );
+        assert_eq!(go_package("runtime.futex"), "runtime");
+        assert_eq!(go_package("cmpbody"), "cmpbody");
+    }
+
+    #[test]
+    fn the_members_text_prices_each_line_per_cycle() {
+        let ms = |ms: u64| Duration::from_millis(ms);
+        let mut profile = CpuProfile {
+            duration: ms(10_000),
+            cpu: ms(30),
+            samples: 3,
+            stacks: vec![(
+                vec![
+                    "runtime.futex".to_owned(),
+                    "go.etcd.io/etcd/mvcc.put".to_owned(),
+                ],
+                20_000_000,
+            )],
+        };
+        profile.merge(CpuProfile {
+            duration: ms(10_000),
+            cpu: ms(10),
+            samples: 1,
+            stacks: vec![(vec!["go.etcd.io/etcd/mvcc.put".to_owned()], 10_000_000)],
+        });
+        // Half a µs per cycle: listed by self, below the inclusive list's floor.
+        profile.stacks.push((vec!["raft.tiny".to_owned()], 500_000));
+        let members = Members {
+            profile,
+            each: vec![
+                ("http://a".to_owned(), ms(30)),
+                ("http://b".to_owned(), ms(10)),
+            ],
+            rest_of_machine: Some(ms(100)),
+        };
+        // 40 ms over 1,000 cycles: 40 µs per cycle, 30 of them in `put` itself or below.
+        let text = members_summary("t", &members, 1_000);
+        assert!(
+            text.contains("40.0 µs per cycle (http://a 30.0, http://b 10.0; 4 samples)"),
+            "{text}"
+        );
+        assert!(
+            text.contains("over the same cycles: 100.0 µs per cycle"),
+            "{text}"
+        );
+        let packages = &text[text.find("## by Go package").expect("packages")..];
+        assert!(packages.contains("   20.0  runtime\n"), "{packages}");
+        assert!(
+            packages.contains("   10.0  go.etcd.io/etcd/mvcc\n"),
+            "{packages}"
+        );
+        let inclusive = &text[text.find("(inclusive)").expect("inclusive")..];
+        assert!(
+            inclusive.contains("   30.0  go.etcd.io/etcd/mvcc.put\n"),
+            "{inclusive}"
+        );
+        assert!(!inclusive.contains("raft.tiny"), "{inclusive}");
+        assert!(text.contains("    0.5  raft.tiny\n"), "{text}");
+    }
+
+    #[test]
     fn workloads_name_a_backend_and_whose_cycle() {
         let parsed = |name| Workload::parse(name).expect(name);
         assert_eq!(
@@ -592,7 +840,8 @@ mod tests {
                 who: Who::Floor
             }
         );
-        assert_eq!(parsed("redis-peer").who, Who::Peer);
+        assert_eq!(parsed("redis-peer").who, Who::Peer(0));
+        assert_eq!(parsed("etcd-peer2").who, Who::Peer(1));
         assert_eq!(parsed("etcd-ours").kind, Kind::Etcd);
         // The older names of the Redis and GCS profiles still work.
         assert_eq!(parsed("redis-cycle"), parsed("redis-ours"));
