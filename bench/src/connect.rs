@@ -60,3 +60,23 @@ async fn local(url: &str) -> Res<System> {
         note: String::new(),
     })
 }
+
+/// Removes what the run left on shared servers (Redis fence counters, the schema).
+pub(crate) async fn cleanup(servers: &[(Kind, String)], ctx: &Ctx) {
+    for (kind, url) in servers {
+        let done = match kind {
+            Kind::Redis | Kind::Redlock => {
+                let mut result = Ok(());
+                for url in url.split(',') {
+                    result = result.and(sys_redis::cleanup(url.trim(), &ctx.run).await.map(drop));
+                }
+                result
+            }
+            Kind::Postgres => sys_pg::cleanup(url, &ctx.run).await,
+            _ => Ok(()),
+        };
+        if let Err(e) = done {
+            eprintln!("anylock-bench: cleanup of {} failed: {e}", kind.name());
+        }
+    }
+}

@@ -23,6 +23,7 @@ mod failover;
 mod failover_table;
 mod fanout;
 mod floor;
+#[cfg(target_os = "linux")]
 mod go_pprof;
 mod handoff;
 mod info;
@@ -187,7 +188,7 @@ async fn run(args: Args, gcs_server: Option<Arc<GcsTestServer>>) -> Res<()> {
     // otherwise leave the server no slot for the cleanup's own.
     let servers: Vec<(Kind, String)> = systems.iter().map(|s| (s.kind, s.url.clone())).collect();
     drop(systems);
-    cleanup(&servers, &ctx).await;
+    connect::cleanup(&servers, &ctx).await;
     let _ = std::fs::remove_dir_all(&local_dir);
     measured?;
     results.meta.seconds = started().elapsed().as_secs_f64();
@@ -219,26 +220,6 @@ async fn sections(systems: &[System], ctx: &Ctx, plan: &args::Plan, out: &mut Re
         fanout::run(systems, ctx, plan, out).await?;
     }
     Ok(())
-}
-
-/// Removes what the run left on shared servers (Redis fence counters, the schema).
-pub(crate) async fn cleanup(servers: &[(Kind, String)], ctx: &Ctx) {
-    for (kind, url) in servers {
-        let done = match kind {
-            Kind::Redis | Kind::Redlock => {
-                let mut result = Ok(());
-                for url in url.split(',') {
-                    result = result.and(sys_redis::cleanup(url.trim(), &ctx.run).await.map(drop));
-                }
-                result
-            }
-            Kind::Postgres => sys_pg::cleanup(url, &ctx.run).await,
-            _ => Ok(()),
-        };
-        if let Err(e) = done {
-            eprintln!("anylock-bench: cleanup of {} failed: {e}", kind.name());
-        }
-    }
 }
 
 /// Re-renders the outputs of an earlier run from its results.json.
