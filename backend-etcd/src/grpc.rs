@@ -121,16 +121,18 @@ impl tonic::service::Interceptor for Headers {
     }
 }
 
-/// One member's clients, cheap to clone, sharing one channel and one token.
+/// One member's channel, token and endpoint list, cheap to clone (one `Arc`). Each RPC
+/// makes the one client it needs from the channel ([`kv`](Self::kv),
+/// [`lease`](Self::lease)): a call clones the channel once, not once per kind of client.
 #[derive(Clone)]
-pub(crate) struct Connection {
-    pub(crate) kv: KvClient<Svc>,
-    pub(crate) lease: LeaseClient<Svc>,
-    pub(crate) watch: WatchClient<Svc>,
-    auth: AuthClient<Svc>,
-    session: Arc<Session>,
+pub(crate) struct Connection(Arc<Shared>);
+
+/// What a member's connection and its clones share.
+struct Shared {
+    svc: Svc,
+    session: Session,
     /// Keeps the balanced channel's endpoint list open.
-    _endpoints: Arc<tokio::sync::mpsc::Sender<Change<Uri, Endpoint>>>,
+    _endpoints: tokio::sync::mpsc::Sender<Change<Uri, Endpoint>>,
 }
 
 /// The credentials and the token they bought; refreshes are one at a time.
@@ -164,20 +166,31 @@ impl Connection {
                 token: Arc::clone(&token),
             },
         );
-        let connection = Self {
-            kv: KvClient::new(svc.clone()).max_decoding_message_size(MAX_KV_REPLY),
-            lease: LeaseClient::new(svc.clone()),
-            watch: WatchClient::new(svc.clone()),
-            auth: AuthClient::new(svc),
-            session: Arc::new(Session {
+        let connection = Self(Arc::new(Shared {
+            svc,
+            session: Session {
                 credentials: settings.credentials.clone(),
                 token,
                 refreshing: tokio::sync::Mutex::new(()),
-            }),
-            _endpoints: Arc::new(endpoints),
-        };
+            },
+            _endpoints: endpoints,
+        }));
         connection.authenticate().await?;
         Ok(connection)
+    }
+
+    /// A KV client on this member's channel.
+    pub(crate) fn kv(&self) -> KvClient<Svc> {
+        KvClient::new(self.0.svc.clone()).max_decoding_message_size(MAX_KV_REPLY)
+    }
+
+    /// A Lease client on this member's channel.
+    pub(crate) fn lease(&self) -> LeaseClient<Svc> {
+        LeaseClient::new(self.0.svc.clone())
+    }
+
+    fn session(&self) -> &Session {
+        &self.0.session
     }
 
     /// Runs `rpc`; when it fails because etcd no longer accepts our token (it expired, or
@@ -188,7 +201,7 @@ impl Connection {
         F: Fn(Self, R) -> Fut,
         Fut: Future<Output = Result<T, RpcError>>,
     {
-        if self.session.credentials.is_none() {
+        if self.session().credentials.is_none() {
             return rpc(self.clone(), request).await;
         }
         let sent_with = self.token();
@@ -202,13 +215,13 @@ impl Connection {
     }
 
     fn token(&self) -> Option<Token> {
-        let token = self.session.token.read();
+        let token = self.session().token.read();
         token.unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// Authenticates again unless a concurrent call already replaced `stale`.
     async fn refresh_if_stale(&self, stale: Option<Token>) -> Result<(), RpcError> {
-        let _one_at_a_time = self.session.refreshing.lock().await;
+        let _one_at_a_time = self.session().refreshing.lock().await;
         if self.token() != stale {
             return Ok(());
         }
@@ -217,13 +230,14 @@ impl Connection {
 
     /// `Authenticate` with our credentials and keep the token; without credentials, none.
     async fn authenticate(&self) -> Result<(), RpcError> {
-        let token = match &self.session.credentials {
+        let token = match &self.session().credentials {
             Some((name, password)) => {
                 let request = AuthenticateRequest {
                     name: name.clone(),
                     password: password.clone(),
                 };
-                let reply = self.auth.clone().authenticate(request).await?.into_inner();
+                let mut auth = AuthClient::new(self.0.svc.clone());
+                let reply = auth.authenticate(request).await?.into_inner();
                 let token = reply
                     .token
                     .parse::<Token>()
@@ -233,7 +247,7 @@ impl Connection {
             None => None,
         };
         *self
-            .session
+            .session()
             .token
             .write()
             .unwrap_or_else(PoisonError::into_inner) = token;
@@ -243,14 +257,11 @@ impl Connection {
     /// Whether `self` and `other` are clients of the same channel (one member's
     /// connection and its clones).
     pub(crate) fn same_channel(&self, other: &Self) -> bool {
-        Arc::ptr_eq(&self.session, &other.session)
+        Arc::ptr_eq(&self.0, &other.0)
     }
 
     /// Opens a watch stream and sends `requests` on it.
-    pub(crate) async fn watch(
-        mut self,
-        requests: Vec<WatchRequest>,
-    ) -> Result<WatchStream, RpcError> {
+    pub(crate) async fn watch(self, requests: Vec<WatchRequest>) -> Result<WatchStream, RpcError> {
         let (sender, stream) = request_stream::<WatchRequest>();
         for request in requests {
             sender
@@ -259,7 +270,8 @@ impl Connection {
                 .map_err(|e| RpcError::Watch(e.to_string()))?;
         }
         let requests = stream;
-        let replies = self.watch.watch(requests).await?.into_inner();
+        let mut watch = WatchClient::new(self.0.svc.clone());
+        let replies = watch.watch(requests).await?.into_inner();
         Ok(WatchStream {
             _requests: sender,
             replies,

@@ -251,11 +251,11 @@ impl Waiting {
 /// ended it, it failed, or our side closed and etcd answered everything) fails whatever
 /// still waits.
 async fn drive(
-    mut connection: Connection,
+    connection: Connection,
     requests: impl futures_util::Stream<Item = LeaseKeepAliveRequest> + Send + 'static,
     waiting: Arc<Waiting>,
 ) {
-    let end = match connection.lease.lease_keep_alive(requests).await {
+    let end = match connection.lease().lease_keep_alive(requests).await {
         Err(status) => Some(status),
         Ok(replies) => {
             let mut replies = replies.into_inner();

@@ -56,7 +56,7 @@ async fn held(backend: &EtcdBackend) -> (AcquireRequest, AcquireRequest) {
 /// then queue again.
 #[tokio::test]
 async fn a_lost_queue_key_ends_the_waiters_wake_ups() {
-    let Some((backend, mut raw)) = setup("queue-lost").await else {
+    let Some((backend, raw)) = setup("queue-lost").await else {
         return;
     };
     let (_holder, waiter) = held(&backend).await;
@@ -71,7 +71,7 @@ async fn a_lost_queue_key_ends_the_waiters_wake_ups() {
         .await
         .expect("events");
     let key = ticket.key().to_vec();
-    raw.kv
+    raw.kv()
         .delete_range(requests::delete(&key))
         .await
         .expect("operator deletes the queue key");
@@ -90,7 +90,7 @@ async fn a_lost_queue_key_ends_the_waiters_wake_ups() {
 /// A release by the holder wakes the waiter and the stream goes on.
 #[tokio::test]
 async fn a_release_wakes_the_queued_waiter_without_ending_its_wake_ups() {
-    let Some((backend, mut raw)) = setup("queue-wake").await else {
+    let Some((backend, raw)) = setup("queue-wake").await else {
         return;
     };
     let (holder, waiter) = held(&backend).await;
@@ -106,13 +106,13 @@ async fn a_release_wakes_the_queued_waiter_without_ending_its_wake_ups() {
         .expect("events");
     let prefix = backend.lock_prefix(&holder.name);
     let kvs = raw
-        .kv
+        .kv()
         .range(requests::first_created(prefix.as_bytes()))
         .await
         .expect("range")
         .into_inner()
         .kvs;
-    raw.kv
+    raw.kv()
         .delete_range(requests::delete(&kvs[0].key))
         .await
         .expect("holder's key deleted");

@@ -38,7 +38,7 @@ impl EtcdClient {
             id: 0,
         };
         let grant =
-            |mut c: Connection, r| async move { Ok(c.lease.lease_grant(r).await?.into_inner()) };
+            |c: Connection, r| async move { Ok(c.lease().lease_grant(r).await?.into_inner()) };
         let resp = self.call(Op::LeaseGrant, request, grant).await?;
         Ok((resp.id, resp.ttl))
     }
@@ -114,7 +114,7 @@ impl EtcdClient {
     /// that is already gone is not an error.
     pub(crate) async fn revoke(&self, lease: i64) -> Result<()> {
         let request = LeaseRevokeRequest { id: lease };
-        let revoke = |mut c: Connection, r| async move { Ok(c.lease.lease_revoke(r).await?) };
+        let revoke = |c: Connection, r| async move { Ok(c.lease().lease_revoke(r).await?) };
         match self.call(Op::LeaseRevoke, request, revoke).await {
             Err(err) if err.kind() == ErrorKind::Lost => Ok(()),
             other => other.map(drop),
@@ -181,7 +181,7 @@ impl EtcdClient {
     pub(crate) async fn delete(&self, key: &[u8]) -> Result<bool> {
         let request = requests::delete(key);
         let delete =
-            |mut c: Connection, r| async move { Ok(c.kv.delete_range(r).await?.into_inner()) };
+            |c: Connection, r| async move { Ok(c.kv().delete_range(r).await?.into_inner()) };
         Ok(self.call(Op::Delete, request, delete).await?.deleted > 0)
     }
 
@@ -250,8 +250,8 @@ impl EtcdClient {
             id: lease,
             keys: false,
         };
-        let ttl = |mut c: Connection, r| async move {
-            Ok(c.lease.lease_time_to_live(r).await?.into_inner())
+        let ttl = |c: Connection, r| async move {
+            Ok(c.lease().lease_time_to_live(r).await?.into_inner())
         };
         let resp = self.call(Op::LeaseTimeToLive, request, ttl).await?;
         Ok(u64::try_from(resp.ttl).ok().map(Duration::from_secs))
@@ -318,16 +318,16 @@ fn watch_started(first: Option<&WatchResponse>) -> Result<(), RpcError> {
 }
 
 /// Txn, for [`EtcdClient::call`].
-pub(crate) async fn txn_rpc(mut c: Connection, txn: TxnRequest) -> Result<TxnResponse, RpcError> {
-    Ok(c.kv.txn(txn).await?.into_inner())
+pub(crate) async fn txn_rpc(c: Connection, txn: TxnRequest) -> Result<TxnResponse, RpcError> {
+    Ok(c.kv().txn(txn).await?.into_inner())
 }
 
 /// Range, for [`EtcdClient::call`].
 pub(crate) async fn range_rpc(
-    mut c: Connection,
+    c: Connection,
     range: RangeRequest,
 ) -> Result<RangeResponse, RpcError> {
-    Ok(c.kv.range(range).await?.into_inner())
+    Ok(c.kv().range(range).await?.into_inner())
 }
 
 /// The revision of a reply's header: where a write happened.

@@ -58,7 +58,7 @@ impl EtcdClient {
                 .await
                 .map_err(|e| plaintext_hint(self.map(Op::Authenticate, Failure::Etcd(e))))?;
             let range = requests::count(self.prefix.as_bytes());
-            let count = |mut c: Connection, r| async move { Ok(c.kv.range(r).await?) };
+            let count = |c: Connection, r| async move { Ok(c.kv().range(r).await?) };
             client
                 .call(range, count)
                 .await
