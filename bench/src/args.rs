@@ -76,12 +76,13 @@ pub(crate) struct Args {
     #[arg(long, default_value = "latest")]
     pub(crate) profile_tag: String,
     /// Cycles sampled by `--profile` (after one untimed pass over the 1,000 names), in
-    /// all: each of `--profile-tasks` tasks runs its share.
+    /// all: each of `--profile-tasks` tasks runs its share. etcd's profiles run for
+    /// `--profile-seconds` instead.
     #[arg(long, default_value_t = 60_000)]
     pub(crate) profile_cycles: usize,
     /// etcd only: the cycles run this long while every member's own CPU profile is read
-    /// from its `/debug/pprof` (members started with `--enable-pprof`, as
-    /// `scripts/servers` starts them), instead of `--profile-cycles`; the members'
+    /// from its `/debug/pprof` (members started with `--enable-pprof`:
+    /// `ANYLOCK_ETCD_PPROF=1 scripts/servers start`), instead of `--profile-cycles`; the members'
     /// profile is written beside the client's as `…-members.txt` and `.svg`.
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=600))]
     pub(crate) profile_seconds: u64,
@@ -159,13 +160,19 @@ impl Args {
     /// Redlock's nodes as a list of `redis://` URLs, etcd's first member alone. `None` for
     /// GCS, `local:` and a backend with no URL.
     pub(crate) fn server_url(&self, kind: Kind) -> Option<String> {
-        match kind {
-            Kind::Redis => self.redis.clone(),
-            Kind::Redlock => self.redlock.as_deref().map(redlock_nodes),
-            Kind::Postgres => self.postgres.clone(),
-            Kind::Etcd => self.etcd.as_deref().map(first_etcd),
-            Kind::Gcs | Kind::Local => None,
-        }
+        let given = match kind {
+            Kind::Redis => &self.redis,
+            Kind::Redlock => &self.redlock,
+            Kind::Postgres => &self.postgres,
+            Kind::Etcd => &self.etcd,
+            Kind::Gcs | Kind::Local => &None,
+        };
+        let given = given.as_deref().filter(|url| !url.trim().is_empty())?;
+        Some(match kind {
+            Kind::Redlock => redlock_nodes(given),
+            Kind::Etcd => first_etcd(given),
+            _ => given.to_owned(),
+        })
     }
 
     /// How much each section measures.
@@ -231,6 +238,7 @@ pub(crate) fn redlock_nodes(url: &str) -> String {
 
 /// Every member of `etcd://h1:p1,h2:p2/prefix` or `http://h1:p1,http://h2:p2`, each as
 /// `http://h:p`.
+#[cfg_attr(not(target_os = "linux"), allow(dead_code))] // `--profile` is Linux's only
 pub(crate) fn etcd_members(url: &str) -> Vec<String> {
     url.split(',')
         .map(|part| {
@@ -246,10 +254,10 @@ pub(crate) fn etcd_members(url: &str) -> Vec<String> {
 /// The first member of `etcd://h1:p1,h2:p2/prefix` or `http://h1:p1,http://h2:p2`, as
 /// `http://h1:p1`.
 pub(crate) fn first_etcd(url: &str) -> String {
-    let url = url.trim();
-    let rest = url.split_once("://").map_or(url, |(_, r)| r);
-    let first = rest.split([',', '/', '?']).next().unwrap_or(rest);
-    format!("http://{first}")
+    etcd_members(url)
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| "http://".to_owned())
 }
 
 /// Iteration counts and durations of each section.
@@ -380,6 +388,15 @@ mod tests {
             ["http://127.0.0.1:27379", "http://127.0.0.1:27380"]
         );
         assert!(etcd_members("").is_empty());
+    }
+
+    #[test]
+    fn a_blank_server_url_is_no_url() {
+        let args = Args::parse_from(["anylock-bench", "--redis", " ", "--etcd", ""]);
+        assert_eq!(args.server_url(Kind::Redis), None);
+        assert_eq!(args.server_url(Kind::Etcd), None);
+        let args = Args::parse_from(["anylock-bench", "--etcd", "etcd://h1:1,h2:2/p"]);
+        assert_eq!(args.server_url(Kind::Etcd).as_deref(), Some("http://h1:1"));
     }
 
     #[test]

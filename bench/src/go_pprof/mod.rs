@@ -15,11 +15,7 @@ use prost::Message as _;
 
 use crate::op::Res;
 
-/// The largest profile [`decode`] inflates, in bytes: a CPU profile of a busy Go server
-/// over a minute is a few MB; a larger body is not a profile.
-const MAX_INFLATED: usize = 256 << 20;
-
-/// The time [`fetch_cpu_profile`] allows beyond the profile's own seconds, for the member
+/// The time [`fetch_body`] allows beyond the profile's own seconds, for the member
 /// to encode the profile and for the body to arrive.
 const FETCH_SLACK: Duration = Duration::from_secs(30);
 
@@ -62,7 +58,7 @@ impl CpuProfile {
     }
 
     /// Folded stacks for inferno or flamegraph.pl: one `outermost;…;innermost <µs>` line
-    /// per stack, sorted, with the CPU time rounded to whole microseconds; stacks that round
+    /// per stack (a `;` in a name becomes `:`), sorted, with the CPU time rounded to whole microseconds; stacks that round
     /// to zero, and samples without frames, are left out.
     pub(crate) fn folded(&self) -> Vec<String> {
         let mut lines: Vec<String> = self
@@ -71,7 +67,8 @@ impl CpuProfile {
             .filter(|(frames, _)| !frames.is_empty())
             .filter_map(|(frames, ns)| {
                 let us = ns.saturating_add(500) / 1_000;
-                let path: Vec<&str> = frames.iter().rev().map(String::as_str).collect();
+                // `;` separates frames in the folded format: none may stay in a name.
+                let path: Vec<String> = frames.iter().rev().map(|f| f.replace(';', ":")).collect();
                 (us > 0).then(|| format!("{} {us}", path.join(";")))
             })
             .collect();
@@ -116,18 +113,16 @@ pub(crate) fn decode(body: &[u8]) -> Res<CpuProfile> {
 }
 
 /// GETs `{base}/debug/pprof/profile?seconds={seconds}` (`base` like
-/// `http://127.0.0.1:2379`) with `client` and decodes the answer. The request waits the
-/// profile's seconds plus [`FETCH_SLACK`] (a client-wide timeout would cut it short).
+/// `http://127.0.0.1:2379`) with `client` and returns the body
+/// undecoded, so a caller can decode it after the profiled window (decoding is CPU the
+/// window should not see). The request waits the profile's seconds plus
+/// [`FETCH_SLACK`] (a client-wide timeout would cut it short).
 ///
 /// # Errors
 /// When `seconds` is 0 (Go would take 30), the request fails, the answer is not a 2xx
-/// (the error names the URL, the status and the start of the body; on 404, that the
-/// member needs `--enable-pprof`), or the body does not [`decode`].
-pub(crate) async fn fetch_cpu_profile(
-    client: &reqwest::Client,
-    base: &str,
-    seconds: u64,
-) -> Res<CpuProfile> {
+/// (the error names the URL, the status and the start of the body; on 404, how to start
+/// the member with `--enable-pprof`), or the body is larger than any profile.
+pub(crate) async fn fetch_body(client: &reqwest::Client, base: &str, seconds: u64) -> Res<Vec<u8>> {
     if seconds == 0 {
         return Err("a CPU profile needs at least 1 second".into());
     }
@@ -135,7 +130,7 @@ pub(crate) async fn fetch_cpu_profile(
         "{}/debug/pprof/profile?seconds={seconds}",
         base.trim_end_matches('/')
     );
-    let response = client
+    let mut response = client
         .get(&url)
         .timeout(Duration::from_secs(seconds).saturating_add(FETCH_SLACK))
         .send()
@@ -148,17 +143,29 @@ pub(crate) async fn fetch_cpu_profile(
         let text = response.text().await.unwrap_or_default();
         let text: String = text.trim().chars().take(200).collect();
         let hint = if status == reqwest::StatusCode::NOT_FOUND {
-            " (is the member started with --enable-pprof?)"
+            " (is the member started with --enable-pprof? For the test servers: \
+             scripts/servers stop, then ANYLOCK_ETCD_PPROF=1 scripts/servers start)"
         } else {
             ""
         };
         return Err(format!("GET {url}: {status}{hint}: {text:?}").into());
     }
-    let body = response
-        .bytes()
+    let mut body = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
         .await
-        .map_err(|e| format!("GET {url}: reading the body: {e}"))?;
-    decode(&body).map_err(|e| format!("GET {url}: {e}").into())
+        .map_err(|e| format!("GET {url}: reading the body: {e}"))?
+    {
+        if body.len().saturating_add(chunk.len()) > gzip::MAX_INFLATED {
+            return Err(format!(
+                "GET {url}: a body over {} bytes is no profile",
+                gzip::MAX_INFLATED
+            )
+            .into());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 /// Resolves a decoded profile's samples to function names and totals.
@@ -192,7 +199,12 @@ fn resolve(p: &pb::Profile) -> Res<CpuProfile> {
 
     let mut functions: HashMap<u64, &str> = HashMap::with_capacity(p.function.len());
     for f in &p.function {
-        functions.insert(f.id, string("a function", f.name)?);
+        if functions
+            .insert(f.id, string("a function", f.name)?)
+            .is_some()
+        {
+            return Err(format!("function id {} appears twice", f.id).into());
+        }
     }
     // Each location's names, innermost (inlined) line first; an address where the
     // profile has no lines for it (code without symbols).
@@ -216,7 +228,9 @@ fn resolve(p: &pb::Profile) -> Res<CpuProfile> {
                 })
                 .collect::<Result<_, _>>()?
         };
-        locations.insert(l.id, names);
+        if locations.insert(l.id, names).is_some() {
+            return Err(format!("location id {} appears twice", l.id).into());
+        }
     }
 
     let value = |i: usize, s: &pb::Sample, at: usize| -> Res<u64> {
@@ -275,224 +289,9 @@ fn aggregate(stacks: impl IntoIterator<Item = (Vec<String>, u64)>) -> Vec<(Vec<S
     out
 }
 
-/// RFC 1952's wrapper around a deflate stream, read by hand (`miniz_oxide` inflates raw
-/// deflate only).
-mod gzip {
-    use crate::op::Res;
+mod gzip;
 
-    /// ID1 ID2: what every gzip member starts with.
-    pub(super) const MAGIC: [u8; 2] = [0x1f, 0x8b];
-    /// CM: the one compression method, deflate.
-    const DEFLATE: u8 = 8;
-    /// FLG bits: a CRC-16 of the header follows it.
-    pub(super) const FHCRC: u8 = 0x02;
-    /// FLG bits: a length-prefixed extra field follows MTIME, XFL and OS.
-    pub(super) const FEXTRA: u8 = 0x04;
-    /// FLG bits: a zero-terminated original file name follows.
-    pub(super) const FNAME: u8 = 0x08;
-    /// FLG bits: a zero-terminated comment follows.
-    pub(super) const FCOMMENT: u8 = 0x10;
-    /// FLG bits that must be zero.
-    const RESERVED: u8 = 0xe0;
-    /// The fixed header: ID1 ID2 CM FLG MTIME(4) XFL OS.
-    const HEADER: usize = 10;
-    /// The trailer: CRC-32 and ISIZE (the data's length mod 2^32), little-endian.
-    const TRAILER: usize = 8;
-
-    /// The data of the one gzip member `body` holds, its CRC-32 and length checked.
-    pub(super) fn gunzip(body: &[u8]) -> Res<Vec<u8>> {
-        let mut rest = body;
-        let header = take(&mut rest, HEADER, "header")?;
-        if header[..2] != MAGIC {
-            return Err("not gzip".into());
-        }
-        if header[2] != DEFLATE {
-            return Err(format!("gzip compression method {} is not deflate", header[2]).into());
-        }
-        let flags = header[3];
-        if flags & RESERVED != 0 {
-            return Err(format!("gzip header has reserved flags set ({flags:#04x})").into());
-        }
-        if flags & FEXTRA != 0 {
-            let len = take(&mut rest, 2, "extra field length")?;
-            let len = usize::from(u16::from_le_bytes([len[0], len[1]]));
-            take(&mut rest, len, "extra field")?;
-        }
-        for (flag, what) in [(FNAME, "file name"), (FCOMMENT, "comment")] {
-            if flags & flag != 0 {
-                let end = rest
-                    .iter()
-                    .position(|&b| b == 0)
-                    .ok_or_else(|| format!("gzip {what} runs past the end"))?;
-                rest = &rest[end + 1..];
-            }
-        }
-        if flags & FHCRC != 0 {
-            let covered = body.len() - rest.len();
-            let stored = take(&mut rest, 2, "header CRC")?;
-            let stored = u16::from_le_bytes([stored[0], stored[1]]);
-            let [lo, hi, _, _] = crc32(&body[..covered]).to_le_bytes();
-            if stored != u16::from_le_bytes([lo, hi]) {
-                return Err("gzip header CRC mismatch".into());
-            }
-        }
-        let Some(split) = rest.len().checked_sub(TRAILER) else {
-            return Err("gzip body truncated (no trailer)".into());
-        };
-        let (deflated, trailer) = rest.split_at(split);
-        let data =
-            miniz_oxide::inflate::decompress_to_vec_with_limit(deflated, super::MAX_INFLATED)
-                .map_err(|e| format!("gzip body: {e}"))?;
-        let crc = u32::from_le_bytes([trailer[0], trailer[1], trailer[2], trailer[3]]);
-        let size = u32::from_le_bytes([trailer[4], trailer[5], trailer[6], trailer[7]]);
-        if crc32(&data) != crc {
-            return Err("gzip CRC-32 mismatch (a corrupt or truncated body)".into());
-        }
-        // ISIZE is the length modulo 2^32.
-        if (data.len() as u64) & u64::from(u32::MAX) != u64::from(size) {
-            return Err(format!("gzip length mismatch: {} bytes, ISIZE {size}", data.len()).into());
-        }
-        Ok(data)
-    }
-
-    /// The next `n` bytes of `rest`, which moves past them.
-    fn take<'a>(rest: &mut &'a [u8], n: usize, what: &str) -> Res<&'a [u8]> {
-        if rest.len() < n {
-            return Err(format!("gzip {what} truncated").into());
-        }
-        let (head, tail) = rest.split_at(n);
-        *rest = tail;
-        Ok(head)
-    }
-
-    /// CRC-32 (IEEE 802.3, reflected, as gzip uses it), a byte at a time from [`TABLE`].
-    pub(super) fn crc32(data: &[u8]) -> u32 {
-        !data.iter().fold(!0u32, |crc, &b| {
-            TABLE[usize::from((crc as u8) ^ b)] ^ (crc >> 8)
-        })
-    }
-
-    /// The CRC-32 of each byte value: the remainder of the reflected polynomial
-    /// `0xEDB88320` after eight shifts.
-    const TABLE: [u32; 256] = {
-        let mut table = [0u32; 256];
-        let mut i = 0;
-        while i < 256 {
-            let mut c = i as u32;
-            let mut bit = 0;
-            while bit < 8 {
-                c = if c & 1 == 1 {
-                    0xedb8_8320 ^ (c >> 1)
-                } else {
-                    c >> 1
-                };
-                bit += 1;
-            }
-            table[i] = c;
-            i += 1;
-        }
-        table
-    };
-}
-
-/// The messages of pprof's `profile.proto` (github.com/google/pprof/proto/profile.proto)
-/// this module reads, field numbers as there; `prost` skips the rest (mappings, labels,
-/// comments, drop/keep frames).
-mod pb {
-    /// A profile: its sample types, samples, and the tables they index.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub(super) struct Profile {
-        /// What each of a sample's values measures, in order.
-        #[prost(message, repeated, tag = "1")]
-        pub(super) sample_type: Vec<ValueType>,
-        /// The samples: a stack and its values.
-        #[prost(message, repeated, tag = "2")]
-        pub(super) sample: Vec<Sample>,
-        /// The program counters the stacks name, by id.
-        #[prost(message, repeated, tag = "4")]
-        pub(super) location: Vec<Location>,
-        /// The functions the locations' lines name, by id.
-        #[prost(message, repeated, tag = "5")]
-        pub(super) function: Vec<Function>,
-        /// Every string the profile holds, indexed by the other messages; entry 0 is "".
-        #[prost(string, repeated, tag = "6")]
-        pub(super) string_table: Vec<String>,
-        /// When the profile was taken, nanoseconds since the Unix epoch.
-        #[prost(int64, tag = "9")]
-        pub(super) time_nanos: i64,
-        /// How long the sampling lasted.
-        #[prost(int64, tag = "10")]
-        pub(super) duration_nanos: i64,
-        /// What the sampling period counts (`cpu`/`nanoseconds` for Go).
-        #[prost(message, optional, tag = "11")]
-        pub(super) period_type: Option<ValueType>,
-        /// The sampling period (10,000,000 ns at Go's 100 Hz).
-        #[prost(int64, tag = "12")]
-        pub(super) period: i64,
-    }
-
-    /// A kind of value and its unit, both as string-table indices.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub(super) struct ValueType {
-        /// `cpu`, `samples`, …
-        #[prost(int64, tag = "1")]
-        pub(super) r#type: i64,
-        /// `nanoseconds`, `count`, …
-        #[prost(int64, tag = "2")]
-        pub(super) unit: i64,
-    }
-
-    /// One stack and its values, one per sample type.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub(super) struct Sample {
-        /// Location ids, the leaf (innermost) first.
-        #[prost(uint64, repeated, tag = "1")]
-        pub(super) location_id: Vec<u64>,
-        /// The values, in the order of the profile's sample types.
-        #[prost(int64, repeated, tag = "2")]
-        pub(super) value: Vec<i64>,
-    }
-
-    /// A program counter and the source lines it stands for.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub(super) struct Location {
-        /// The id samples name it by (nonzero).
-        #[prost(uint64, tag = "1")]
-        pub(super) id: u64,
-        /// The instruction address.
-        #[prost(uint64, tag = "3")]
-        pub(super) address: u64,
-        /// The lines, the innermost inlined call first and the function it was inlined
-        /// into last.
-        #[prost(message, repeated, tag = "4")]
-        pub(super) line: Vec<Line>,
-    }
-
-    /// One source line of a location.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub(super) struct Line {
-        /// The function's id in the function table.
-        #[prost(uint64, tag = "1")]
-        pub(super) function_id: u64,
-        /// The line number.
-        #[prost(int64, tag = "2")]
-        pub(super) line: i64,
-    }
-
-    /// A function, its strings as string-table indices.
-    #[derive(Clone, PartialEq, prost::Message)]
-    pub(super) struct Function {
-        /// The id lines name it by (nonzero).
-        #[prost(uint64, tag = "1")]
-        pub(super) id: u64,
-        /// The readable name (`go.etcd.io/etcd/…/mvcc.(*store).Range` for Go).
-        #[prost(int64, tag = "2")]
-        pub(super) name: i64,
-        /// The source file.
-        #[prost(int64, tag = "4")]
-        pub(super) filename: i64,
-    }
-}
+mod pb;
 
 #[cfg(test)]
 mod tests;

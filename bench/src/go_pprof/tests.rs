@@ -277,6 +277,24 @@ fn dangling_references_are_errors() {
     check(&|p| p.duration_nanos = -1, "negative profile duration");
     check(&|p| p.sample_type.truncate(1), "not a CPU profile");
     check(&|p| p.sample_type[1].unit = 2, "in count, not nanoseconds");
+    // An id given twice would let the later entry replace the earlier quietly.
+    check(
+        &|p| p.function.push(p.function[0].clone()),
+        &format!("function id {} appears twice", profile().function[0].id),
+    );
+    check(
+        &|p| p.location.push(p.location[0].clone()),
+        &format!("location id {} appears twice", profile().location[0].id),
+    );
+}
+
+#[test]
+fn a_semicolon_in_a_name_cannot_split_a_folded_frame() {
+    let odd = CpuProfile {
+        stacks: vec![(names(&["pkg.f;g", "main.main"]), 2_000)],
+        ..CpuProfile::default()
+    };
+    assert_eq!(odd.folded(), ["main.main;pkg.f:g 2"]);
 }
 
 #[test]
@@ -453,4 +471,9 @@ fn print_top(profile: &CpuProfile) {
         folded.len(),
         folded.first()
     );
+}
+
+/// [`fetch_body`], then [`decode`].
+async fn fetch_cpu_profile(client: &reqwest::Client, base: &str, seconds: u64) -> Res<CpuProfile> {
+    decode(&fetch_body(client, base, seconds).await?)
 }

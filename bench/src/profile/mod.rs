@@ -152,9 +152,9 @@ pub(crate) fn run(args: &Args, workload: &str) -> Res<()> {
     } else {
         String::new()
     };
-    let stem = args
-        .out
-        .join(format!("{workload}{tasks_part}-{}", args.profile_tag));
+    // The files' names end in `.svg` and `.txt` appended to the stem, so a tag with a
+    // dot in it (`v0.3`) is kept whole.
+    let stem = format!("{workload}{tasks_part}-{}", args.profile_tag);
     let title = format!(
         "{workload}: {what}, {} cycles{}{}",
         measured.cycles,
@@ -171,30 +171,30 @@ pub(crate) fn run(args: &Args, workload: &str) -> Res<()> {
     );
     let mut options = pprof::flamegraph::Options::default();
     options.title = title.clone();
-    let svg = std::fs::File::create(stem.with_extension("svg"))?;
-    report.flamegraph_with_options(svg, &mut options)?;
-    let stacks = stacks(&report);
-    let text = summary(&title, &stacks, measured);
-    std::fs::write(stem.with_extension("txt"), &text)?;
-    progress(&format!("wrote {}.svg and .txt", display(&stem)));
-    print!("{text}");
+    let mut svg = Vec::new();
+    report.flamegraph_with_options(&mut svg, &mut options)?;
+    let text = summary(&title, &stacks(&report), measured);
+    write_pair(&args.out, &stem, &svg, &text)?;
     if let Some(members) = members {
-        let stem = stem.with_file_name(format!(
-            "{workload}{tasks_part}-{}-members",
-            args.profile_tag
-        ));
         let title = format!("etcd members' CPU under {title}");
         let mut options = pprof::flamegraph::Options::default();
-        options.title = title.clone();
+        options.title = format!("{title} (µs over the whole window, not per cycle)");
         options.count_name = "µs".to_owned();
         let folded = members.profile.folded();
-        let svg = std::fs::File::create(stem.with_extension("svg"))?;
-        pprof::flamegraph::from_lines(&mut options, folded.iter().map(String::as_str), svg)?;
+        let mut svg = Vec::new();
+        pprof::flamegraph::from_lines(&mut options, folded.iter().map(String::as_str), &mut svg)?;
         let text = members_summary(&title, &members, measured.cycles);
-        std::fs::write(stem.with_extension("txt"), &text)?;
-        progress(&format!("wrote {}.svg and .txt", display(&stem)));
-        print!("{text}");
+        write_pair(&args.out, &format!("{stem}-members"), &svg, &text)?;
     }
+    Ok(())
+}
+
+/// Writes `dir/stem.svg` and `dir/stem.txt`, and prints the text.
+fn write_pair(dir: &Path, stem: &str, svg: &[u8], text: &str) -> Res<()> {
+    std::fs::write(dir.join(format!("{stem}.svg")), svg)?;
+    std::fs::write(dir.join(format!("{stem}.txt")), text)?;
+    progress(&format!("wrote {}.svg and .txt", dir.join(stem).display()));
+    print!("{text}");
     Ok(())
 }
 
@@ -235,10 +235,6 @@ fn pick(system: &System, ctx: &Ctx, who: Who) -> Res<(String, Entry)> {
             Ok((format!("{} on {on}", floor.label), floor.clone()))
         }
     }
-}
-
-fn display(path: &Path) -> String {
-    path.display().to_string()
 }
 
 /// How long the profiled cycles run.
@@ -295,7 +291,7 @@ async fn sample(
             let client = reqwest::Client::new();
             let fetched = futures_util::future::join_all(
                 urls.iter()
-                    .map(|url| crate::go_pprof::fetch_cpu_profile(&client, url, seconds)),
+                    .map(|url| crate::go_pprof::fetch_body(&client, url, seconds)),
             )
             .await;
             stop.store(true, Ordering::Relaxed);
@@ -323,13 +319,19 @@ async fn sample(
         )
         .into());
     }
+    // The client's report is taken before the members' profiles are decoded: decoding
+    // is this process's CPU, after the window.
+    let report = guard.report().build()?;
+    drop(guard);
     let members = match members {
         None => None,
         Some((urls, fetched)) => {
             let mut merged = CpuProfile::default();
             let mut each = Vec::new();
-            for (url, profile) in urls.into_iter().zip(fetched) {
-                let profile = profile.map_err(|e| format!("etcd member {url}: {e}"))?;
+            for (url, body) in urls.into_iter().zip(fetched) {
+                let profile = body
+                    .and_then(|body| crate::go_pprof::decode(&body))
+                    .map_err(|e| format!("etcd member {url}: {e}"))?;
                 each.push((url, profile.cpu));
                 merged.merge(profile);
             }
@@ -340,5 +342,5 @@ async fn sample(
             })
         }
     };
-    Ok((guard.report().build()?, measured, members))
+    Ok((report, measured, members))
 }

@@ -166,7 +166,7 @@ fn the_members_text_prices_each_line_per_cycle() {
     // 40 ms over 1,000 cycles: 40 µs per cycle, 30 of them in `put` itself or below.
     let text = members_summary("t", &members, 1_000);
     assert!(
-        text.contains("40.0 µs per cycle (http://a 30.0, http://b 10.0; 4 samples)"),
+        text.contains("(4 samples of 10.0 ms): 40.0 µs per cycle (http://a 30.0, http://b 10.0)"),
         "{text}"
     );
     assert!(
@@ -174,18 +174,18 @@ fn the_members_text_prices_each_line_per_cycle() {
         "{text}"
     );
     let packages = &text[text.find("## by Go package").expect("packages")..];
-    assert!(packages.contains("   20.0  runtime\n"), "{packages}");
+    assert!(packages.contains("   20.0      2  runtime\n"), "{packages}");
     assert!(
-        packages.contains("   10.0  go.etcd.io/etcd/mvcc\n"),
+        packages.contains("   10.0      1  go.etcd.io/etcd/mvcc\n"),
         "{packages}"
     );
     let inclusive = &text[text.find("(inclusive)").expect("inclusive")..];
     assert!(
-        inclusive.contains("   30.0  go.etcd.io/etcd/mvcc.put\n"),
+        inclusive.contains("   30.0      3  go.etcd.io/etcd/mvcc.put\n"),
         "{inclusive}"
     );
     assert!(!inclusive.contains("raft.tiny"), "{inclusive}");
-    assert!(text.contains("    0.5  raft.tiny\n"), "{text}");
+    assert!(text.contains("    0.5      0  raft.tiny\n"), "{text}");
 }
 
 #[test]

@@ -50,35 +50,37 @@ pub(super) struct Members {
 /// frame, by function (self) and by function anywhere in the stack (inclusive).
 pub(super) fn members_summary(title: &str, members: &Members, cycles: usize) -> String {
     let per_cycle = |ns: u64| ns as f64 / 1e3 / cycles.max(1) as f64;
-    let total = u64::try_from(members.profile.cpu.as_nanos()).unwrap_or(u64::MAX);
+    let profile = &members.profile;
+    let total = nanos(profile.cpu);
+    // One sample's CPU time (10 ms at Go's 100 Hz): a line's samples tell how well it is
+    // known (about ±2√n).
+    let tick = total.checked_div(profile.samples).unwrap_or(0).max(1);
     let mut out = format!("# {title}\n\n");
     let each: Vec<String> = members
         .each
         .iter()
-        .map(|(url, cpu)| {
-            let ns = u64::try_from(cpu.as_nanos()).unwrap_or(u64::MAX);
-            format!("{url} {:.1}", per_cycle(ns))
-        })
+        .map(|(url, cpu)| format!("{url} {:.1}", per_cycle(nanos(*cpu))))
         .collect();
     let rest = members
         .rest_of_machine
         .map_or("not read".to_owned(), |cpu| {
-            let ns = u64::try_from(cpu.as_nanos()).unwrap_or(u64::MAX);
-            format!("{:.1} µs", per_cycle(ns))
+            format!("{:.1} µs", per_cycle(nanos(cpu)))
         });
     let _ = writeln!(
         out,
         "{cycles} cycles in the members' {:.1} s window; their CPU as Go's profiler counts \
-         it (100 Hz): {:.1} µs per cycle ({}; {} samples). The whole machine less this \
+         it ({} samples of {:.1} ms): {:.1} µs per cycle ({}). The whole machine less this \
          process, from /proc/stat over the same cycles: {rest} per cycle. Go's profiler \
          counted about 0.8 of an etcd member's CPU in /proc when checked here, so compare \
-         lines between workloads, not with /proc.",
-        members.profile.duration.as_secs_f64(),
+         lines between workloads, not with /proc. Each line: µs per cycle, then samples (a \
+         line of n samples is known to about ±2√n).",
+        profile.duration.as_secs_f64(),
+        profile.samples,
+        tick as f64 / 1e6,
         per_cycle(total),
         each.join(", "),
-        members.profile.samples,
     );
-    let (own, inclusive) = members.profile.by_function();
+    let (own, inclusive) = profile.by_function();
     let mut packages: HashMap<String, u64> = HashMap::new();
     for (function, ns) in &own {
         *packages.entry(go_package(function).to_owned()).or_insert(0) += ns;
@@ -97,15 +99,26 @@ pub(super) fn members_summary(title: &str, members: &Members, cycles: usize) -> 
     ];
     for (what, counts, top, floor) in sections {
         let _ = writeln!(out, "\n## by {what}: µs of the members' CPU per cycle\n");
-        let mut sorted: Vec<(String, u64)> = counts.into_iter().collect();
-        sorted.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        let listed = sorted.into_iter().take(top);
+        let listed = largest_first(counts).into_iter().take(top);
         for (name, ns) in listed.take_while(|(_, ns)| per_cycle(*ns) >= floor) {
             let name: String = name.chars().take(LONGEST).collect();
-            let _ = writeln!(out, "{:7.1}  {name}", per_cycle(ns));
+            let samples = (ns + tick / 2) / tick;
+            let _ = writeln!(out, "{:7.1} {samples:6}  {name}", per_cycle(ns));
         }
     }
     out
+}
+
+/// A duration in nanoseconds, saturating.
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// `counts` largest first, ties by name.
+fn largest_first(counts: HashMap<String, u64>) -> Vec<(String, u64)> {
+    let mut sorted: Vec<(String, u64)> = counts.into_iter().collect();
+    sorted.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+    sorted
 }
 
 /// The package of a Go function name: `go.etcd.io/etcd/mvcc` of
@@ -202,9 +215,7 @@ pub(crate) fn summary(title: &str, stacks: &[Stack], m: Measured) -> String {
     ];
     for (what, counts) in sections {
         let _ = writeln!(out, "\n## by {what}\n");
-        let mut sorted: Vec<(String, u64)> = counts.into_iter().collect();
-        sorted.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        for (name, n) in sorted.into_iter().take(TOP) {
+        for (name, n) in largest_first(counts).into_iter().take(TOP) {
             let name: String = name.chars().take(LONGEST).collect();
             let _ = writeln!(out, "{:5.1} %  {name}", share(n));
         }
@@ -242,9 +253,7 @@ fn client_sections(out: &mut String, stacks: &[Stack], cpu_per_cycle: f64) {
             out,
             "\n## client threads only, by {what}: µs of client CPU per cycle\n"
         );
-        let mut sorted: Vec<(String, u64)> = counts.into_iter().collect();
-        sorted.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-        for (name, n) in sorted.into_iter().take(4 * TOP) {
+        for (name, n) in largest_first(counts).into_iter().take(4 * TOP) {
             let name: String = name.chars().take(LONGEST).collect();
             let us = cpu_per_cycle * n as f64 / total as f64;
             let _ = writeln!(out, "{us:7.1}  {name}");
