@@ -204,6 +204,7 @@ fn pick(system: &System, ctx: &Ctx, who: Who) -> Res<(String, Entry)> {
     let prefix = format!("{}-{backend}-profile", ctx.run);
     let on = match system.kind {
         Kind::Gcs => "the in-process GCS test server".to_owned(),
+        _ if !system.note.is_empty() => format!("{backend} ({})", system.note),
         _ => backend.to_owned(),
     };
     match who {
