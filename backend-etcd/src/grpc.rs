@@ -122,8 +122,9 @@ impl tonic::service::Interceptor for Headers {
 }
 
 /// One member's channel, token and endpoint list, cheap to clone (one `Arc`). Each RPC
-/// makes the one client it needs from the channel ([`kv`](Self::kv),
-/// [`lease`](Self::lease)): a call clones the channel once, not once per kind of client.
+/// makes the one client it needs from the channel, always through the accessors below
+/// ([`kv`](Self::kv), [`lease`](Self::lease), `watch_client`, `auth_client`), which hold
+/// every client's limits: a call clones the channel once, not once per kind of client.
 #[derive(Clone)]
 pub(crate) struct Connection(Arc<Shared>);
 
@@ -131,7 +132,8 @@ pub(crate) struct Connection(Arc<Shared>);
 struct Shared {
     svc: Svc,
     session: Session,
-    /// Keeps the balanced channel's endpoint list open.
+    /// The balanced channel's endpoint list, kept open for the connection's life (tonic
+    /// 0.14 would keep serving a closed list's endpoints too; this does not rely on it).
     _endpoints: tokio::sync::mpsc::Sender<Change<Uri, Endpoint>>,
 }
 
@@ -189,6 +191,16 @@ impl Connection {
         LeaseClient::new(self.0.svc.clone())
     }
 
+    /// A Watch client on this member's channel.
+    fn watch_client(&self) -> WatchClient<Svc> {
+        WatchClient::new(self.0.svc.clone())
+    }
+
+    /// An Auth client on this member's channel.
+    fn auth_client(&self) -> AuthClient<Svc> {
+        AuthClient::new(self.0.svc.clone())
+    }
+
     fn session(&self) -> &Session {
         &self.0.session
     }
@@ -236,8 +248,7 @@ impl Connection {
                     name: name.clone(),
                     password: password.clone(),
                 };
-                let mut auth = AuthClient::new(self.0.svc.clone());
-                let reply = auth.authenticate(request).await?.into_inner();
+                let reply = self.auth_client().authenticate(request).await?.into_inner();
                 let token = reply
                     .token
                     .parse::<Token>()
@@ -270,8 +281,7 @@ impl Connection {
                 .map_err(|e| RpcError::Watch(e.to_string()))?;
         }
         let requests = stream;
-        let mut watch = WatchClient::new(self.0.svc.clone());
-        let replies = watch.watch(requests).await?.into_inner();
+        let replies = self.watch_client().watch(requests).await?.into_inner();
         Ok(WatchStream {
             _requests: sender,
             replies,
@@ -327,13 +337,13 @@ pub(crate) fn is_invalid_token(status: &Status) -> bool {
 /// channel (`too_many_internal_resets`) and every RPC on it fails at once. h2's defaults
 /// (50 streams, 1 s) forget a stream before a late reply to an RPC abandoned at our
 /// timeout arrives; these outlast any request timeout, so our own resets never count.
+const RESET_STREAMS_REMEMBERED: usize = 4096;
+const RESET_STREAMS_FOR: Duration = Duration::from_secs(60);
+
 /// The largest KV reply read (gRPC's default is 4 MiB). A semaphore's attempt reads all
 /// its slots in one Range: 10,000 permits (lockcore's most) with 512-byte notes and long
 /// names are up to about 30 MB; other replies are far smaller.
 const MAX_KV_REPLY: usize = 64 * 1024 * 1024;
-
-const RESET_STREAMS_REMEMBERED: usize = 4096;
-const RESET_STREAMS_FOR: Duration = Duration::from_secs(60);
 
 /// The endpoint for `url` (`http://` or, with TLS, `https://`): HTTP/2 keep-alive pings
 /// every 10 s (also when idle), 5 s to answer, the connect timeout, and reset streams
