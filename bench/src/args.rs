@@ -237,14 +237,15 @@ pub(crate) fn redlock_nodes(url: &str) -> String {
 }
 
 /// Every member of `etcd://h1:p1,h2:p2/prefix` or `http://h1:p1,http://h2:p2`, each as
-/// `http://h:p`.
+/// `http://h:p`, without any `user:password@` (these URLs go into error messages).
 #[cfg_attr(not(target_os = "linux"), allow(dead_code))] // `--profile` is Linux's only
 pub(crate) fn etcd_members(url: &str) -> Vec<String> {
     url.split(',')
         .map(|part| {
             let part = part.trim();
             let rest = part.split_once("://").map_or(part, |(_, r)| r);
-            rest.split(['/', '?']).next().unwrap_or(rest).to_owned()
+            let host = rest.split(['/', '?']).next().unwrap_or(rest);
+            host.rsplit_once('@').map_or(host, |(_, h)| h).to_owned()
         })
         .filter(|host| !host.is_empty())
         .map(|host| format!("http://{host}"))
@@ -388,6 +389,11 @@ mod tests {
             ["http://127.0.0.1:27379", "http://127.0.0.1:27380"]
         );
         assert!(etcd_members("").is_empty());
+        // A password in the URL never reaches a member URL (nor the errors that name it).
+        assert_eq!(
+            etcd_members("http://root:s3cret@h1:1,http://root:s3cret@h2:2"),
+            ["http://h1:1", "http://h2:2"]
+        );
     }
 
     #[test]
