@@ -1,11 +1,17 @@
-//! [`Clock`]: the monotonic clock a held lease's validity and refresh schedule follow.
+//! [`Clock`]: the clock a held lease's validity and refresh schedule follow.
 //!
-//! By default it is the runtime's clock (`tokio::time::Instant`, so tests on tokio's paused
-//! clock stay exact). [`Clock::adjustable`] gives a clock that a [`ClockControl`] can jump
-//! forwards or backwards, to replay a client-side clock fault (Kleppmann, "How to do
-//! distributed locking", "Making the lock safe with fencing": a clock that jumps lets a
-//! holder believe its lease is still valid). Nothing in production needs to adjust it; the
-//! reliability harness does.
+//! It is the runtime's clock (`tokio::time::Instant`, so tests on tokio's paused clock stay
+//! exact) plus the time the machine has spent suspended since the clock was made, which the
+//! runtime's clock does not count (`CLOCK_MONOTONIC` stops during a suspend; lock servers'
+//! clocks do not). On Linux the suspend is read from `CLOCK_BOOTTIME`; see `suspend.rs`.
+//! Sleeps on it wake at least every [`RESUME_CHECK`] to re-read it, so a deadline that
+//! passed while the machine slept is seen within that long after it resumes.
+//!
+//! [`Clock::adjustable`] gives a clock that a [`ClockControl`] can jump forwards or
+//! backwards, to replay a client-side clock fault (Kleppmann, "How to do distributed
+//! locking", "Making the lock safe with fencing": a clock that jumps lets a holder believe
+//! its lease is still valid). Nothing in production needs to adjust it; the reliability
+//! harness does.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -14,8 +20,21 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use crate::suspend::{self, Suspended};
+
+/// The longest a sleep on a [`Clock`] goes without re-reading it: after a machine resumes
+/// from a suspend, a deadline that passed meanwhile is seen within this long (the runtime's
+/// timers do not count the suspend, so nothing fires sooner).
+pub const RESUME_CHECK: Duration = Duration::from_millis(100);
+
 /// The clock a [`Locker`](crate::Locker)'s guards use for lease validity and refresh
-/// timing. Cheap to clone; clones share one offset.
+/// timing. Cheap to clone; clones share one offset and one suspend reading.
+///
+/// It counts the time the machine is suspended (on Linux, `CLOCK_BOOTTIME`; elsewhere the
+/// wall clock where it ran further than the monotonic clock), as the lock server's clock
+/// does: after a resume, a lease that ran out during the suspend reads as lost at once
+/// ([`LockGuard::is_held`](crate::LockGuard::is_held)), and within [`RESUME_CHECK`] its
+/// guard's [`lost`](crate::LockGuard::lost) fires.
 ///
 /// A backward jump makes the guard believe its lease is valid for longer than the server
 /// does, and schedules its refreshes later: exactly the unsafe case fencing tokens exist
@@ -35,9 +54,10 @@ use tokio::time::Instant;
 /// assert!(!guard.is_held());
 /// # Ok(()) }
 /// ```
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Clock {
     skew: Option<Arc<Skew>>,
+    suspended: Arc<Suspended>,
 }
 
 /// Jumps an adjustable [`Clock`]. Every clone of that clock sees the jump at once, and
@@ -53,14 +73,23 @@ struct Skew {
     changed: Notify,
 }
 
+impl Default for Clock {
+    fn default() -> Self {
+        Self::system()
+    }
+}
+
 impl Clock {
-    /// The runtime's monotonic clock (the default).
+    /// The runtime's monotonic clock plus the time suspended from now on (the default).
     pub fn system() -> Self {
-        Self::default()
+        Self {
+            skew: None,
+            suspended: Suspended::new(),
+        }
     }
 
-    /// A clock that starts equal to the runtime's and moves only when `ClockControl`
-    /// jumps it.
+    /// A clock that starts equal to [`system`](Self::system)'s and moves otherwise only
+    /// when `ClockControl` jumps it.
     pub fn adjustable() -> (Self, ClockControl) {
         let skew = Arc::new(Skew {
             offset: Mutex::new(0),
@@ -69,38 +98,70 @@ impl Clock {
         let control = ClockControl {
             skew: Arc::clone(&skew),
         };
-        (Self { skew: Some(skew) }, control)
+        let clock = Self {
+            skew: Some(skew),
+            suspended: Suspended::new(),
+        };
+        (clock, control)
+    }
+
+    /// A system clock whose suspends a test makes (see [`suspend::FakeSuspend`]).
+    #[cfg(test)]
+    pub(crate) fn with_fake_suspend() -> (Self, suspend::FakeSuspend) {
+        let (suspended, control) = Suspended::fake();
+        (
+            Self {
+                skew: None,
+                suspended,
+            },
+            control,
+        )
+    }
+
+    /// What this clock counts a suspend with, for people: `"CLOCK_BOOTTIME (counts
+    /// suspend)"` on Linux.
+    pub fn suspend_source(&self) -> &'static str {
+        suspend::SOURCE
     }
 
     /// The current time on this clock.
     pub fn now(&self) -> Instant {
-        let now = Instant::now();
-        match &self.skew {
-            None => now,
-            Some(skew) => shift(now, skew.offset()),
-        }
+        shift(Instant::now(), self.offset())
+    }
+
+    /// This clock's offset from the runtime's, in nanoseconds: the jumps plus the time
+    /// suspended.
+    fn offset(&self) -> i128 {
+        let suspended = i128::try_from(self.suspended.get().as_nanos()).unwrap_or(i128::MAX);
+        let skew = self.skew.as_ref().map_or(0, |skew| skew.offset());
+        skew.saturating_add(suspended)
     }
 
     /// Sleeps until this clock reads `deadline` or later, following jumps made while it
-    /// sleeps.
+    /// sleeps and, within [`RESUME_CHECK`], a suspend of the machine.
     ///
     /// # Cancel safety
     /// Cancel safe.
     pub async fn sleep_until(&self, deadline: Instant) {
-        let Some(skew) = &self.skew else {
-            return tokio::time::sleep_until(deadline).await;
-        };
+        let never = Notify::new();
+        let changed = self.skew.as_ref().map_or(&never, |skew| &skew.changed);
+        let sleep = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(sleep);
         loop {
-            let changed = skew.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            let offset = skew.offset();
-            if shift(Instant::now(), offset) >= deadline {
+            let jumped = changed.notified();
+            tokio::pin!(jumped);
+            jumped.as_mut().enable();
+            let now = Instant::now();
+            let Some(left) = deadline.checked_duration_since(shift(now, self.offset())) else {
+                return;
+            };
+            if left.is_zero() {
                 return;
             }
+            sleep.as_mut().reset(now + left.min(RESUME_CHECK));
             tokio::select! {
-                () = tokio::time::sleep_until(shift(deadline, -offset)) => {}
-                () = &mut changed => {}
+                () = &mut sleep => {}
+                () = &mut jumped => {}
             }
         }
     }
@@ -152,9 +213,14 @@ fn shift(at: Instant, nanos: i128) -> Instant {
 
 impl fmt::Debug for Clock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let suspended = self.suspended.get();
         match &self.skew {
-            None => f.write_str("Clock::system"),
-            Some(skew) => write!(f, "Clock::adjustable(offset {} ns)", skew.offset()),
+            None => write!(f, "Clock::system(suspended {suspended:?})"),
+            Some(skew) => write!(
+                f,
+                "Clock::adjustable(offset {} ns, suspended {suspended:?})",
+                skew.offset()
+            ),
         }
     }
 }

@@ -23,7 +23,8 @@
 //! - [`LockGuard`]: a held lease with its [`Health`], refreshed in the background.
 //! - [`state`]: the pure health state machine; the refresher drives it.
 //! - [`MemoryBackend`]: the in-process reference backend.
-//! - [`Clock`]: the monotonic clock guards follow, adjustable to replay clock faults.
+//! - [`Clock`]: the clock guards follow (it counts a machine suspend), adjustable to replay
+//!   clock faults.
 //! - [`Error`]: one error type with an [`ErrorKind`] and a [`RetryStatus`].
 
 mod attempt;
@@ -54,6 +55,7 @@ mod security;
 #[cfg(feature = "serde")]
 mod serialize;
 pub mod state;
+mod suspend;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 #[cfg(test)]
@@ -65,7 +67,7 @@ mod wait;
 
 pub use backend::{LockBackend, QueueTicket, ReleaseEvents};
 pub use backoff::{Backoff, Jitter, MAX_BACKOFF_CAP};
-pub use clock::{Clock, ClockControl};
+pub use clock::{Clock, ClockControl, RESUME_CHECK};
 pub use duration::parse_duration;
 pub use election::{DEFAULT_OBSERVE_INTERVAL, Election, Leader, Leadership, Observer};
 pub use error::{Error, Result};

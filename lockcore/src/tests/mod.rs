@@ -10,6 +10,7 @@ mod arithmetic;
 mod batch;
 mod clock;
 mod context;
+
 mod inline;
 mod keeper;
 mod keeper_edges;
@@ -22,6 +23,7 @@ mod queue;
 mod refresher;
 mod starved;
 mod subscribe;
+mod suspend;
 
 use std::sync::Arc;
 use std::time::Duration;
