@@ -12,7 +12,7 @@ use crate::error::{Error, Result};
 use crate::held::{self, Ending, Finishing, Held};
 use crate::mailbox::KeeperHandle;
 use crate::name::LockName;
-use crate::state::{Health, LostReason};
+use crate::state::{Event, Health, LostReason};
 use crate::types::{FenceToken, Lease};
 
 /// A held lock. Its locker's keeper (one background task per locker and runtime, for all
@@ -92,7 +92,9 @@ impl LockGuard {
             return Health::Lost(LostReason::RefresherStopped);
         }
         if self.shared.clock.now() >= self.shared.validity() {
-            // Tell sub-tasks holding the cancellation token too; the keeper will catch up.
+            // Lost for good: recorded, so that no refresh answer the keeper handles later
+            // brings the lease back; sub-tasks holding the cancellation token hear it too.
+            self.shared.apply(Event::ValidityExpired);
             self.shared.cancel.cancel();
             return Health::Lost(LostReason::ValidityExpired);
         }

@@ -24,6 +24,8 @@ struct Counting {
     single: Mutex<usize>,
     /// Answer every batch without its first result.
     short: AtomicBool,
+    /// Answer every batch in reverse order.
+    reversed: AtomicBool,
 }
 
 impl Counting {
@@ -34,6 +36,7 @@ impl Counting {
             refreshed: Mutex::default(),
             single: Mutex::default(),
             short: AtomicBool::new(false),
+            reversed: AtomicBool::new(false),
         })
     }
 
@@ -67,6 +70,9 @@ impl LockBackend for Counting {
         let mut results = self.memory.refresh_many(leases).await;
         if self.short.load(Ordering::SeqCst) {
             drop(results.remove(0));
+        }
+        if self.reversed.load(Ordering::SeqCst) {
+            results.reverse();
         }
         results
     }
@@ -207,6 +213,36 @@ async fn a_batch_answered_short_fails_every_lease_without_losing_it_body() {
         "given another lock's lease"
     );
     backend.short.store(false, Ordering::SeqCst);
+    for guard in &guards {
+        until(guard, |h| *h == Health::Healthy).await;
+    }
+}
+
+/// A backend that answers a batch out of order answers each lease with another lock of the
+/// same owner: no guard takes another's lease (it would refresh that lock while its own
+/// expires), each counts an unknown outcome instead.
+#[test]
+fn a_batch_answered_out_of_order_gives_no_guard_another_lease() {
+    crate::tests::bounded(a_batch_answered_out_of_order_gives_no_guard_another_lease_body);
+}
+
+async fn a_batch_answered_out_of_order_gives_no_guard_another_lease_body() {
+    let backend = Counting::new(1000);
+    let locker = locker(&backend).with_identity(crate::Identity::unique());
+    let guards = hold(&locker, ["a", "b"].map(String::from).into_iter(), 0).await;
+    assert_eq!(guards[0].lease().owner(), guards[1].lease().owner());
+    backend.reversed.store(true, Ordering::SeqCst);
+    // One refresh round (every 100 ms), answered reversed.
+    tokio::time::sleep(ms(150)).await;
+    for (guard, name) in guards.iter().zip(["a", "b"]) {
+        assert_eq!(
+            guard.lease().name().as_str(),
+            name,
+            "given another lock's lease"
+        );
+        assert_eq!(guard.state(), Health::Degraded { failures: 1 }, "{name}");
+    }
+    backend.reversed.store(false, Ordering::SeqCst);
     for guard in &guards {
         until(guard, |h| *h == Health::Healthy).await;
     }

@@ -10,7 +10,7 @@ mod arithmetic;
 mod batch;
 mod clock;
 mod context;
-
+mod grants;
 mod inline;
 mod keeper;
 mod keeper_edges;
