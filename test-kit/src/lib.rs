@@ -6,9 +6,12 @@
 //! * [`proxy`]: a TCP fault-injection proxy for network faults on loopback;
 //! * [`prop`]: the proptest strategies of every crate's parser property tests;
 //! * [`servers`]: private Redis, PostgreSQL and etcd processes a test may crash, stall or
-//!   restart.
+//!   restart;
+//! * [`suspend`]: a process whose monotonic clock skips the time it was stopped, as after a
+//!   machine suspend.
 
 pub mod env;
 pub mod prop;
 pub mod proxy;
 pub mod servers;
+pub mod suspend;
