@@ -11,6 +11,8 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use tokio::time::{Instant, sleep, timeout};
 
+use lockcore::Clock;
+
 use crate::cli::Leftovers;
 use crate::supervisor::{self, Plan};
 use crate::{exit, group};
@@ -62,6 +64,11 @@ impl Child {
         self.inner.wait().await
     }
 
+    /// The command's process group (its supervisor leads it).
+    pub(crate) fn group(&self) -> Pid {
+        self.group
+    }
+
     /// Sends `signal` to every process in the command's group.
     pub(crate) fn signal_group(&self, signal: Signal) {
         if let Err(err) = killpg(self.group, signal) {
@@ -75,13 +82,17 @@ impl Child {
 
     /// SIGTERM to the whole group, SIGKILL to whatever is left after `grace` (at once if
     /// `grace` is zero), grandchildren that outlive the command included. Returns once the
-    /// group is gone.
-    pub(crate) async fn stop(&mut self, grace: Duration) {
+    /// group is gone. The grace is measured on `clock`, the lease's (a suspend during it
+    /// counts, as it does on the server).
+    pub(crate) async fn stop(&mut self, grace: Duration, clock: &Clock) {
         if !grace.is_zero() {
-            let deadline = Instant::now() + grace;
+            let deadline = clock.now() + grace;
             self.signal_group(Signal::SIGTERM);
-            let _ = timeout(grace, self.inner.wait()).await;
-            while self.group_alive() && Instant::now() < deadline {
+            tokio::select! {
+                _ = self.inner.wait() => {}
+                () = clock.sleep_until(deadline) => {}
+            }
+            while self.group_alive() && clock.now() < deadline {
                 sleep(Duration::from_millis(50)).await;
             }
         }

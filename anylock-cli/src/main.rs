@@ -33,6 +33,7 @@ mod signals;
 mod steps;
 mod supervisor;
 mod watch;
+mod watchdog;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;

@@ -53,14 +53,16 @@ async fn run_inner(args: RunArgs, config: &Config, quiet: bool) -> Result<u8, Er
     let backend = crate::select::connect(&crate::select::backend_url(config)?).await?;
     let locker = Locker::new(backend).with_options(options);
     let guard = acquire_with_status(&locker, &args.name, args.permits, quiet).await?;
-    // Measured after the grant: the lease is left until no earlier than grant + DUR.
-    let hold_until = hold_at_least.map(|d| tokio::time::Instant::now() + d);
+    // Measured after the grant, on the guard's clock (it counts a suspend): the lease is
+    // left until no earlier than grant + DUR.
+    let clock = locker.clock();
+    let hold_until = hold_at_least.map(|d| clock.now() + d);
     // Before the command starts: from here on a signal is forwarded, never fatal.
     let signals = Signals::install(&watch::SIGNALS).map_err(|e| {
         Error::new(ErrorKind::Unavailable, "cannot install signal handlers").with_source(e)
     })?;
     tracing::info!(lock = %args.name, token = ?guard.fence_token(), "acquired");
-    Ok(watch::supervise(guard, &args, grace, hold_until, signals).await)
+    Ok(watch::supervise(guard, &args, grace, hold_until, signals, clock).await)
 }
 
 /// `--hold-at-least`, which may not exceed the TTL (as ShedLock's lockAtLeastFor may not

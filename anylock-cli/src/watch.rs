@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lockcore::{ErrorKind, LockGuard, LostReason};
+use lockcore::{Clock, ErrorKind, LockGuard, LostReason};
 use nix::sys::signal::{Signal, raise};
 use tokio::time::{Instant, Interval, interval};
 
@@ -12,6 +12,7 @@ use crate::child::{self, Child};
 use crate::cli::RunArgs;
 use crate::exit;
 use crate::signals::Signals;
+use crate::watchdog::Watchdog;
 
 /// The signals `anylock run` handles once it holds the lock.
 pub(crate) const SIGNALS: [Signal; 5] = [
@@ -35,13 +36,15 @@ enum Event {
 
 /// Runs the command under `guard` until it exits or the lock is lost; returns the exit
 /// code. `signals` must handle [`SIGNALS`]. If the command exits before `hold_until`, the
-/// lease is left to expire then instead of being released (`--hold-at-least`).
+/// lease is left to expire then instead of being released (`--hold-at-least`). Every
+/// deadline is judged on `clock`, the guard's, which counts a machine suspend.
 pub(crate) async fn supervise(
     guard: LockGuard,
     args: &RunArgs,
     grace: Duration,
     hold_until: Option<Instant>,
     mut signals: Signals,
+    clock: &Clock,
 ) -> u8 {
     let mut child = match start(&guard, args, grace) {
         Ok(child) => child,
@@ -52,13 +55,17 @@ pub(crate) async fn supervise(
         }
     };
     // The latest moment the lease is known valid until, sampled while it is held: once it
-    // is lost, lockcore reports no validity any more.
-    let mut valid_until = Instant::now() + guard.remaining_validity();
+    // is lost, lockcore reports no validity any more. The watchdog kills the group at that
+    // moment, even if this loop is late.
+    let mut valid_until = clock.now() + guard.remaining_validity();
+    let watchdog = Watchdog::start(child.group(), guard.remaining_validity());
     let mut sample = interval(SAMPLE);
     loop {
         let reason = match next_event(&mut child, &guard, &mut signals, &mut sample).await {
             Event::Sample if guard.is_held() => {
-                valid_until = Instant::now() + guard.remaining_validity();
+                let left = guard.remaining_validity();
+                valid_until = clock.now() + left;
+                watchdog.extend(left);
                 continue;
             }
             Event::Sample => continue,
@@ -67,13 +74,21 @@ pub(crate) async fn supervise(
                 Err(reason) => reason,
             },
             Event::Lost(reason) => reason,
+            Event::Exited(_) if watchdog.fired() => LostReason::ValidityExpired,
             Event::Exited(status) => {
-                return finish(child, guard, &args.name, status, hold_until).await;
+                return finish(child, guard, &args.name, status, hold_until, clock).await;
             }
         };
-        let left = valid_until.saturating_duration_since(Instant::now());
+        let left = valid_until.saturating_duration_since(clock.now());
         let grace = effective_grace(grace, &reason, left);
-        return stop_on_loss(child, guard, &args.name, &reason, grace, hold_until).await;
+        let ending = Ending {
+            name: &args.name,
+            reason: &reason,
+            grace,
+            hold_until,
+            clock,
+        };
+        return stop_on_loss(child, guard, ending).await;
     }
 }
 
@@ -160,14 +175,23 @@ pub(crate) fn effective_grace(grace: Duration, reason: &LostReason, left: Durati
     }
 }
 
-async fn stop_on_loss(
-    mut child: Child,
-    guard: LockGuard,
-    name: &str,
-    reason: &LostReason,
+/// How a lost lease ends the command.
+struct Ending<'a> {
+    name: &'a str,
+    reason: &'a LostReason,
     grace: Duration,
     hold_until: Option<Instant>,
-) -> u8 {
+    clock: &'a Clock,
+}
+
+async fn stop_on_loss(mut child: Child, guard: LockGuard, ending: Ending<'_>) -> u8 {
+    let Ending {
+        name,
+        reason,
+        grace,
+        hold_until,
+        clock,
+    } = ending;
     let how = if grace.is_zero() {
         "SIGKILL at once: the lease is gone".to_owned()
     } else {
@@ -177,8 +201,8 @@ async fn stop_on_loss(
         )
     };
     note!("anylock: lock {name} lost ({reason}); stopping the command ({how})");
-    child.stop(grace).await;
-    if hold_until.is_some_and(|until| until > Instant::now()) {
+    child.stop(grace, clock).await;
+    if hold_until.is_some_and(|until| until > clock.now()) {
         // `--hold-at-least`: a lease lost to failed refreshes may still be held by the
         // server; releasing it could free the lock before the time asked. Let it expire.
         let _ = guard.detach().await;
@@ -198,6 +222,7 @@ async fn finish(
     name: &str,
     status: std::io::Result<std::process::ExitStatus>,
     hold_until: Option<Instant>,
+    clock: &Clock,
 ) -> u8 {
     // The supervisor clears the group before it exits; if it was killed, do it here.
     child.kill_group().await;
@@ -208,7 +233,7 @@ async fn finish(
             exit::FAILED
         }
     };
-    let left = hold_until.map(|until| until.saturating_duration_since(Instant::now()));
+    let left = hold_until.map(|until| until.saturating_duration_since(clock.now()));
     if let Some(left) = left.filter(|left| !left.is_zero()) {
         return leave(guard, name, left, code).await;
     }

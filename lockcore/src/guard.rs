@@ -108,8 +108,8 @@ impl LockGuard {
         self.state().is_held()
     }
 
-    /// How long the lease is still valid by the locker's [`Clock`](crate::Clock) (the
-    /// runtime's monotonic clock unless set otherwise): counted from when
+    /// How long the lease is still valid by the locker's [`Clock`](crate::Clock) (which
+    /// counts a machine suspend, unlike the runtime's clock): counted from when
     /// the last successful acquire or refresh request was *sent*, minus the drift
     /// allowance. Zero once the lease is lost or released.
     pub fn remaining_validity(&self) -> Duration {

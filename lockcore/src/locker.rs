@@ -86,14 +86,22 @@ impl Locker {
         self
     }
 
-    /// Sets the clock guards follow for lease validity and refresh timing (by default the
-    /// runtime's monotonic clock). Acquire waits and timeouts keep the runtime's clock. An
-    /// adjustable clock replays client clock faults; see [`Clock`].
+    /// Sets the clock guards follow for lease validity and refresh timing (by default
+    /// [`Clock::system`], the runtime's clock plus the time the machine is suspended).
+    /// Acquire waits and timeouts keep the runtime's clock. An adjustable clock replays
+    /// client clock faults; see [`Clock`].
     pub fn with_clock(mut self, clock: Clock) -> Self {
         self.clock = clock;
         // Keepers follow one clock: a locker with another clock gets its own.
         self.keepers = Arc::default();
         self
+    }
+
+    /// The clock this locker's guards follow: judge a deadline derived from a guard's
+    /// [`remaining_validity`](crate::LockGuard::remaining_validity) on it, never on the
+    /// runtime's clock (which does not count a suspend).
+    pub fn clock(&self) -> &Clock {
+        &self.clock
     }
 
     /// How many keepers this locker knows of.
