@@ -15,6 +15,24 @@ use support::{Scene, code, pids, read, send, stderr_lines, wait_child, wait_unti
 use test_kit::proxy::{Fault, FaultProxy};
 use test_kit::suspend::{Freezer, MonotonicSkip};
 
+/// What the holders hold: a lock, the one permit of a semaphore, or leadership.
+#[derive(Clone, Copy)]
+enum How {
+    Lock,
+    Permit,
+    Leader,
+}
+
+impl How {
+    fn args(self) -> Vec<&'static str> {
+        match self {
+            Self::Lock => vec!["run", "job"],
+            Self::Permit => vec!["run", "job", "--permits", "1"],
+            Self::Leader => vec!["elect", "job"],
+        }
+    }
+}
+
 /// The old holder's command: its pid, then a wall-clock timestamp (ns) every 20 ms.
 fn beating(scene: &Scene) -> String {
     format!(
@@ -66,17 +84,11 @@ fn redis() -> Option<Redis> {
 
 /// Starts the old holder (TTL 2 s) through the proxy, with the monotonic skip preloaded;
 /// returns once its command beats.
-fn start_holder(scene: &Scene, redis: &Redis, skip: &MonotonicSkip) -> Child {
-    let mut command = scene.command(&[
-        "run",
-        "job",
-        "--ttl",
-        "2s",
-        "--",
-        "sh",
-        "-c",
-        &beating(scene),
-    ]);
+fn start_holder(scene: &Scene, redis: &Redis, skip: &MonotonicSkip, how: How) -> Child {
+    let beating = beating(scene);
+    let mut args = how.args();
+    args.extend(["--ttl", "2s", "--", "sh", "-c", &beating]);
+    let mut command = scene.command(&args);
     command
         .env("ANYLOCK_BACKEND", &redis.via_proxy)
         .envs(skip.env())
@@ -91,13 +103,15 @@ fn start_holder(scene: &Scene, redis: &Redis, skip: &MonotonicSkip) -> Child {
 
 /// The next holder, on Redis directly: a 3 s section whose start and end (wall clock, ns)
 /// it writes to `start` and `end`. Returns once it has started.
-fn start_next_holder(scene: &Scene, redis: &Redis) -> Child {
+fn start_next_holder(scene: &Scene, redis: &Redis, how: How) -> Child {
     let section = format!(
         "date +%s%N > {0}.tmp && mv {0}.tmp {0}; sleep 3; date +%s%N > {1}",
         scene.path("start").display(),
         scene.path("end").display()
     );
-    let mut command = scene.command(&["run", "job", "--wait", "20s", "--", "sh", "-c", &section]);
+    let mut args = how.args();
+    args.extend(["--wait", "20s", "--", "sh", "-c", &section]);
+    let mut command = scene.command(&args);
     command.env("ANYLOCK_BACKEND", &redis.direct);
     let next = command.spawn().expect("spawn the next holder");
     wait_until(Duration::from_secs(20), "the next holder to start", || {
@@ -161,12 +175,11 @@ fn members(group: Pid) -> Vec<u32> {
 /// lease is gone; all its processes thaw at once, as they do after a suspend. Without
 /// the suspend counted, anylock believes in its lease for up to 2 s more, and the command
 /// beats inside the next holder's section.
-#[test]
-fn a_suspend_past_the_lease_kills_the_command_at_resume() {
+fn a_suspend_past_the_lease_kills_the_command_at_resume(how: How) {
     let Some(redis) = redis() else { return };
     let scene = Scene::local();
     let skip = MonotonicSkip::new(&scene.dir);
-    let run = start_holder(&scene, &redis, &skip);
+    let run = start_holder(&scene, &redis, &skip, how);
     let shell = pids(&scene.path("pids")).remove(0);
     let freezer = Freezer::new("suspend");
     freezer.add(run.id());
@@ -177,11 +190,26 @@ fn a_suspend_past_the_lease_kills_the_command_at_resume() {
     }
     freezer.freeze();
     let frozen = Instant::now();
-    let next = start_next_holder(&scene, &redis);
+    let next = start_next_holder(&scene, &redis, how);
     redis.proxy.set_fault(Fault::Blackhole);
     skip.set(frozen.elapsed());
     freezer.thaw();
     check_no_overlap(&scene, run, next);
+}
+
+#[test]
+fn a_suspend_past_a_lock_kills_the_command_at_resume() {
+    a_suspend_past_the_lease_kills_the_command_at_resume(How::Lock);
+}
+
+#[test]
+fn a_suspend_past_a_permit_kills_the_command_at_resume() {
+    a_suspend_past_the_lease_kills_the_command_at_resume(How::Permit);
+}
+
+#[test]
+fn a_suspend_past_leadership_kills_the_command_at_resume() {
+    a_suspend_past_the_lease_kills_the_command_at_resume(How::Leader);
 }
 
 /// Ctrl-Z, then the machine suspends for longer than the lease, then `fg`: anylock must
@@ -191,14 +219,14 @@ fn ctrl_z_then_a_suspend_then_fg_kills_the_stopped_command() {
     let Some(redis) = redis() else { return };
     let scene = Scene::local();
     let skip = MonotonicSkip::new(&scene.dir);
-    let run = start_holder(&scene, &redis, &skip);
+    let run = start_holder(&scene, &redis, &skip, How::Lock);
     send(run.id(), Signal::SIGTSTP);
     let anylock = run.id().to_string();
     wait_until(Duration::from_secs(5), "anylock to stop", || {
         support::process_stopped(&anylock)
     });
     let stopped = Instant::now();
-    let next = start_next_holder(&scene, &redis);
+    let next = start_next_holder(&scene, &redis, How::Lock);
     redis.proxy.set_fault(Fault::Blackhole);
     skip.set(stopped.elapsed());
     send(run.id(), Signal::SIGCONT);
