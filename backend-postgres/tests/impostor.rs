@@ -1,8 +1,8 @@
 //! A server that is not the one the URL means (an impostor on the network path, or a
-//! listener on a port the real server left) gets no password in the default
-//! configuration. The fake servers here speak just enough of the
+//! listener on a port the real server left) gets neither the password nor the client's
+//! memory in the default configuration. The fake servers here speak just enough of the
 //! PostgreSQL protocol on 127.0.0.1: they answer the client's `SSLRequest`, read its
-//! startup message, and then ask for a password.
+//! startup message, and then ask for a password or send one huge message.
 
 use backend_postgres::{PostgresBackend, PostgresConfig};
 use lockcore::ErrorKind;
@@ -23,6 +23,10 @@ enum Then {
     AskCleartext,
     /// `AuthenticationMD5Password` with a fixed salt.
     AskMd5,
+    /// A header claiming a huge message, this many bytes of it, then the connection
+    /// closed: to a client in plaintext an `Authentication` message of 0xFFFF_FFF0
+    /// bytes, to one that asked for TLS (answer `S`) a `ServerHello` of 16 MiB.
+    Flood(usize),
 }
 
 /// What a fake server saw.
@@ -92,7 +96,13 @@ async fn serve(mut stream: TcpStream, tls: u8, then: Then, seen: Arc<Mutex<Seen>
     let mut code = untyped(&mut stream).await;
     if code == Some(SSL_REQUEST) {
         record(&|s| s.ssl_requested = true);
-        if stream.write_all(&[tls]).await.is_err() || tls != b'N' {
+        if stream.write_all(&[tls]).await.is_err() {
+            return;
+        }
+        if tls != b'N' {
+            if let Then::Flood(bytes) = then {
+                flood_tls(stream, bytes).await;
+            }
             return;
         }
         code = untyped(&mut stream).await;
@@ -104,6 +114,7 @@ async fn serve(mut stream: TcpStream, tls: u8, then: Then, seen: Arc<Mutex<Seen>
     let request: &[u8] = match then {
         Then::AskCleartext => &[b'R', 0, 0, 0, 8, 0, 0, 0, 3],
         Then::AskMd5 => &[b'R', 0, 0, 0, 12, 0, 0, 0, 5, 1, 2, 3, 4],
+        Then::Flood(bytes) => return flood(stream, bytes).await,
     };
     if stream.write_all(request).await.is_err() {
         return;
@@ -123,6 +134,44 @@ async fn typed(stream: &mut TcpStream) -> Option<Vec<u8>> {
     stream.read_exact(&mut body).await.ok()?;
     message.extend_from_slice(&body);
     Some(message)
+}
+
+/// Sends an `Authentication` header claiming 0xFFFF_FFF0 bytes, `bytes` zero bytes of it,
+/// and closes.
+async fn flood(mut stream: TcpStream, bytes: usize) {
+    let mut header = vec![b'R'];
+    header.extend_from_slice(&0xFFFF_FFF0_u32.to_be_bytes());
+    if stream.write_all(&header).await.is_err() {
+        return;
+    }
+    let chunk = vec![0u8; 64 * 1024];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len());
+        if stream.write_all(&chunk[..n]).await.is_err() {
+            return;
+        }
+        left -= n;
+    }
+}
+
+/// Sends TLS handshake records holding a `ServerHello` that claims 16 MiB - 1 bytes,
+/// `bytes` of it in all, and closes.
+async fn flood_tls(mut stream: TcpStream, bytes: usize) {
+    let mut head = vec![0x02, 0xFF, 0xFF, 0xFF];
+    let mut left = bytes;
+    while left > 0 {
+        let body = left.min(16_384 - head.len());
+        let len = u16::try_from(head.len() + body).expect("a record");
+        let mut record = vec![0x16, 0x03, 0x03];
+        record.extend_from_slice(&len.to_be_bytes());
+        record.append(&mut head);
+        record.resize(5 + usize::from(len), 0);
+        if stream.write_all(&record).await.is_err() {
+            return;
+        }
+        left -= body;
+    }
 }
 
 /// Connects with `url`; the connection must fail.
@@ -242,4 +291,101 @@ async fn environment_password_child() {
     let seen = fake.seen();
     assert!(seen.ssl_requested && !seen.startup, "{seen:?}");
     assert!(err.to_string().contains("sslmode=disable"), "{err}");
+}
+
+/// Set (to the URL to connect with) in the child processes of the memory tests.
+const FLOOD_URL: &str = "ANYLOCK_PG_FLOOD_URL";
+
+/// How much each flooding server sends.
+const FLOOD: usize = 256 << 20;
+
+/// The peak resident memory of this process so far (`VmHWM`), in KiB.
+fn peak_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .expect("a VmHWM line");
+    line.trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .expect("KiB")
+}
+
+/// How much a child process's peak memory grew (KiB) while it connected to a fake
+/// server that answers `tls` to the `SSLRequest` and floods [`FLOOD`] bytes, with the
+/// fake server's URL plus `params`; and what the child printed.
+async fn growth(tls: u8, params: &str) -> (u64, String) {
+    let fake = Fake::start(tls, Then::Flood(FLOOD)).await;
+    let output = tokio::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args(["--exact", "flood_child", "--nocapture", "--test-threads=1"])
+        .env(
+            FLOOD_URL,
+            fake.url(params)
+                .replace("timeout_ms=3000", "timeout_ms=20000"),
+        )
+        .env_remove(CHILD)
+        .output()
+        .await
+        .expect("run the child test");
+    let shown = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "child failed:\n{shown}");
+    let line = shown
+        .lines()
+        .find_map(|l| l.split_once("FLOOD ").map(|(_, rest)| rest))
+        .unwrap_or_else(|| panic!("the child did not run:\n{shown}"));
+    let kib = |key: &str| -> u64 {
+        let value = line
+            .split(' ')
+            .find_map(|w| w.strip_prefix(key))
+            .expect(key);
+        value.parse().expect("KiB")
+    };
+    (kib("after_kib=") - kib("before_kib="), line.to_owned())
+}
+
+/// Guards against the reported exhaustion: a fake server sends a message header claiming
+/// about 4 GiB and streams 256 MiB of it. With a password and no `sslmode` (verify-full)
+/// none of it reaches sqlx's read buffer: an `N` is refused at once, and after an `S`
+/// rustls refuses a handshake message over 64 KiB before the server is verified. Under
+/// `sslmode=disable` sqlx buffers it all, as docs/postgres.md ("Reply limits") says and
+/// `REPLY_LIMITS` leaves out: if that part starts to fail, sqlx bounds its reads now and
+/// the docs and `REPLY_LIMITS` must say so.
+#[tokio::test]
+async fn a_flooding_server_cannot_fill_memory_before_verification() {
+    for tls in [b'N', b'S'] {
+        let (grew, shown) = growth(tls, "").await;
+        eprintln!("default, answer {}: {shown}", char::from(tls));
+        assert!(grew < 32 << 10, "grew {grew} KiB: {shown}");
+        if tls == b'S' {
+            // rustls's limit, the second of REPLY_LIMITS.
+            assert!(shown.contains("HandshakePayloadTooLarge"), "{shown}");
+        }
+    }
+    let (grew, shown) = growth(b'N', "&sslmode=disable").await;
+    eprintln!("sslmode=disable: {shown}");
+    assert!(
+        grew > 128 << 10,
+        "sqlx bounds its reads now? grew {grew} KiB: {shown}"
+    );
+}
+
+/// Runs only inside [`a_flooding_server_cannot_fill_memory_before_verification`]'s
+/// children: connects to `ANYLOCK_PG_FLOOD_URL` and prints its peak memory before and
+/// after, in KiB.
+#[tokio::test]
+async fn flood_child() {
+    let Some(url) = std::env::var_os(FLOOD_URL) else {
+        return;
+    };
+    let before = peak_kib();
+    let started = std::time::Instant::now();
+    let err = refused(&url.to_string_lossy()).await;
+    println!(
+        "FLOOD before_kib={before} after_kib={} secs={:.2} error={err}",
+        peak_kib(),
+        started.elapsed().as_secs_f64()
+    );
 }
