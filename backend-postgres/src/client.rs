@@ -62,6 +62,7 @@ impl Client {
         let who = Who {
             user: config.user().to_owned(),
             names: names.clone(),
+            tls: config.tls(),
         };
         Self {
             pool,

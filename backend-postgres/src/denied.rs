@@ -2,14 +2,17 @@
 //! missing, and the statement or setting that fixes it. Never the password.
 
 use crate::names::{Names, quote_identifier};
+use crate::tls::TlsSetup;
 
-/// Who the backend connects as and which objects it uses, for the fixes it suggests.
+/// Who the backend connects as, how, and which objects it uses, for the fixes it suggests.
 #[derive(Debug, Clone)]
 pub(crate) struct Who {
     /// The role name.
     pub(crate) user: String,
     /// The quoted schema, table and sequence names.
     pub(crate) names: Names,
+    /// The TLS setup, for what to do when TLS fails.
+    pub(crate) tls: TlsSetup,
 }
 
 /// The message for SQLSTATE `code` (server text `message`) when it is an authentication or
@@ -108,6 +111,7 @@ mod tests {
         Who {
             user: "app".into(),
             names: config.names(),
+            tls: config.tls(),
         }
     }
 

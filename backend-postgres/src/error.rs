@@ -9,6 +9,7 @@ use std::time::Duration;
 use lockcore::{Error, ErrorKind, RetryStatus};
 
 use crate::denied::{self, Who};
+use crate::tls::TlsSetup;
 
 /// The backend name in every error.
 pub(crate) const BACKEND: &str = "postgres";
@@ -43,7 +44,7 @@ pub fn error_from_sqlx(err: sqlx::Error) -> Error {
 /// [`ErrorKind::Unavailable`]; anything else is mapped as a read, naming `who`.
 pub(crate) fn connect_failed(err: sqlx::Error, who: &Who) -> Error {
     match err {
-        sqlx::Error::Io(_) if tls_failure(&err).is_none() => {
+        sqlx::Error::Io(_) if tls_failure(&err, None).is_none() => {
             Error::unavailable("cannot connect to the PostgreSQL server").with_source(err)
         }
         err => map_error_as(err, Effect::Read, Some(who)),
@@ -69,7 +70,7 @@ pub(crate) fn map_error(err: sqlx::Error, effect: Effect) -> Error {
 
 /// [`map_error`], naming `who` in authentication and privilege failures.
 pub(crate) fn map_error_as(err: sqlx::Error, effect: Effect, who: Option<&Who>) -> Error {
-    if let Some(tls) = tls_failure(&err) {
+    if let Some(tls) = tls_failure(&err, who.map(|w| &w.tls)) {
         return tls.with_source(err);
     }
     let (kind, status, message) = match &err {
@@ -144,23 +145,46 @@ pub(crate) fn classify_sqlstate(code: &str) -> (ErrorKind, RetryStatus) {
 }
 
 /// A TLS failure in a sqlx error, worded by [`anylock_tls::diagnose`] as
-/// [`ErrorKind::PermissionDenied`]; `None` when `err` is not about TLS.
+/// [`ErrorKind::PermissionDenied`], with what to do under `setup` when known; `None` when
+/// `err` is not about TLS.
 ///
 /// sqlx reports a failed handshake as `Error::Io` wrapping the `rustls::Error` (rustls'
 /// `complete_io` puts it in an `io::Error`). `Error::Io` is `#[error(transparent)]`, whose
 /// `source()` skips the `io::Error` itself, so the chain is entered here by hand. sqlx's own
-/// TLS errors (`Error::Tls`) that hold no rustls error are worded from their text.
-pub(crate) fn tls_failure(err: &sqlx::Error) -> Option<Error> {
-    match err {
-        sqlx::Error::Io(io) => anylock_tls::diagnose(io),
-        sqlx::Error::Tls(inner) => Some(anylock_tls::diagnose(&**inner).unwrap_or_else(|| {
-            Error::new(
-                ErrorKind::PermissionDenied,
-                format!("TLS setup failed: {inner} (check sslmode and the server's ssl setting)"),
-            )
-        })),
-        _ => None,
-    }
+/// TLS errors (`Error::Tls`) that hold no rustls error are worded from their text; a
+/// server that answers `N` to the `SSLRequest` is sqlx's "server does not support TLS".
+pub(crate) fn tls_failure(err: &sqlx::Error, setup: Option<&TlsSetup>) -> Option<Error> {
+    let (diagnosed, declined) = match err {
+        sqlx::Error::Io(io) => (anylock_tls::diagnose(io)?, false),
+        sqlx::Error::Tls(inner) => match anylock_tls::diagnose(&**inner) {
+            Some(diagnosed) => (diagnosed, false),
+            None if inner.to_string().contains("does not support TLS") => (
+                Error::new(
+                    ErrorKind::PermissionDenied,
+                    "the server does not offer TLS (it answered N to the SSLRequest)",
+                ),
+                true,
+            ),
+            None => (
+                Error::new(
+                    ErrorKind::PermissionDenied,
+                    format!(
+                        "TLS setup failed: {inner} (check sslmode and the server's ssl setting)"
+                    ),
+                ),
+                false,
+            ),
+        },
+        _ => return None,
+    };
+    Some(match setup.and_then(|s| s.remedy(declined)) {
+        Some(remedy) => Error::new(
+            diagnosed.kind(),
+            format!("{}; {remedy}", diagnosed.message()),
+        )
+        .with_status(diagnosed.status()),
+        None => diagnosed,
+    })
 }
 
 #[cfg(test)]

@@ -66,6 +66,30 @@ pub use names::{DEFAULT_APPLICATION_NAME, MAX_IDENTIFIER_LEN, MAX_TABLE_LEN};
 pub use notify::KEEPALIVE;
 pub use {lockcore, sqlx};
 
+/// What the backend bounds in a server's replies, each with the most bytes it may take,
+/// for `anylock check` and docs/postgres.md ("Reply limits").
+///
+/// Both hold before the server is verified, whenever the connection asks for TLS: the
+/// server's answer to the `SSLRequest` is one byte (sqlx reads no more), and rustls
+/// refuses a TLS handshake message over 64 KiB (its `MAX_HANDSHAKE_SIZE`). Under
+/// `verify-full` and `verify-ca`, the default with a password or TLS files, nothing else
+/// is read from a server whose certificate did not verify, so an impostor can make the
+/// client hold little more than this.
+///
+/// Nothing else is bounded: sqlx 0.9 reads each PostgreSQL message whole, whatever
+/// length its header claims (up to 4 GiB), before the backend sees it, and offers no
+/// hook to stop it. A verified server, and any server under `disable`, `require` or
+/// libpq's `prefer` (the default without a password), can make the client buffer what it
+/// sends (twice over in plaintext); inside TLS sqlx zero-fills the buffer a header
+/// announces, so a header alone costs 4 GiB (measured in docs/postgres.md).
+pub const REPLY_LIMITS: &[(&str, usize)] = &[
+    ("server's answer to the SSLRequest", 1),
+    (
+        "one TLS handshake message before the server is verified (rustls)",
+        65_535,
+    ),
+];
+
 /// The URL schemes this crate opens.
 pub const SCHEMES: &[&str] = &["postgres", "postgresql"];
 

@@ -138,7 +138,7 @@ proptest! {
         let enc = |s: &str| lockcore::url::percent_encode(s, " !\"#$&'()*+,/:;<=>?@[\\]^`{|}");
         let url = format!(
             "postgres://app:{}@db:5432/app?schema={}&table={}&pool_size={pool}&timeout_ms={timeout_ms}\
-             &create_schema={}&prepared_statements={}&sslmode=prefer",
+             &create_schema={}&prepared_statements={}&sslmode=require",
             enc(&pw), enc(&schema), enc(&table), flags.0, flags.1
         );
         let config = PostgresConfig::from_url(&url).expect("valid URL");

@@ -103,10 +103,11 @@ impl TlsParams {
     ///
     /// # Errors
     /// [`ErrorKind::Config`](lockcore::ErrorKind::Config) for an unreadable or non-PEM
-    /// file, a certificate without its key, or TLS files with an `sslmode` that would not
-    /// use or not check them.
+    /// file, a certificate without its key, TLS files with an `sslmode` that would not
+    /// use or not check them, or a password with an `sslmode` that may send it without TLS.
     pub(crate) fn apply(&self, options: PgConnectOptions) -> Result<(PgConnectOptions, TlsSetup)> {
-        let mode = self.effective_mode(options.get_ssl_mode())?;
+        let password = sends_password(&options);
+        let (mode, defaulted) = self.effective_mode(options.get_ssl_mode(), password)?;
         let material = self.files.load()?;
         let mut options = options.ssl_mode(mode);
         if let Some(ca) = material.ca() {
@@ -117,21 +118,32 @@ impl TlsParams {
                 .ssl_client_cert_from_pem(client.cert_pem())
                 .ssl_client_key_from_pem(client.key_pem());
         }
-        Ok((options, TlsSetup::new(mode, &material)))
+        Ok((options, TlsSetup::new(mode, defaulted, &material)))
     }
 
-    /// libpq's rule plus anylock's: `require` with a CA file verifies the chain
-    /// (`verify-ca`); no `sslmode` with TLS files means `verify-full`; TLS files with a mode
-    /// that may fall back to plaintext are refused rather than silently unused.
-    fn effective_mode(&self, mode: PgSslMode) -> Result<PgSslMode> {
+    /// The `sslmode` to use, and whether it is `verify-full` for the password alone (no
+    /// `sslmode`, no TLS files):
+    /// - with TLS files or a password (over TCP) and no `sslmode`, `verify-full`: nothing
+    ///   that proves who we are goes to a server whose certificate was not checked;
+    /// - `require` with a CA file is `verify-ca` (libpq's rule);
+    /// - modes that may go on without TLS (`disable`, `allow`, an explicit `prefer`) are
+    ///   refused with TLS files, and `allow` and an explicit `prefer` with a password:
+    ///   `disable` says "no TLS" knowingly, they do not.
+    fn effective_mode(&self, mode: PgSslMode, password: bool) -> Result<(PgSslMode, bool)> {
+        let explicit = self.explicit_mode || std::env::var_os("PGSSLMODE").is_some();
+        let credentials = password || !self.files.is_empty();
+        if !explicit && credentials && matches!(mode, PgSslMode::Prefer) {
+            return Ok((PgSslMode::VerifyFull, self.files.is_empty()));
+        }
         if self.files.is_empty() {
-            return Ok(mode);
+            return match mode {
+                PgSslMode::Allow | PgSslMode::Prefer if password => Err(weak_with_password(mode)),
+                other => Ok((other, false)),
+            };
         }
         let named: Vec<&str> = self.given.iter().map(|(_, n)| n.as_str()).collect();
-        let explicit = self.explicit_mode || std::env::var_os("PGSSLMODE").is_some();
         match mode {
-            PgSslMode::Require if self.files.ca().is_some() => Ok(PgSslMode::VerifyCa),
-            PgSslMode::Prefer if !explicit => Ok(PgSslMode::VerifyFull),
+            PgSslMode::Require if self.files.ca().is_some() => Ok((PgSslMode::VerifyCa, false)),
             PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => {
                 Err(config_error(format!(
                     "TLS parameter(s) {} given with sslmode={}, which may connect without TLS \
@@ -141,9 +153,38 @@ impl TlsParams {
                     mode_name(mode)
                 )))
             }
-            other => Ok(other),
+            other => Ok((other, false)),
         }
     }
+}
+
+/// Whether the connection has a password to send (from the URL, `PGPASSWORD` or the
+/// password file sqlx reads), over TCP: a Unix socket's server is the one the file system
+/// lets listen there, and PostgreSQL offers no TLS on one (libpq ignores `sslmode` there).
+fn sends_password(options: &PgConnectOptions) -> bool {
+    use sqlx::ConnectOptions as _;
+    let socket = options.get_socket().is_some() || options.get_host().starts_with('/');
+    !socket
+        && options
+            .to_url_lossy()
+            .password()
+            .is_some_and(|p| !p.is_empty())
+}
+
+/// The refusal of a password with `allow` or an explicit `prefer`.
+fn weak_with_password(mode: PgSslMode) -> lockcore::Error {
+    let why = match mode {
+        PgSslMode::Allow => "the driver (sqlx 0.9) never uses TLS under `allow`",
+        _ => "`prefer` goes on without TLS when the server declines it, and checks no certificate",
+    };
+    config_error(format!(
+        "sslmode={} with a password (from the URL, PGPASSWORD or ~/.pgpass): {why}, so a \
+         server without TLS, or an impostor in its place, would be sent the password in a \
+         form it can read; use sslmode=verify-full (with `ca=FILE` when a private CA signs \
+         the server's certificate), or sslmode=disable for a server without TLS on a \
+         trusted network",
+        mode_name(mode)
+    ))
 }
 
 /// Whether `name` is a TLS file parameter: `ca`, `cert`, `key` or one of their [`ALIASES`].
@@ -160,7 +201,8 @@ fn canonical_name(name: &str) -> &'static str {
 }
 
 /// What the pool's connections are set up to use, for
-/// [`connection_security`](lockcore::LockBackend::connection_security).
+/// [`connection_security`](lockcore::LockBackend::connection_security) and the wording of
+/// TLS failures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct TlsSetup {
     /// What is checked about the server's certificate.
@@ -172,10 +214,15 @@ pub(crate) struct TlsSetup {
     /// The CAs the server's certificate may chain to. sqlx adds the `ca` file to the OS
     /// trust store rather than trusting it alone, as libpq does.
     pub(crate) roots: &'static str,
+    /// The effective `sslmode`, as the URL spells it.
+    pub(crate) mode: &'static str,
+    /// `mode` is `verify-full` because the URL has a password and no `sslmode` (and no TLS
+    /// files, which ask for TLS themselves).
+    pub(crate) defaulted: bool,
 }
 
 impl TlsSetup {
-    fn new(mode: PgSslMode, material: &TlsMaterial) -> Self {
+    fn new(mode: PgSslMode, defaulted: bool, material: &TlsMaterial) -> Self {
         let verification = match mode {
             PgSslMode::VerifyFull => Verification::Full,
             PgSslMode::VerifyCa => Verification::ChainOnly,
@@ -193,7 +240,40 @@ impl TlsSetup {
                 mode,
                 PgSslMode::Require | PgSslMode::VerifyCa | PgSslMode::VerifyFull
             ),
+            mode: mode_name(mode),
+            defaulted,
         }
+    }
+
+    /// What to do when the server declines TLS (`declined`) or fails verification under
+    /// this setup; `None` when [`anylock_tls::diagnose`]'s wording says it already.
+    pub(crate) fn remedy(&self, declined: bool) -> Option<String> {
+        let files = self.client_certificate || self.roots != "the OS trust store";
+        let default = if self.defaulted {
+            ", the default for a URL with a password and no sslmode,"
+        } else {
+            ""
+        };
+        let disable = if files {
+            ""
+        } else {
+            ", or pass `sslmode=disable` for a server without TLS on a trusted network \
+             (everything, a password too, then travels in clear)"
+        };
+        if declined {
+            return Some(format!(
+                "sslmode={}{default} needs TLS: turn TLS on at the server (`ssl = on`) and pass \
+                 `ca=FILE` when a private CA signs its certificate{disable}",
+                self.mode
+            ));
+        }
+        self.defaulted.then(|| {
+            format!(
+                "sslmode={}{default} needs a server certificate that verifies: pass `ca=FILE` \
+                 when a private CA signs it{disable}",
+                self.mode
+            )
+        })
     }
 }
 
@@ -234,15 +314,27 @@ mod tests {
         params.take("sslrootcert", "/ca.pem").expect("take");
         params.explicit_mode = true;
         assert_eq!(
-            mode_name(params.effective_mode(PgSslMode::Require).expect("ok")),
+            mode_name(
+                params
+                    .effective_mode(PgSslMode::Require, false)
+                    .expect("ok")
+                    .0
+            ),
             mode_name(PgSslMode::VerifyCa)
         );
         assert_eq!(
-            mode_name(params.effective_mode(PgSslMode::VerifyFull).expect("ok")),
+            mode_name(
+                params
+                    .effective_mode(PgSslMode::VerifyFull, true)
+                    .expect("ok")
+                    .0
+            ),
             mode_name(PgSslMode::VerifyFull)
         );
         for weak in [PgSslMode::Disable, PgSslMode::Allow, PgSslMode::Prefer] {
-            let err = params.effective_mode(weak).expect_err("plaintext possible");
+            let err = params
+                .effective_mode(weak, false)
+                .expect_err("plaintext possible");
             assert_eq!(err.kind(), ErrorKind::Config, "{err}");
             assert!(err.to_string().contains("sslrootcert"), "{err}");
         }
@@ -254,8 +346,67 @@ mod tests {
         params.take("cert", "/c.pem").expect("take");
         params.take("key", "/k.pem").expect("take");
         assert_eq!(
-            mode_name(params.effective_mode(PgSslMode::Require).expect("ok")),
+            mode_name(
+                params
+                    .effective_mode(PgSslMode::Require, false)
+                    .expect("ok")
+                    .0
+            ),
             mode_name(PgSslMode::Require)
         );
+    }
+
+    /// The mode a URL ends up with: `(url, effective mode, anylock chose it)`.
+    fn mode_of(url: &str) -> (&'static str, bool) {
+        let config = crate::PostgresConfig::from_url(url).expect(url);
+        (config.tls().mode, config.tls().defaulted)
+    }
+
+    #[test]
+    fn a_password_without_sslmode_requires_a_verified_server() {
+        for url in [
+            "postgres://app:pw@db/x",
+            "postgres://app@db/x?password=pw",
+            "postgres://app:pw@db:5433/x?host=db2",
+        ] {
+            assert_eq!(mode_of(url), ("verify-full", true), "{url}");
+        }
+        // Said explicitly, the user's choice stands.
+        for mode in ["disable", "require", "verify-ca", "verify-full"] {
+            let url = format!("postgres://app:pw@db/x?sslmode={mode}");
+            assert_eq!(mode_of(&url), (mode_name(parse(mode)), false), "{url}");
+        }
+        // Nothing to protect: libpq's default. A Unix socket: no TLS there (libpq ignores
+        // sslmode on one), the file system decides who listens.
+        for url in [
+            "postgres://app@db/x",
+            "postgres://app:@db/x",
+            "postgres://app:pw@%2Frun%2Fpostgresql/x",
+            "postgres://app:pw@localhost/x?host=/run/postgresql",
+        ] {
+            assert_eq!(mode_of(url), ("prefer", false), "{url}");
+        }
+    }
+
+    #[test]
+    fn a_password_with_allow_or_an_explicit_prefer_is_refused() {
+        for mode in ["allow", "prefer"] {
+            let url = format!("postgres://app:pw@db/x?sslmode={mode}");
+            let err = crate::PostgresConfig::from_url(&url).expect_err(&url);
+            assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+            let shown = err.to_string();
+            assert!(
+                shown.contains(&format!("sslmode={mode} with a password")),
+                "{shown}"
+            );
+            assert!(shown.contains("sslmode=disable"), "{shown}");
+            assert!(!shown.contains("pw@"), "{shown}");
+            let no_password = format!("postgres://app@db/x?sslmode={mode}");
+            assert_eq!(mode_of(&no_password), (mode, false));
+        }
+    }
+
+    fn parse(mode: &str) -> PgSslMode {
+        mode.parse().expect("an sslmode")
     }
 }

@@ -213,8 +213,14 @@ async fn a_holder_whose_ttl_outlasts_the_outage_returns_to_healthy() {
     let Some((server, backend, _)) = setup("outlasts").await else {
         return;
     };
-    let locker = Locker::new(Arc::new(backend.clone()))
-        .with_options(LockOptions::new(Duration::from_secs(8)).with_wait(WaitMode::TryOnce));
+    // Refreshes every second, Lost at the fifth failure in a row: the 2.5 s outage plus the
+    // restart (3.0-3.1 s in all on a loaded machine, which the default three failures of
+    // an 8 s TTL did not outlast) fails at most four.
+    let options = LockOptions::new(Duration::from_secs(12))
+        .with_refresh_interval(Duration::from_secs(1))
+        .with_max_refresh_failures(5)
+        .with_wait(WaitMode::TryOnce);
+    let locker = Locker::new(Arc::new(backend.clone())).with_options(options);
     let guard = locker.acquire(fresh_name("outlasts")).await.expect("free");
     let token = guard.fence_token();
     let watched = watch_health(&guard, Instant::now() + Duration::from_secs(7));

@@ -118,6 +118,30 @@ async fn right_credentials_and_client_certificate_verify_full_and_lock() {
     }
 }
 
+/// A password and no `sslmode` mean `verify-full`: the real TLS server must prove itself
+/// too, here against the OS trust store, which lacks the test CA. The refusal says what to
+/// pass.
+#[tokio::test]
+async fn a_password_without_sslmode_has_the_server_verified() {
+    let Some(s) = secure() else { return };
+    let err = s.refused(&s.url("application_name=default-mode")).await;
+    assert_mentions(
+        &err,
+        ErrorKind::PermissionDenied,
+        "not signed by a CA we trust",
+    );
+    for fragment in [
+        "the default for a URL with a password",
+        "ca=FILE",
+        "sslmode=disable",
+    ] {
+        assert!(
+            err.to_string().contains(fragment),
+            "{fragment:?} missing: {err}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_wrong_password_is_an_authentication_failure_naming_the_user() {
     let Some(s) = secure() else { return };
