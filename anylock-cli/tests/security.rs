@@ -430,7 +430,6 @@ fn check_warns_when_credentials_travel_in_plaintext() {
     };
     // The harness's PostgreSQL trusts loopback: any password is accepted, none is checked.
     let url = url.replacen("postgres@", "postgres:plain-secret-123456@", 1);
-    let url = format!("{url}?sslmode=disable");
     let check = clean(Command::new(BIN))
         .args(["check", &url])
         .stdin(Stdio::null())

@@ -106,8 +106,9 @@ impl TlsParams {
     /// file, a certificate without its key, TLS files with an `sslmode` that would not
     /// use or not check them, or a password with an `sslmode` that may send it without TLS.
     pub(crate) fn apply(&self, options: PgConnectOptions) -> Result<(PgConnectOptions, TlsSetup)> {
-        let password = sends_password(&options);
-        let (mode, defaulted) = self.effective_mode(options.get_ssl_mode(), password)?;
+        let tcp = over_tcp(&options);
+        let password = tcp && has_password(&options);
+        let (mode, defaulted) = self.effective_mode(options.get_ssl_mode(), tcp, password)?;
         let material = self.files.load()?;
         let mut options = options.ssl_mode(mode);
         if let Some(ca) = material.ca() {
@@ -121,18 +122,25 @@ impl TlsParams {
         Ok((options, TlsSetup::new(mode, defaulted, &material)))
     }
 
-    /// The `sslmode` to use, and whether it is `verify-full` for the password alone (no
+    /// The `sslmode` to use, and whether it is `verify-full` by default alone (no
     /// `sslmode`, no TLS files):
-    /// - with TLS files or a password (over TCP) and no `sslmode`, `verify-full`: nothing
-    ///   that proves who we are goes to a server whose certificate was not checked;
+    /// - over TCP with no `sslmode`, `verify-full`: nothing that proves who we are goes to
+    ///   a server whose certificate was not checked, and nothing but the one-byte answer
+    ///   to the TLS request and the handshake (both bounded) is read from an unverified
+    ///   one (sqlx bounds no PostgreSQL message);
     /// - `require` with a CA file is `verify-ca` (libpq's rule);
     /// - modes that may go on without TLS (`disable`, `allow`, an explicit `prefer`) are
     ///   refused with TLS files, and `allow` and an explicit `prefer` with a password:
     ///   `disable` says "no TLS" knowingly, they do not.
-    fn effective_mode(&self, mode: PgSslMode, password: bool) -> Result<(PgSslMode, bool)> {
+    fn effective_mode(
+        &self,
+        mode: PgSslMode,
+        tcp: bool,
+        password: bool,
+    ) -> Result<(PgSslMode, bool)> {
         let explicit = self.explicit_mode || std::env::var_os("PGSSLMODE").is_some();
-        let credentials = password || !self.files.is_empty();
-        if !explicit && credentials && matches!(mode, PgSslMode::Prefer) {
+        let verify = tcp || !self.files.is_empty();
+        if !explicit && verify && matches!(mode, PgSslMode::Prefer) {
             return Ok((PgSslMode::VerifyFull, self.files.is_empty()));
         }
         if self.files.is_empty() {
@@ -158,17 +166,18 @@ impl TlsParams {
     }
 }
 
+/// Whether the connection goes over TCP: a Unix socket's server is the one the file
+/// system lets listen there, and PostgreSQL offers no TLS on one (libpq ignores `sslmode`
+/// there).
+fn over_tcp(options: &PgConnectOptions) -> bool {
+    !(options.get_socket().is_some() || options.get_host().starts_with('/'))
+}
+
 /// Whether the connection has a password to send (from the URL, `PGPASSWORD` or the
-/// password file sqlx reads), over TCP: a Unix socket's server is the one the file system
-/// lets listen there, and PostgreSQL offers no TLS on one (libpq ignores `sslmode` there).
-fn sends_password(options: &PgConnectOptions) -> bool {
+/// password file sqlx reads).
+fn has_password(options: &PgConnectOptions) -> bool {
     use sqlx::ConnectOptions as _;
-    let socket = options.get_socket().is_some() || options.get_host().starts_with('/');
-    !socket
-        && options
-            .to_url_lossy()
-            .password()
-            .is_some_and(|p| !p.is_empty())
+    (options.to_url_lossy().password()).is_some_and(|p| !p.is_empty())
 }
 
 /// The refusal of a password with `allow` or an explicit `prefer`.
@@ -316,7 +325,7 @@ mod tests {
         assert_eq!(
             mode_name(
                 params
-                    .effective_mode(PgSslMode::Require, false)
+                    .effective_mode(PgSslMode::Require, true, false)
                     .expect("ok")
                     .0
             ),
@@ -325,7 +334,7 @@ mod tests {
         assert_eq!(
             mode_name(
                 params
-                    .effective_mode(PgSslMode::VerifyFull, true)
+                    .effective_mode(PgSslMode::VerifyFull, true, true)
                     .expect("ok")
                     .0
             ),
@@ -333,7 +342,7 @@ mod tests {
         );
         for weak in [PgSslMode::Disable, PgSslMode::Allow, PgSslMode::Prefer] {
             let err = params
-                .effective_mode(weak, false)
+                .effective_mode(weak, true, false)
                 .expect_err("plaintext possible");
             assert_eq!(err.kind(), ErrorKind::Config, "{err}");
             assert!(err.to_string().contains("sslrootcert"), "{err}");
@@ -348,7 +357,7 @@ mod tests {
         assert_eq!(
             mode_name(
                 params
-                    .effective_mode(PgSslMode::Require, false)
+                    .effective_mode(PgSslMode::Require, true, false)
                     .expect("ok")
                     .0
             ),
@@ -363,11 +372,13 @@ mod tests {
     }
 
     #[test]
-    fn a_password_without_sslmode_requires_a_verified_server() {
+    fn no_sslmode_over_tcp_requires_a_verified_server() {
         for url in [
             "postgres://app:pw@db/x",
             "postgres://app@db/x?password=pw",
             "postgres://app:pw@db:5433/x?host=db2",
+            "postgres://app@db/x",
+            "postgres://app:@db/x",
         ] {
             assert_eq!(mode_of(url), ("verify-full", true), "{url}");
         }
@@ -376,11 +387,9 @@ mod tests {
             let url = format!("postgres://app:pw@db/x?sslmode={mode}");
             assert_eq!(mode_of(&url), (mode_name(parse(mode)), false), "{url}");
         }
-        // Nothing to protect: libpq's default. A Unix socket: no TLS there (libpq ignores
-        // sslmode on one), the file system decides who listens.
+        // A Unix socket: no TLS there (libpq ignores sslmode on one), the file system
+        // decides who listens; libpq's default.
         for url in [
-            "postgres://app@db/x",
-            "postgres://app:@db/x",
             "postgres://app:pw@%2Frun%2Fpostgresql/x",
             "postgres://app:pw@localhost/x?host=/run/postgresql",
         ] {

@@ -25,7 +25,7 @@ const UP: Duration = Duration::from_secs(5);
 
 /// A backend whose listener is recognisable in `pg_stat_activity`.
 async fn named_backend(url: &str, schema: &str, app: &str) -> PostgresBackend {
-    let url = format!("{url}?application_name={app}");
+    let url = format!("{url}&application_name={app}");
     PostgresBackend::connect(common::config(&url, schema))
         .await
         .expect("connect")

@@ -153,7 +153,7 @@ async fn the_lock_protocol_works_through_transaction_pooling() {
     let schema = fresh_schema("bouncer");
     let _cleanup = common::drop_schema_later(&url, &schema);
     let connect = async || {
-        let through = format!("{bouncer_url}?prepared_statements=false");
+        let through = format!("{bouncer_url}&prepared_statements=false");
         let config = common::config(&through, &schema)
             .with_pool_size(4)
             .with_listen_url(&url)

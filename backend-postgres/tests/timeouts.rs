@@ -32,7 +32,7 @@ async fn blocked_statement_is_cancelled(prepared: bool) {
     let schema = fresh_schema("stmt_timeout");
     let _cleanup = common::drop_schema_later(&url, &schema);
     let app = format!("anylock-timeout-{:08x}", rand::random::<u32>());
-    let config = common::config(&format!("{url}?application_name={app}"), &schema)
+    let config = common::config(&format!("{url}&application_name={app}"), &schema)
         .with_timeout(Duration::from_secs(1))
         .with_prepared_statements(prepared);
     let backend = PostgresBackend::connect(config).await.expect("connect");

@@ -143,7 +143,7 @@ impl Lane {
             Kind::Redis => format!("redis://{}/0", hosts(",")),
             Kind::Redlock => format!("redlock://{}", hosts(",")),
             Kind::Postgres => format!(
-                "postgres://postgres@{}/{}?pool_size=3&application_name=reliability",
+                "postgres://postgres@{}/{}?pool_size=3&application_name=reliability&sslmode=disable",
                 hosts(","),
                 DATABASE
             ),

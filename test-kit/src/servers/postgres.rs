@@ -145,10 +145,11 @@ impl Postgres {
         Self::options().start().unwrap_or_else(|e| panic!("{e}"))
     }
 
-    /// `postgres://postgres@127.0.0.1:<port>/<database>`.
+    /// `postgres://postgres@127.0.0.1:<port>/<database>?sslmode=disable` (this server has
+    /// no TLS; without `sslmode`, anylock would insist on verifying it).
     pub fn url(&self) -> String {
         format!(
-            "postgres://postgres@127.0.0.1:{}/{}",
+            "postgres://postgres@127.0.0.1:{}/{}?sslmode=disable",
             self.port, self.database
         )
     }
