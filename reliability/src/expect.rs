@@ -38,7 +38,7 @@ pub fn expect(guarantees: &Guarantees, fault: Fault) -> Expectation {
     let (exclusion, why) = exclusion(guarantees, fault);
     let timely_lost = match fault {
         // A stopped process runs no code; a clock running slow postpones the deadline.
-        Fault::Pause | Fault::ClockBack => Claim::NotClaimed,
+        Fault::Pause | Fault::Suspend | Fault::ClockBack => Claim::NotClaimed,
         _ => exclusion,
     };
     Expectation {

@@ -17,6 +17,9 @@ pub enum Fault {
     /// A holder is stopped with `SIGSTOP` right after checking its lease, for longer than
     /// the TTL, then resumed (a GC pause).
     Pause,
+    /// A holder is frozen right after checking its lease, for longer than the TTL, and
+    /// thawed with its monotonic clock behind by the frozen time: a machine suspend.
+    Suspend,
     /// Every link of a holder to the lock servers drops all packets for 1.5 TTL.
     Blackhole,
     /// Every link of a holder to the lock servers delays packets by one TTL, for 3 TTL.
@@ -53,9 +56,10 @@ pub enum Fault {
 
 impl Fault {
     /// Every fault, in report order.
-    pub const ALL: [Fault; 15] = [
+    pub const ALL: [Fault; 16] = [
         Fault::None,
         Fault::Pause,
+        Fault::Suspend,
         Fault::Blackhole,
         Fault::Delay,
         Fault::SlowAttempt,
@@ -76,6 +80,7 @@ impl Fault {
         match self {
             Fault::None => "none",
             Fault::Pause => "pause",
+            Fault::Suspend => "suspend",
             Fault::Blackhole => "blackhole",
             Fault::Delay => "delay",
             Fault::SlowAttempt => "slow-attempt",
@@ -97,6 +102,11 @@ impl Fault {
         match self {
             Fault::None => "no fault (baseline)",
             Fault::Pause => "a holder is SIGSTOPped right after its lease check, for 2.5 TTL",
+            Fault::Suspend => {
+                "a holder is frozen (cgroup freezer) right after its lease check, for 2.5 TTL; \
+                 its monotonic clock skips the frozen time, its boot clock does not (a machine \
+                 suspend)"
+            }
             Fault::Blackhole => "a holder's links to the servers drop every packet for 1.5 TTL",
             Fault::Delay => {
                 "a holder's links to the servers delay every packet by 1 TTL, for 3 TTL"
@@ -138,7 +148,7 @@ impl Fault {
     /// Whether the fault stretches the window between a holder's check and its write:
     /// the client-side faults that no lease can survive without fencing (Kleppmann).
     pub fn is_client_timing(self) -> bool {
-        matches!(self, Fault::Pause | Fault::ClockBack)
+        matches!(self, Fault::Pause | Fault::Suspend | Fault::ClockBack)
     }
 
     /// Whether the fault acts on the network between clients and servers.
@@ -149,7 +159,11 @@ impl Fault {
     /// Whether the fault applies to `kind`.
     pub fn applies_to(self, kind: Kind) -> bool {
         match self {
-            Fault::None | Fault::Pause | Fault::ClockBack | Fault::ClockForward => true,
+            Fault::None
+            | Fault::Pause
+            | Fault::Suspend
+            | Fault::ClockBack
+            | Fault::ClockForward => true,
             Fault::Blackhole | Fault::Delay | Fault::SlowAttempt => kind != Kind::Local,
             Fault::RedisRestart | Fault::RedisSnapshotRollback => kind == Kind::Redis,
             Fault::RedlockRestart | Fault::RedlockDelayedRestart => kind == Kind::Redlock,

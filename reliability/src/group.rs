@@ -22,6 +22,7 @@ use crate::register::{Mode, RegisterServer};
 use crate::servers::Lane;
 use crate::stall::{Scope, StallLinks};
 use test_kit::servers::process::{Reaper, signal};
+use test_kit::suspend::MonotonicSkip;
 
 /// One client's links, one fault proxy per server endpoint.
 #[derive(Debug)]
@@ -93,6 +94,8 @@ pub struct ClientProc {
     pid: u32,
     child: Child,
     stdin: Mutex<ChildStdin>,
+    /// Its monotonic clock's skip, when suspendable.
+    pub skip: Option<MonotonicSkip>,
 }
 
 impl ClientProc {
@@ -160,6 +163,8 @@ pub struct GroupSpec {
     pub partition: bool,
     /// Each client in a PID namespace of its own (`Fault::PidNamespaces`).
     pub pid_namespaces: bool,
+    /// Clients run with a monotonic clock a test can skip (`Fault::Suspend`).
+    pub suspendable: bool,
     /// Relays that can hold back a request, in front of every link (`slow-attempt`).
     pub stall: Option<Scope>,
     /// The clients' attempt timeout (`LockOptions::with_attempt_timeout`), if not the TTL.
@@ -272,6 +277,13 @@ async fn spawn(
     let log = log_file(&spec.log_dir, mode, id)?;
     let (mut command, comm) = client_command(spec);
     command.arg("client");
+    let skip = spec.suspendable.then(|| {
+        let library = MonotonicSkip::new(&spec.log_dir);
+        library.another(spec.log_dir.join(format!("skip-{}-{id}", mode.as_str())))
+    });
+    if let Some(skip) = &skip {
+        command.envs(skip.env());
+    }
     if let Some(limit) = spec.attempt_timeout {
         command.args(["--attempt-timeout-ms", &limit.as_millis().to_string()]);
     }
@@ -309,6 +321,7 @@ async fn spawn(
         pid,
         child,
         stdin: Mutex::new(stdin),
+        skip,
     })
 }
 

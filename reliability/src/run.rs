@@ -147,6 +147,7 @@ pub async fn run_cell(
         workload: w,
         partition: matches!(fault, Fault::RedlockRestart | Fault::RedlockDelayedRestart),
         pid_namespaces: fault == Fault::PidNamespaces,
+        suspendable: fault == Fault::Suspend,
         stall: (fault == Fault::SlowAttempt).then(|| slow_attempt::scope(kind)),
         attempt_timeout: (fault == Fault::SlowAttempt).then_some(slow_attempt::ATTEMPT_TIMEOUT),
     };
@@ -252,7 +253,7 @@ async fn phases(
             slow_attempt::apply(groups, w, settings.slow, limit).await?
         }
         // A pause or a clock jump costs a few TTL: repeat it a few times.
-        Fault::Pause | Fault::ClockBack | Fault::ClockForward => {
+        Fault::Pause | Fault::Suspend | Fault::ClockBack | Fault::ClockForward => {
             let mut notes = Vec::new();
             for _ in 0..settings.repeats.max(1) {
                 notes.extend(script::apply(fault, lane, groups, w).await?);

@@ -6,6 +6,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use test_kit::proxy::Fault as LinkFault;
+use test_kit::suspend::Freezer;
 use tokio::time::{Instant, sleep};
 
 use crate::backends::Workload;
@@ -45,6 +46,7 @@ pub async fn apply(
             ])
         }
         Fault::Pause => each_group(groups, |g| pause(g, w)).await,
+        Fault::Suspend => each_group(groups, |g| suspend(g, w)).await,
         Fault::Blackhole => {
             each_group(groups, |g| links(g, w, LinkFault::Blackhole, ttl * 3 / 2)).await
         }
@@ -145,6 +147,30 @@ async fn pause(group: &Group, w: Workload) -> Result<String, String> {
         group.mode.as_str(),
         client.id,
         paused.elapsed().as_millis()
+    ))
+}
+
+/// A machine suspend: the holder is frozen without a signal, and thawed with its monotonic
+/// clock behind by the frozen time, while the servers' clocks ran on.
+async fn suspend(group: &Group, w: Workload) -> Result<String, String> {
+    let event = trigger(group, w, &[]).await?;
+    let client = &group.clients[index(event.id.client)];
+    let skip = client
+        .skip
+        .as_ref()
+        .ok_or("the client's clock cannot skip")?;
+    let freezer = Freezer::new("reliability");
+    freezer.add(client.pid());
+    freezer.freeze();
+    let frozen = Instant::now();
+    sleep(w.ttl * 5 / 2).await;
+    skip.set(frozen.elapsed());
+    freezer.thaw();
+    Ok(format!(
+        "{}: client {} frozen {} ms after its check, its monotonic clock skipping it",
+        group.mode.as_str(),
+        client.id,
+        frozen.elapsed().as_millis()
     ))
 }
 

@@ -18,7 +18,7 @@ use crate::servers::Lane;
 use test_kit::servers::process::Reaper;
 
 /// The lock cells CI runs: every fenced backend under a paused holder (fencing must refuse
-/// its stale write), each backend under its own server fault (for `local:`, clients in
+/// its stale write), Redis under a suspended one (its own clock must count the suspend), each backend under its own server fault (for `local:`, clients in
 /// separate PID namespaces), etcd under a blackholed link, and PostgreSQL under a clock
 /// jumping back and under a slow attempt (its pool lets a later attempt overtake a held
 /// one).
@@ -26,6 +26,7 @@ const SHORT: &[(Kind, Fault)] = &[
     (Kind::Local, Fault::Pause),
     (Kind::Local, Fault::PidNamespaces),
     (Kind::Redis, Fault::Pause),
+    (Kind::Redis, Fault::Suspend),
     (Kind::Redis, Fault::RedisRestart),
     (Kind::Redlock, Fault::RedlockDelayedRestart),
     (Kind::Postgres, Fault::Pause),

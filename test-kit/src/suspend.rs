@@ -23,28 +23,26 @@ pub struct MonotonicSkip {
 }
 
 impl MonotonicSkip {
-    /// Builds the library into `dir` with `cc` and starts with no skip.
+    /// Builds the library into `dir` with `cc` (once per directory) and starts with no
+    /// skip.
     ///
     /// # Panics
     /// When the library cannot be built (no C compiler) or the file written: the test
     /// cannot emulate a suspend and must fail, not pass.
     pub fn new(dir: &Path) -> Self {
-        let source = dir.join("monotonic_skip.c");
         let library = dir.join("monotonic_skip.so");
-        std::fs::write(&source, SOURCE).expect("write the preload library's source");
-        let built = Command::new("cc")
-            .args(["-shared", "-fPIC", "-O2", "-o"])
-            .arg(&library)
-            .arg(&source)
-            .arg("-ldl")
-            .output()
-            .expect("run cc (the workspace needs a C compiler)");
-        assert!(
-            built.status.success(),
-            "cc failed: {}",
-            String::from_utf8_lossy(&built.stderr)
-        );
-        let file = dir.join("monotonic_skip");
+        if !library.exists() {
+            build(dir, &library);
+        }
+        Self::with_file(library, dir.join("monotonic_skip"))
+    }
+
+    /// Another process's skip, in `file`, with the same library.
+    pub fn another(&self, file: PathBuf) -> Self {
+        Self::with_file(self.library.clone(), file)
+    }
+
+    fn with_file(library: PathBuf, file: PathBuf) -> Self {
         std::fs::write(&file, 0_i64.to_ne_bytes()).expect("write the skip file");
         Self { library, file }
     }
@@ -68,6 +66,27 @@ impl MonotonicSkip {
         file.write_all_at(&nanos.to_ne_bytes(), 0)
             .expect("write the skip");
     }
+}
+
+/// Builds `c/monotonic_skip.c` into `library`, through a source file in `dir`.
+fn build(dir: &Path, library: &Path) {
+    let source = dir.join("monotonic_skip.c");
+    std::fs::write(&source, SOURCE).expect("write the preload library's source");
+    // Built beside and renamed: a process preloading it never sees half a library.
+    let partial = dir.join(format!("monotonic_skip.{:016x}.so", rand::random::<u64>()));
+    let built = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&partial)
+        .arg(&source)
+        .arg("-ldl")
+        .output()
+        .expect("run cc (the workspace needs a C compiler)");
+    assert!(
+        built.status.success(),
+        "cc failed: {}",
+        String::from_utf8_lossy(&built.stderr)
+    );
+    std::fs::rename(&partial, library).expect("move the preload library in place");
 }
 
 /// A cgroup freezer: stops processes as a suspend does, without a signal (a process
