@@ -18,7 +18,8 @@ pub enum Fault {
     /// the TTL, then resumed (a GC pause).
     Pause,
     /// A holder is frozen right after checking its lease, for longer than the TTL, and
-    /// thawed with its monotonic clock behind by the frozen time: a machine suspend.
+    /// thawed with its monotonic clock behind by the frozen time (a machine suspend), its
+    /// links cut until a TTL after the thaw.
     Suspend,
     /// Every link of a holder to the lock servers drops all packets for 1.5 TTL.
     Blackhole,
@@ -103,9 +104,9 @@ impl Fault {
             Fault::None => "no fault (baseline)",
             Fault::Pause => "a holder is SIGSTOPped right after its lease check, for 2.5 TTL",
             Fault::Suspend => {
-                "a holder is frozen (cgroup freezer) right after its lease check, for 2.5 TTL; \
+                "a holder is frozen (cgroup freezer) right after its lease check, for 1.5 TTL; \
                  its monotonic clock skips the frozen time, its boot clock does not (a machine \
-                 suspend)"
+                 suspend), and its links stay cut until a TTL after the thaw"
             }
             Fault::Blackhole => "a holder's links to the servers drop every packet for 1.5 TTL",
             Fault::Delay => {

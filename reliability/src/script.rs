@@ -150,11 +150,16 @@ async fn pause(group: &Group, w: Workload) -> Result<String, String> {
     ))
 }
 
-/// A machine suspend: the holder is frozen without a signal, and thawed with its monotonic
-/// clock behind by the frozen time, while the servers' clocks ran on.
+/// A machine suspend: the holder is frozen without a signal for 1.5 TTL (its lease runs
+/// out, the next holder enters), and thawed with its monotonic clock behind by the frozen
+/// time while the servers' clocks ran on. Its links stay cut for a TTL after the thaw (a
+/// laptop's network comes back after it wakes), so only its own clock can tell it that the
+/// lease is gone: a clock that skipped the suspend has it check "held" inside the next
+/// holder's section.
 async fn suspend(group: &Group, w: Workload) -> Result<String, String> {
     let event = trigger(group, w, &[]).await?;
-    let client = &group.clients[index(event.id.client)];
+    let at = index(event.id.client);
+    let client = &group.clients[at];
     let skip = client
         .skip
         .as_ref()
@@ -163,14 +168,19 @@ async fn suspend(group: &Group, w: Workload) -> Result<String, String> {
     freezer.add(client.pid());
     freezer.freeze();
     let frozen = Instant::now();
-    sleep(w.ttl * 5 / 2).await;
-    skip.set(frozen.elapsed());
+    group.links[at].set_all(LinkFault::Blackhole);
+    sleep(w.ttl * 3 / 2).await;
+    let stood = frozen.elapsed();
+    skip.set(stood);
     freezer.thaw();
+    sleep(w.ttl).await;
+    group.links[at].set_all(LinkFault::Pass);
     Ok(format!(
-        "{}: client {} frozen {} ms after its check, its monotonic clock skipping it",
+        "{}: client {} frozen {} ms after its check, its monotonic clock skipping it, its \
+         links cut until a TTL after the thaw",
         group.mode.as_str(),
         client.id,
-        frozen.elapsed().as_millis()
+        stood.as_millis()
     ))
 }
 
