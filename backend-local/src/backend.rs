@@ -13,7 +13,7 @@ use lockcore::{
 use crate::batch::BATCH;
 use crate::client::{Claim, Client, Row};
 use crate::config::LocalConfig;
-use crate::host::{self, Clocks, SystemClocks};
+use crate::host::{self, Host, SystemHost};
 use crate::liveness::{Held, HolderDir, Probe};
 
 /// Cross-process locks on one machine, with no server: a lease table in a SQLite file.
@@ -38,7 +38,8 @@ pub struct LocalBackend {
     client: Client,
     config: LocalConfig,
     holders: HolderDir,
-    clocks: Arc<dyn Clocks>,
+    /// This machine's boot and clocks.
+    host: Arc<dyn Host>,
     /// Our locked liveness files, one per lease we hold.
     held: Arc<Mutex<HashMap<Grant, Held>>>,
     /// Wakes waiters when a holder's liveness file is deleted (its lease was released).
@@ -74,7 +75,13 @@ impl LocalBackend {
     /// sandbox): it could then not tell this boot's leases from an earlier boot's;
     /// [`ErrorKind::PermissionDenied`] when it is read-only.
     pub async fn connect(config: LocalConfig) -> Result<Self> {
-        host::require_boot_id()?;
+        Self::connect_on(config, Arc::new(SystemHost)).await
+    }
+
+    /// [`connect`](Self::connect) on the machine `host` describes (tests play another boot
+    /// or a suspend with it).
+    pub(crate) async fn connect_on(config: LocalConfig, host: Arc<dyn Host>) -> Result<Self> {
+        host::require_boot_id(host.as_ref())?;
         let client = Client::open(&config).await?;
         let holders = HolderDir::for_database(config.path());
         holders.create().map_err(|e| {
@@ -90,7 +97,7 @@ impl LocalBackend {
             #[cfg(target_os = "linux")]
             wake: crate::wake::Watcher::new(holders.path()),
             holders,
-            clocks: Arc::new(SystemClocks),
+            host,
             held: Arc::default(),
         })
     }
@@ -125,20 +132,13 @@ impl LocalBackend {
         self.client.close().await;
     }
 
-    /// Reads the kernel clocks through `clocks` (tests replay a suspend with it).
-    #[cfg(test)]
-    pub(crate) fn with_clocks(mut self, clocks: Arc<dyn Clocks>) -> Self {
-        self.clocks = clocks;
-        self
-    }
-
     /// Now, on the clock that decides expiry.
     fn now_ms(&self) -> i64 {
-        host::expiry_now_ms(self.clocks.as_ref())
+        host::expiry_now_ms(self.host.as_ref())
     }
 
     fn claim<'a>(
-        &self,
+        &'a self,
         name: &'a LockName,
         owner: &'a Identity,
         ttl: Ttl,
@@ -148,12 +148,12 @@ impl LocalBackend {
         Claim {
             name: name.as_str(),
             owner: owner.as_str(),
-            boot_id: host::boot_id(),
+            boot_id: self.host.boot_id(),
             liveness: liveness.map(Held::key),
             note: note.map(Note::as_str),
             now_ms: self.now_ms(),
             ttl,
-            wall_ms: self.clocks.wall_ms(),
+            wall_ms: self.host.wall_ms(),
         }
     }
 
@@ -230,10 +230,10 @@ impl LocalConfig {
 }
 
 /// The holder described by `row`, or `None` when the row is free at `now`.
-fn holder_info(row: &Row, now: i64) -> Option<HolderInfo> {
+fn holder_info(row: &Row, boot_id: &str, now: i64) -> Option<HolderInfo> {
     let owner = row.owner.as_ref()?;
     let expires = row.expires_ms?;
-    if row.boot_id.as_deref() != Some(host::boot_id()) || expires <= now {
+    if row.boot_id.as_deref() != Some(boot_id) || expires <= now {
         return None;
     }
     let left = Duration::from_millis(u64::try_from(expires - now).unwrap_or(0));
@@ -293,7 +293,7 @@ impl LockBackend for LocalBackend {
                 "the lock row vanished during the attempt",
             ));
         };
-        let Some(holder) = holder_info(&row, claim.now_ms) else {
+        let Some(holder) = holder_info(&row, claim.boot_id, claim.now_ms) else {
             // Freed between the two statements: say so, the caller retries at once.
             return Err(Error::unavailable(
                 "the lock was released during the attempt",
@@ -374,7 +374,7 @@ impl LockBackend for LocalBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let row = self.client.read(name.as_str()).await?;
-        Ok(row.and_then(|row| holder_info(&row, self.now_ms())))
+        Ok(row.and_then(|row| holder_info(&row, self.host.boot_id(), self.now_ms())))
     }
 
     /// One streamed read of the held rows under the prefix, through the primary key's
@@ -386,7 +386,7 @@ impl LockBackend for LocalBackend {
         let held = self
             .client
             .list(prefix, |name, row| {
-                let holder = holder_info(&row, now)?;
+                let holder = holder_info(&row, self.host.boot_id(), now)?;
                 match LockName::new(&name) {
                     Ok(name) => Some(HeldLock::new(name, holder)),
                     Err(err) => {
@@ -402,7 +402,8 @@ impl LockBackend for LocalBackend {
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let row = self.client.read(name.as_str()).await?;
-        let Some((row, holder)) = row.and_then(|r| holder_info(&r, self.now_ms()).map(|h| (r, h)))
+        let Some((row, holder)) =
+            row.and_then(|r| holder_info(&r, self.host.boot_id(), self.now_ms()).map(|h| (r, h)))
         else {
             return Ok(None);
         };

@@ -5,9 +5,12 @@ use std::fmt;
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// The kernel clocks, as the backend reads them. Tests replace them to replay what a
-/// suspend does to each (the machine cannot be suspended in a test).
-pub(crate) trait Clocks: Send + Sync + fmt::Debug {
+/// The machine as the backend sees it: its boot and its clocks. Tests replace it to replay
+/// what a suspend does to each clock (the machine cannot be suspended in a test) and to
+/// play another boot sharing the store (another host, another sandbox).
+pub(crate) trait Host: Send + Sync + fmt::Debug {
+    /// This boot's identifier (see [`boot_id`]).
+    fn boot_id(&self) -> &str;
     /// `CLOCK_MONOTONIC` in ms: stops while the machine is suspended, like the guard's
     /// clock (tokio's `Instant`). `None` off Linux.
     fn monotonic_ms(&self) -> Option<i64>;
@@ -19,11 +22,15 @@ pub(crate) trait Clocks: Send + Sync + fmt::Debug {
     fn wall_ms(&self) -> i64;
 }
 
-/// The real clocks.
+/// The real machine.
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct SystemClocks;
+pub(crate) struct SystemHost;
 
-impl Clocks for SystemClocks {
+impl Host for SystemHost {
+    fn boot_id(&self) -> &str {
+        boot_id()
+    }
+
     fn monotonic_ms(&self) -> Option<i64> {
         clock_ms(Kernel::Monotonic)
     }
@@ -40,6 +47,9 @@ impl Clocks for SystemClocks {
     }
 }
 
+/// The boot id of a machine that has none: expiry then falls back to the wall clock.
+const WALL_CLOCK: &str = "wall-clock";
+
 /// This boot's identifier (`/proc/sys/kernel/random/boot_id`), or `"wall-clock"` where the
 /// machine has none (then [`expiry_now_ms`] falls back to the wall clock).
 pub(crate) fn boot_id() -> &'static str {
@@ -48,8 +58,8 @@ pub(crate) fn boot_id() -> &'static str {
         std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
             .map(|s| s.trim().to_owned())
             .ok()
-            .filter(|s| !s.is_empty() && SystemClocks.monotonic_ms().is_some())
-            .unwrap_or_else(|| "wall-clock".to_owned())
+            .filter(|s| !s.is_empty() && clock_ms(Kernel::Monotonic).is_some())
+            .unwrap_or_else(|| WALL_CLOCK.to_owned())
     })
 }
 
@@ -57,8 +67,8 @@ pub(crate) fn boot_id() -> &'static str {
 /// look like one from another boot (free at once), and this process's own leases would be
 /// judged on the wall clock by everyone else: two holders at once (found by review, issue
 /// #14). Elsewhere the wall clock is the documented mode.
-pub(crate) fn require_boot_id() -> Result<(), lockcore::Error> {
-    if cfg!(target_os = "linux") && boot_id() == "wall-clock" {
+pub(crate) fn require_boot_id(host: &dyn Host) -> Result<(), lockcore::Error> {
+    if cfg!(target_os = "linux") && host.boot_id() == WALL_CLOCK {
         return Err(lockcore::Error::new(
             lockcore::ErrorKind::Config,
             "cannot read /proc/sys/kernel/random/boot_id (or CLOCK_MONOTONIC): local: needs \
@@ -77,13 +87,13 @@ pub(crate) fn require_boot_id() -> Result<(), lockcore::Error> {
 /// `Instant`, `CLOCK_MONOTONIC`) does not, so after a resume contenders would take over a
 /// lease its holder still believes valid. On one clock, a suspend stops every lease and
 /// every guard alike.
-pub(crate) fn expiry_now_ms(clocks: &dyn Clocks) -> i64 {
-    if boot_id() != "wall-clock"
-        && let Some(ms) = clocks.monotonic_ms()
+pub(crate) fn expiry_now_ms(host: &dyn Host) -> i64 {
+    if host.boot_id() != WALL_CLOCK
+        && let Some(ms) = host.monotonic_ms()
     {
         return ms;
     }
-    clocks.wall_ms()
+    host.wall_ms()
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -158,10 +168,10 @@ mod tests {
 
     #[test]
     fn the_expiry_clock_moves_forward() {
-        assert_ne!(boot_id(), "wall-clock", "Linux has a boot id");
-        let a = expiry_now_ms(&SystemClocks);
+        assert_ne!(boot_id(), WALL_CLOCK, "Linux has a boot id");
+        let a = expiry_now_ms(&SystemHost);
         std::thread::sleep(std::time::Duration::from_millis(20));
-        let b = expiry_now_ms(&SystemClocks);
+        let b = expiry_now_ms(&SystemHost);
         assert!(b - a >= 19 && b - a < 5_000, "{a} -> {b}");
     }
 }

@@ -15,7 +15,6 @@ use lockcore::{
 };
 
 use super::LocalBackend;
-use crate::host;
 use crate::permit_store::{PermitAttempt, PermitRow};
 
 impl LocalBackend {
@@ -62,7 +61,7 @@ impl LocalBackend {
         let now = self.now_ms();
         let rows = self
             .client
-            .live_permits(name.as_str(), host::boot_id(), now)
+            .live_permits(name.as_str(), self.host.boot_id(), now)
             .await?;
         Ok(rows.iter().map(|row| permit_holder(row, now)).collect())
     }
@@ -87,6 +86,7 @@ fn permit_holder(row: &PermitRow, now: i64) -> HolderInfo {
 /// the semaphore; free when neither.
 #[cfg(target_os = "linux")]
 fn waited_for(
+    boot_id: &str,
     row: Option<&crate::client::Row>,
     permits: &[PermitRow],
     now: i64,
@@ -102,7 +102,7 @@ fn waited_for(
     };
     if let Some(row) = row.filter(|row| {
         row.owner.is_some()
-            && row.boot_id.as_deref() == Some(host::boot_id())
+            && row.boot_id.as_deref() == Some(boot_id)
             && row.expires_ms.is_none_or(|expires| expires > now)
     }) {
         busy = true;
@@ -128,8 +128,8 @@ impl crate::wake::ReadHolder for LocalBackend {
         let now = self.now_ms();
         let permits = self
             .client
-            .live_permits(name.as_str(), host::boot_id(), now);
+            .live_permits(name.as_str(), self.host.boot_id(), now);
         let permits = permits.await.ok()?;
-        Some(waited_for(row.as_ref(), &permits, now))
+        Some(waited_for(self.host.boot_id(), row.as_ref(), &permits, now))
     }
 }

@@ -6,7 +6,6 @@ use lockcore::{Error, ErrorKind, Lease, Result};
 
 use super::{Kind, LocalBackend, token_of};
 use crate::batch::Extension;
-use crate::host;
 
 impl LocalBackend {
     /// What a refresh of `lease` (grant `token`) that did or did not extend it returns:
@@ -55,7 +54,7 @@ impl LocalBackend {
             let permits = kind == Kind::Permit;
             let extended = self
                 .client
-                .extend_many(permits, &sent, now_ms, host::boot_id())
+                .extend_many(permits, &sent, now_ms, self.host.boot_id())
                 .await;
             let extended: Vec<Result<bool>> = match extended {
                 Ok(extended) => extended.into_iter().map(Ok).collect(),
