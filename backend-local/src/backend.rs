@@ -13,17 +13,19 @@ use lockcore::{
 use crate::batch::BATCH;
 use crate::client::{Claim, Client, Row};
 use crate::config::LocalConfig;
-use crate::host::{self, Host, SystemHost};
+use crate::host::{self, Host, Now, SystemHost};
 use crate::liveness::{Held, HolderDir, Probe};
 
 /// Cross-process locks on one machine, with no server: a lease table in a SQLite file.
 ///
 /// - Expiry is judged on the machine's monotonic clock (`CLOCK_MONOTONIC`), which every
 ///   process shares, which NTP cannot step, and which stops during suspend exactly as the
-///   guard's clock does; leases from an earlier boot are expired. Off Linux, the wall clock.
+///   guard's clock does. Off Linux, the wall clock. A lease written under another boot
+///   (before a reboot, or by another host or sandbox sharing the file) lasts until its
+///   expiry on the wall clock, the one clock two boots share.
 /// - Each holder holds a kernel lock (`flock`) on a file of its own while it holds the
 ///   lease. A contender that can take that kernel lock knows every process that held it
-///   is gone (in any PID namespace) and takes the lock over at once instead of waiting
+///   is gone (in any PID namespace of this boot) and takes the lock over at once instead of waiting
 ///   for the TTL. Nothing else (an unreadable `/proc`, a pid it cannot see) counts as
 ///   death. The descriptor is inherited by commands started while the lease is held, so
 ///   the lease is not taken over while such a command still runs. A lease left to outlive
@@ -137,6 +139,15 @@ impl LocalBackend {
         host::expiry_now_ms(self.host.as_ref())
     }
 
+    /// Now, on both clocks, for judging leases of this boot and of others.
+    fn now(&self) -> Now<'_> {
+        Now {
+            boot_id: self.host.boot_id(),
+            expiry_ms: self.now_ms(),
+            wall_ms: self.host.wall_ms(),
+        }
+    }
+
     fn claim<'a>(
         &'a self,
         name: &'a LockName,
@@ -191,12 +202,17 @@ impl LocalBackend {
     }
 
     /// The lock is held by `row`'s holder: takes it over if that holder is provably dead.
+    /// Only a holder of this boot can be: another boot's holder ran on another kernel (or
+    /// before a reboot), whose kernel locks prove nothing here.
     async fn take_over_if_dead(
         &self,
         claim: &Claim<'_>,
         row: &Row,
         name: &LockName,
     ) -> Result<Option<i64>> {
+        if !claim.now().is_this_boot(row.boot_id.as_deref()) {
+            return Ok(None);
+        }
         let Probe::Dead(dead) = self.holders.probe(row.liveness.as_deref()) else {
             return Ok(None);
         };
@@ -229,14 +245,12 @@ impl LocalConfig {
     }
 }
 
-/// The holder described by `row`, or `None` when the row is free at `now`.
-fn holder_info(row: &Row, boot_id: &str, now: i64) -> Option<HolderInfo> {
+/// The holder described by `row`, or `None` when the row is free at `now` (the rule of
+/// [`Now::left_ms`]: another boot's lease by its wall-clock expiry).
+fn holder_info(row: &Row, now: &Now<'_>) -> Option<HolderInfo> {
     let owner = row.owner.as_ref()?;
-    let expires = row.expires_ms?;
-    if row.boot_id.as_deref() != Some(boot_id) || expires <= now {
-        return None;
-    }
-    let left = Duration::from_millis(u64::try_from(expires - now).unwrap_or(0));
+    let left = row.left_ms(now)?;
+    let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
     let mut info = HolderInfo::new(Identity::from_stored(owner.as_str()))
         .with_expires_in(left)
         .with_token(FenceToken::new(u64::try_from(row.token).unwrap_or(0)))
@@ -293,7 +307,7 @@ impl LockBackend for LocalBackend {
                 "the lock row vanished during the attempt",
             ));
         };
-        let Some(holder) = holder_info(&row, claim.boot_id, claim.now_ms) else {
+        let Some(holder) = holder_info(&row, &claim.now()) else {
             // Freed between the two statements: say so, the caller retries at once.
             return Err(Error::unavailable(
                 "the lock was released during the attempt",
@@ -374,7 +388,7 @@ impl LockBackend for LocalBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let row = self.client.read(name.as_str()).await?;
-        Ok(row.and_then(|row| holder_info(&row, self.host.boot_id(), self.now_ms())))
+        Ok(row.and_then(|row| holder_info(&row, &self.now())))
     }
 
     /// One streamed read of the held rows under the prefix, through the primary key's
@@ -382,11 +396,11 @@ impl LockBackend for LocalBackend {
     /// listed until a contender takes it over, as `inspect` shows it). A row whose name is
     /// not a lock name is skipped.
     async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
-        let now = self.now_ms();
+        let now = self.now();
         let held = self
             .client
             .list(prefix, |name, row| {
-                let holder = holder_info(&row, self.host.boot_id(), now)?;
+                let holder = holder_info(&row, &now)?;
                 match LockName::new(&name) {
                     Ok(name) => Some(HeldLock::new(name, holder)),
                     Err(err) => {
@@ -402,8 +416,7 @@ impl LockBackend for LocalBackend {
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let row = self.client.read(name.as_str()).await?;
-        let Some((row, holder)) =
-            row.and_then(|r| holder_info(&r, self.host.boot_id(), self.now_ms()).map(|h| (r, h)))
+        let Some((row, holder)) = row.and_then(|r| holder_info(&r, &self.now()).map(|h| (r, h)))
         else {
             return Ok(None);
         };
@@ -443,6 +456,9 @@ impl LockBackend for LocalBackend {
     }
 }
 
+#[cfg(test)]
+#[path = "boot_tests.rs"]
+mod boot_tests;
 #[path = "permits.rs"]
 mod permits;
 #[path = "refresh.rs"]

@@ -15,6 +15,7 @@ use sqlx::sqlite::{
 
 use crate::config::LocalConfig;
 use crate::error::map_error;
+use crate::host::Now;
 
 const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS anylock_leases (
     name        TEXT PRIMARY KEY NOT NULL,
@@ -26,7 +27,8 @@ const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS anylock_leases (
     acquired_ms INTEGER,
     expires_ms  INTEGER,
     liveness    TEXT,
-    note        TEXT
+    note        TEXT,
+    expires_wall_ms INTEGER
 ) STRICT";
 
 /// The semaphores' tables (`permit_store.rs`): one row per live permit, keyed by semaphore
@@ -44,6 +46,7 @@ const PERMIT_SCHEMA: [&str; 2] = [
     acquired_ms INTEGER,
     expires_ms  INTEGER NOT NULL,
     note        TEXT,
+    expires_wall_ms INTEGER,
     PRIMARY KEY (name, owner)
 ) STRICT",
     "CREATE TABLE IF NOT EXISTS anylock_semaphores (
@@ -52,21 +55,39 @@ const PERMIT_SCHEMA: [&str; 2] = [
 ) STRICT",
 ];
 
-/// Whether the table has the column `?1`.
-const HAS_COLUMN: &str = "SELECT COUNT(*) FROM pragma_table_info('anylock_leases') WHERE name = ?1";
+/// Whether the table `?1` has the column `?2`.
+const HAS_COLUMN: &str = "SELECT COUNT(*) FROM pragma_table_info(?1) WHERE name = ?2";
 
-/// Columns added after the first release, each with the statement that adds it to a
-/// database made by an older version: the kernel-lock liveness signal, and the note stored
-/// with a grant.
-const ADDED_COLUMNS: [(&str, &str); 2] = [
+/// Columns added after a table's first release, each with its table and the statement that
+/// adds it to a database made by an older version: the kernel-lock liveness signal, the
+/// note stored with a grant, and the wall-clock expiry by which another boot judges a
+/// lease (`host::Now::left_ms`).
+const ADDED_COLUMNS: [(&str, &str, &str); 4] = [
     (
+        "anylock_leases",
         "liveness",
         "ALTER TABLE anylock_leases ADD COLUMN liveness TEXT",
     ),
-    ("note", "ALTER TABLE anylock_leases ADD COLUMN note TEXT"),
+    (
+        "anylock_leases",
+        "note",
+        "ALTER TABLE anylock_leases ADD COLUMN note TEXT",
+    ),
+    (
+        "anylock_leases",
+        "expires_wall_ms",
+        "ALTER TABLE anylock_leases ADD COLUMN expires_wall_ms INTEGER",
+    ),
+    (
+        "anylock_permits",
+        "expires_wall_ms",
+        "ALTER TABLE anylock_permits ADD COLUMN expires_wall_ms INTEGER",
+    ),
 ];
 
-/// Takes the name when it is free, expired, from another boot, or already ours.
+/// Takes the name when it is free, ended (a lease of this boot at its expiry on this
+/// boot's clock `?9`, a lease of another boot at its wall-clock expiry, `?10`: the rule of
+/// `host::Now::left_ms`), or already ours.
 ///
 /// `pid` and `pid_start` are written as NULL: older versions took over from any holder
 /// whose pid they could not see alive, which is wrong across PID namespaces, and a NULL
@@ -74,37 +95,41 @@ const ADDED_COLUMNS: [(&str, &str); 2] = [
 /// The note (`?7`, NULL for none) is written by the same statement as the grant, and
 /// replaced (or cleared) by every grant.
 const GRANT: &str = "INSERT INTO anylock_leases
-        (name, owner, token, boot_id, liveness, acquired_ms, expires_ms, note)
-    VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6, ?7)
+        (name, owner, token, boot_id, liveness, acquired_ms, expires_ms, note, expires_wall_ms)
+    VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6, ?7, ?8)
     ON CONFLICT (name) DO UPDATE SET
         owner = excluded.owner, token = anylock_leases.token + 1,
         boot_id = excluded.boot_id, pid = NULL, pid_start = NULL,
         liveness = excluded.liveness,
         acquired_ms = excluded.acquired_ms, expires_ms = excluded.expires_ms,
-        note = excluded.note
+        note = excluded.note, expires_wall_ms = excluded.expires_wall_ms
     WHERE anylock_leases.owner IS NULL
        OR anylock_leases.owner = excluded.owner
-       OR anylock_leases.boot_id IS NOT excluded.boot_id
-       OR anylock_leases.expires_ms <= ?8
+       OR (anylock_leases.boot_id IS excluded.boot_id AND anylock_leases.expires_ms <= ?9)
+       OR (anylock_leases.boot_id IS NOT excluded.boot_id
+           AND IFNULL(anylock_leases.expires_wall_ms, ?10) <= ?10)
     RETURNING token";
 
-/// Takes the name from a holder seen dead, only if nothing changed since it was seen.
+/// Takes the name from a holder of this boot seen dead, only if nothing changed since it
+/// was seen.
 const TAKE_OVER: &str = "UPDATE anylock_leases SET
         owner = ?2, token = token + 1, boot_id = ?3, pid = NULL, pid_start = NULL,
-        liveness = ?4, acquired_ms = ?5, expires_ms = ?6, note = ?7
-    WHERE name = ?1 AND token = ?8 AND owner = ?9
+        liveness = ?4, acquired_ms = ?5, expires_ms = ?6, note = ?7, expires_wall_ms = ?8
+    WHERE name = ?1 AND token = ?9 AND owner = ?10
     RETURNING token";
 
-const READ: &str = "SELECT owner, token, boot_id, liveness, acquired_ms, expires_ms, note
+const READ: &str = "SELECT owner, token, boot_id, liveness, acquired_ms, expires_ms, note,
+        expires_wall_ms
     FROM anylock_leases WHERE name = ?1";
 
 /// The held rows from the name `?1` on, in byte order (`BINARY` collation), read through the
 /// primary key's index; the caller stops at the first name outside its prefix, so no
 /// pattern (`LIKE`, `GLOB`) ever sees the prefix.
-const LIST: &str = "SELECT name, owner, token, boot_id, liveness, acquired_ms, expires_ms, note
+const LIST: &str = "SELECT name, owner, token, boot_id, liveness, acquired_ms, expires_ms, note,
+        expires_wall_ms
     FROM anylock_leases WHERE name >= ?1 AND owner IS NOT NULL ORDER BY name";
 
-const EXTEND: &str = "UPDATE anylock_leases SET expires_ms = ?5
+const EXTEND: &str = "UPDATE anylock_leases SET expires_ms = ?5, expires_wall_ms = ?7
     WHERE name = ?1 AND owner = ?2 AND token = ?3 AND boot_id = ?4 AND expires_ms > ?6
     RETURNING token";
 
@@ -116,16 +141,17 @@ const DETACH: &str = "UPDATE anylock_leases SET liveness = NULL
 
 const CLEAR: &str = "UPDATE anylock_leases
     SET owner = NULL, pid = NULL, pid_start = NULL, liveness = NULL, expires_ms = NULL,
-        note = NULL
+        note = NULL, expires_wall_ms = NULL
     WHERE name = ?1 AND owner = ?2 AND token = ?3";
 
 const FORCE: &str = "INSERT INTO anylock_leases
-        (name, owner, token, boot_id, acquired_ms, expires_ms)
-    VALUES (?1, ?2, 1, ?3, ?4, ?5)
+        (name, owner, token, boot_id, acquired_ms, expires_ms, expires_wall_ms)
+    VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6)
     ON CONFLICT (name) DO UPDATE SET
         owner = excluded.owner, token = anylock_leases.token + 1, boot_id = excluded.boot_id,
         pid = NULL, pid_start = NULL, liveness = NULL, acquired_ms = excluded.acquired_ms,
-        expires_ms = excluded.expires_ms, note = NULL";
+        expires_ms = excluded.expires_ms, note = NULL,
+        expires_wall_ms = excluded.expires_wall_ms";
 
 /// A lease row as stored.
 #[derive(Debug, Clone)]
@@ -139,6 +165,20 @@ pub(crate) struct Row {
     pub(crate) expires_ms: Option<i64>,
     /// The note stored with the grant, as stored (not yet made safe to show).
     pub(crate) note: Option<String>,
+    /// The expiry on the wall clock, by which another boot judges the lease.
+    pub(crate) expires_wall_ms: Option<i64>,
+}
+
+impl Row {
+    /// How long the lease still has at `now`, or `None` when nobody holds it.
+    pub(crate) fn left_ms(&self, now: &Now<'_>) -> Option<i64> {
+        self.owner.as_ref()?;
+        now.left_ms(
+            self.boot_id.as_deref(),
+            self.expires_ms,
+            self.expires_wall_ms,
+        )
+    }
 }
 
 /// Who asks, on which boot, with which expiry.
@@ -156,11 +196,28 @@ pub(crate) struct Claim<'a> {
     pub(crate) wall_ms: i64,
 }
 
-impl Claim<'_> {
+impl<'a> Claim<'a> {
+    fn ttl_ms(&self) -> i64 {
+        i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX)
+    }
+
     /// When the grant or refresh the claim makes ends, on the expiry clock.
     pub(crate) fn expires_ms(&self) -> i64 {
-        self.now_ms
-            .saturating_add(i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX))
+        self.now_ms.saturating_add(self.ttl_ms())
+    }
+
+    /// When the grant or refresh the claim makes ends, on the wall clock (for other boots).
+    pub(crate) fn expires_wall_ms(&self) -> i64 {
+        self.wall_ms.saturating_add(self.ttl_ms())
+    }
+
+    /// The moment the claim was made at.
+    pub(crate) fn now(&self) -> Now<'a> {
+        Now {
+            boot_id: self.boot_id,
+            expiry_ms: self.now_ms,
+            wall_ms: self.wall_ms,
+        }
     }
 }
 
@@ -232,14 +289,14 @@ impl Client {
             .execute(&pool)
             .await
             .map_err(map_error)?;
-        for (column, add) in ADDED_COLUMNS {
-            add_column(&pool, column, add).await?;
-        }
         for schema in PERMIT_SCHEMA {
             sqlx::query(schema)
                 .execute(&pool)
                 .await
                 .map_err(map_error)?;
+        }
+        for (table, column, add) in ADDED_COLUMNS {
+            add_column(&pool, table, column, add).await?;
         }
         // Opened once the table exists.
         let unsynced = pools().connect_with(unsynced).await.map_err(map_error)?;
@@ -251,6 +308,7 @@ impl Client {
         let row = self
             .bind_claim(sqlx::query(GRANT), claim)
             .bind(claim.now_ms)
+            .bind(claim.wall_ms)
             .fetch_optional(&self.pool)
             .await
             .map_err(map_error)?;
@@ -290,6 +348,7 @@ impl Client {
             .bind(claim.wall_ms)
             .bind(claim.expires_ms())
             .bind(claim.note)
+            .bind(claim.expires_wall_ms())
     }
 
     /// The row for `name`, if it was ever taken.
@@ -375,6 +434,7 @@ impl Client {
             .bind(claim.boot_id)
             .bind(claim.wall_ms)
             .bind(claim.expires_ms())
+            .bind(claim.expires_wall_ms())
             .execute(&self.pool)
             .await
             .map_err(map_error)?;
@@ -412,6 +472,7 @@ async fn extend_on<'c>(
         .bind(claim.boot_id)
         .bind(claim.expires_ms())
         .bind(claim.now_ms)
+        .bind(claim.expires_wall_ms())
         .fetch_optional(executor)
         .await
         .map_err(map_error)?;
@@ -421,9 +482,15 @@ async fn extend_on<'c>(
 /// Adds `column` (with the statement `add`) to a database made by an older version.
 /// Another process may add it at the same moment; only a column still missing afterwards
 /// is an error. Nothing is written when the column exists.
-async fn add_column(pool: &SqlitePool, column: &str, add: &'static str) -> Result<(), Error> {
+async fn add_column(
+    pool: &SqlitePool,
+    table: &str,
+    column: &str,
+    add: &'static str,
+) -> Result<(), Error> {
     let has = |pool| async move {
         sqlx::query_scalar::<_, i64>(HAS_COLUMN)
+            .bind(table)
             .bind(column)
             .fetch_one(pool)
             .await
@@ -448,5 +515,6 @@ fn decode(row: &SqliteRow) -> Result<Row, Error> {
         acquired_ms: row.try_get("acquired_ms").map_err(map_error)?,
         expires_ms: row.try_get("expires_ms").map_err(map_error)?,
         note: row.try_get("note").map_err(map_error)?,
+        expires_wall_ms: row.try_get("expires_wall_ms").map_err(map_error)?,
     })
 }

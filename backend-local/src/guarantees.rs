@@ -27,8 +27,10 @@ pub fn guarantees() -> Guarantees {
              suspend like the guard's (off Linux: the wall clock, which NTP can step). \
              A holder whose kernel lock \
              (flock) is gone, with every process that inherited it, is taken over at once, \
-             in any PID namespace; nothing else ends a lease early. Leases end with a \
-             reboot; fence counters survive it. Waiters are woken on release and break by \
+             in any PID namespace; nothing else ends a lease early. A lease written under \
+             another boot (before a reboot, or by another host or sandbox sharing the \
+             file) lasts until its TTL ends on the wall clock and is never judged dead \
+             early; fence counters survive reboots. Waiters are woken on release and break by \
              inotify on Linux, and poll elsewhere. Semaphore permits have the same \
              liveness, expiry and durability, and a fence counter per semaphore name.",
     )

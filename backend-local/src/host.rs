@@ -96,6 +96,45 @@ pub(crate) fn expiry_now_ms(host: &dyn Host) -> i64 {
     host.wall_ms()
 }
 
+/// The moment an attempt judges leases at: this boot, and both clocks, each read once.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Now<'a> {
+    /// This boot's identifier.
+    pub(crate) boot_id: &'a str,
+    /// [`expiry_now_ms`]: this boot's clock, which decides its own leases.
+    pub(crate) expiry_ms: i64,
+    /// Wall-clock ms since the Unix epoch, which decides another boot's leases.
+    pub(crate) wall_ms: i64,
+}
+
+impl Now<'_> {
+    /// Whether a lease of the boot `boot` was written by this boot.
+    pub(crate) fn is_this_boot(&self, boot: Option<&str>) -> bool {
+        boot == Some(self.boot_id)
+    }
+
+    /// How long (ms) a lease row of the boot `boot` still has, or `None` once it has ended:
+    /// a lease of this boot ends at `expires_ms` on this boot's clock; a lease of another
+    /// boot (another host or sandbox sharing the store, or this machine before a reboot:
+    /// they cannot be told apart) at `expires_wall_ms` on the wall clock, the only clock
+    /// two boots share. Another boot's lease with no wall-clock expiry was written by a
+    /// version before it was recorded; it has ended, as it had then. The SQL grant
+    /// (`GRANT` in `client.rs`) applies the same rule.
+    pub(crate) fn left_ms(
+        &self,
+        boot: Option<&str>,
+        expires_ms: Option<i64>,
+        expires_wall_ms: Option<i64>,
+    ) -> Option<i64> {
+        let (at, now) = if self.is_this_boot(boot) {
+            (expires_ms?, self.expiry_ms)
+        } else {
+            (expires_wall_ms?, self.wall_ms)
+        };
+        (at > now).then(|| at - now)
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Kernel {
     Monotonic,
