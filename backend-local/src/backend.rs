@@ -24,9 +24,9 @@ use crate::liveness::{Held, HolderDir, Probe};
 ///   (before a reboot, or by another host or sandbox sharing the file) lasts until its
 ///   expiry on the wall clock, the one clock two boots share.
 /// - Each holder holds a kernel lock (`flock`) on a file of its own while it holds the
-///   lease. A contender that can take that kernel lock knows every process that held it
-///   is gone (in any PID namespace of this boot) and takes the lock over at once instead of waiting
-///   for the TTL. Nothing else (an unreadable `/proc`, a pid it cannot see) counts as
+///   lease. A contender of the same boot that can take that kernel lock knows every
+///   process that held it is gone (in any PID namespace) and takes the lock over at once
+///   instead of waiting for the TTL. Nothing else (an unreadable `/proc`, a pid it cannot see) counts as
 ///   death. The descriptor is inherited by commands started while the lease is held, so
 ///   the lease is not taken over while such a command still runs. A lease left to outlive
 ///   its holder (`LockBackend::detach`) names no file and lasts until its TTL.
@@ -84,8 +84,9 @@ impl LocalBackend {
     /// or a suspend with it).
     pub(crate) async fn connect_on(config: LocalConfig, host: Arc<dyn Host>) -> Result<Self> {
         host::require_boot_id(host.as_ref())?;
-        let client = Client::open(&config).await?;
-        let holders = HolderDir::for_database(config.path());
+        let db = crate::store::prepare(&config, host.as_ref())?;
+        let client = Client::open(&config, &db).await?;
+        let holders = HolderDir::for_database(&db);
         holders.create().map_err(|e| {
             Error::new(
                 ErrorKind::Config,

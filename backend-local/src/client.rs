@@ -4,6 +4,7 @@
 //! Rows are never deleted: release clears the owner and keeps the row, so each name's
 //! `token` counter only ever grows (durable, monotonic fencing).
 
+use std::path::Path;
 use std::time::Duration;
 
 use lockcore::{Error, ErrorKind, Ttl};
@@ -239,24 +240,16 @@ pub(crate) struct Client {
 }
 
 impl Client {
-    /// Opens (creating if needed) the database and its table.
-    pub(crate) async fn open(config: &LocalConfig) -> Result<Self, Error> {
-        if let Some(dir) = config.path().parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                Error::new(
-                    ErrorKind::Config,
-                    format!("cannot create {}", dir.display()),
-                )
-                .with_source(e)
-            })?;
-        }
+    /// Opens (creating if needed) the database at `db` (the store `config` names, made
+    /// ready by `store::prepare`) and its tables.
+    pub(crate) async fn open(config: &LocalConfig, db: &Path) -> Result<Self, Error> {
         // First-time setup (switching a new file to WAL, creating the table) can answer
         // SQLITE_BUSY at once, without consulting the busy handler, when several processes
         // open a fresh file together (seen in CI: 1 of 320 concurrent opens). Opening is not
         // a lock attempt, so it is retried here, within the busy timeout.
         let deadline = tokio::time::Instant::now() + config.busy_timeout();
         loop {
-            match Self::try_open(config).await {
+            match Self::try_open(config, db).await {
                 Err(err)
                     if err.kind() == ErrorKind::Unavailable
                         && tokio::time::Instant::now() < deadline =>
@@ -270,11 +263,18 @@ impl Client {
         }
     }
 
-    async fn try_open(config: &LocalConfig) -> Result<Self, Error> {
+    async fn try_open(config: &LocalConfig, db: &Path) -> Result<Self, Error> {
+        // WAL keeps its index in memory shared by every process of one kernel: on a
+        // filesystem shared between kernels only the rollback journal is safe.
+        let shared = config.shared_filesystem();
+        let journal = match shared {
+            true => SqliteJournalMode::Delete,
+            false => SqliteJournalMode::Wal,
+        };
         let options = SqliteConnectOptions::new()
-            .filename(config.path())
+            .filename(db)
             .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
+            .journal_mode(journal)
             // FULL: a committed grant survives power loss, so fence tokens never go back.
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(config.busy_timeout());
@@ -283,8 +283,16 @@ impl Client {
                 .max_connections(4)
                 .acquire_timeout(config.busy_timeout() + Duration::from_secs(1))
         };
-        let unsynced = options.clone().synchronous(SqliteSynchronous::Normal);
+        // The unsynced release is an argument about one WAL written in order; with the
+        // rollback journal every commit is synced.
+        let unsynced = match shared {
+            true => options.clone(),
+            false => options.clone().synchronous(SqliteSynchronous::Normal),
+        };
         let pool = pools().connect_with(options).await.map_err(map_error)?;
+        if shared {
+            require_rollback_journal(&pool, db).await?;
+        }
         sqlx::query(SCHEMA)
             .execute(&pool)
             .await
@@ -477,6 +485,28 @@ async fn extend_on<'c>(
         .await
         .map_err(map_error)?;
     Ok(row.is_some())
+}
+
+/// Refuses a shared store that is still in WAL mode: SQLite leaves the mode as it is when
+/// another process has the file open in WAL mode (one that did not ask for
+/// `shared_fs=allow`, or an older version).
+async fn require_rollback_journal(pool: &SqlitePool, db: &Path) -> Result<(), Error> {
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(pool)
+        .await
+        .map_err(map_error)?;
+    if mode.eq_ignore_ascii_case("delete") {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::Config,
+        format!(
+            "the shared store {} is in {mode} journal mode, which only one machine can use: \
+             another process has it open without shared_fs=allow; stop it (or give it \
+             shared_fs=allow too) and open again",
+            db.display()
+        ),
+    ))
 }
 
 /// Adds `column` (with the statement `add`) to a database made by an older version.

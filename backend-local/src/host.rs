@@ -2,8 +2,12 @@
 //! never jumps.
 
 use std::fmt;
+use std::io;
+use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::filesystem::Filesystem;
 
 /// The machine as the backend sees it: its boot and its clocks. Tests replace it to replay
 /// what a suspend does to each clock (the machine cannot be suspended in a test) and to
@@ -20,6 +24,10 @@ pub(crate) trait Host: Send + Sync + fmt::Debug {
     fn boottime_ms(&self) -> Option<i64>;
     /// Wall-clock ms since the Unix epoch.
     fn wall_ms(&self) -> i64;
+    /// The filesystem `dir` is on (`statfs`).
+    fn filesystem(&self, dir: &Path) -> io::Result<Filesystem> {
+        crate::filesystem::of(dir)
+    }
 }
 
 /// The real machine.

@@ -28,12 +28,15 @@ mod batch;
 mod client;
 mod config;
 mod error;
+mod filesystem;
 mod guarantees;
 mod host;
 mod liveness;
 mod permit_store;
 #[cfg(test)]
 mod prop_tests;
+mod refusal;
+mod store;
 #[cfg(test)]
 mod suspend_tests;
 #[cfg(target_os = "linux")]
@@ -43,6 +46,7 @@ pub use backend::LocalBackend;
 pub use config::LocalConfig;
 pub use guarantees::guarantees;
 pub use lockcore;
+pub use refusal::{Refusal, StoreRefused};
 
 use std::sync::Arc;
 
