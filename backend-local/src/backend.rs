@@ -84,16 +84,8 @@ impl LocalBackend {
     /// or a suspend with it).
     pub(crate) async fn connect_on(config: LocalConfig, host: Arc<dyn Host>) -> Result<Self> {
         host::require_boot_id(host.as_ref())?;
-        let db = crate::store::prepare(&config, host.as_ref())?;
+        let (db, holders) = crate::store::prepare(&config, host.as_ref())?;
         let client = Client::open(&config, &db).await?;
-        let holders = HolderDir::for_database(&db);
-        holders.create().map_err(|e| {
-            Error::new(
-                ErrorKind::Config,
-                format!("cannot create {}", holders.path().display()),
-            )
-            .with_source(e)
-        })?;
         Ok(Self {
             client,
             config,

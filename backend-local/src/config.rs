@@ -12,6 +12,8 @@ pub(crate) const SCHEME: &str = "local";
 
 /// The URL parameter that accepts a store on a network or shared filesystem.
 const SHARED_FS: &str = "shared_fs";
+/// The URL parameter that names the group of a store shared by its members.
+const SHARED_GROUP: &str = "shared_group";
 
 /// Where the embedded backend keeps its lock table.
 ///
@@ -23,6 +25,7 @@ pub struct LocalConfig {
     path: PathBuf,
     busy_timeout: Duration,
     shared_fs: bool,
+    shared_group: Option<String>,
 }
 
 impl LocalConfig {
@@ -32,6 +35,7 @@ impl LocalConfig {
             path: path.into(),
             busy_timeout: Duration::from_secs(5),
             shared_fs: false,
+            shared_group: None,
         }
     }
 
@@ -68,7 +72,9 @@ impl LocalConfig {
 
     /// Parses `local:` (the default location) or `local:PATH` / `local://PATH`, with an
     /// optional query after the first `?`: `shared_fs=allow` accepts a store on a network
-    /// or shared filesystem ([`with_shared_filesystem`](Self::with_shared_filesystem)).
+    /// or shared filesystem ([`with_shared_filesystem`](Self::with_shared_filesystem)),
+    /// `shared_group=NAME` makes it a store of the group `NAME`
+    /// ([`with_shared_group`](Self::with_shared_group)).
     /// The path is percent-decoded (`%3F` for a `?` in a file name, `%25` for a `%`).
     ///
     /// # Errors
@@ -110,7 +116,15 @@ impl LocalConfig {
             }
             self.shared_fs = true;
         }
-        query.finish(&[SHARED_FS])?;
+        if let Some(group) = query.take(SHARED_GROUP) {
+            if group.is_empty() {
+                return Err(Error::invalid_input(
+                    "the local: URL parameter shared_group needs a group name",
+                ));
+            }
+            self.shared_group = Some(group);
+        }
+        query.finish(&[SHARED_FS, SHARED_GROUP])?;
         Ok(self)
     }
 
@@ -128,6 +142,24 @@ impl LocalConfig {
     /// Whether a store on a network or shared filesystem is accepted.
     pub fn shared_filesystem(&self) -> bool {
         self.shared_fs
+    }
+
+    /// Makes the store one that the members of the group `group` share
+    /// (`?shared_group=NAME` in a URL); by default a store is this user's alone, and one
+    /// that other users could write is refused. A group store's directory, database,
+    /// holders directory and liveness files belong to that group and may be
+    /// group-writable, never world-writable; its directories carry the setgid bit. What
+    /// anylock creates for it gets those modes (`2770` directories, `0660` database,
+    /// `0640` liveness files). Only a member of the group (or root) may open it. See
+    /// `docs/local.md`, "Who may use a store".
+    pub fn with_shared_group(mut self, group: impl Into<String>) -> Self {
+        self.shared_group = Some(group.into());
+        self
+    }
+
+    /// The group of a group store, if this is one.
+    pub fn shared_group(&self) -> Option<&str> {
+        self.shared_group.as_deref()
     }
 
     /// Sets how long a call waits for another process's write to finish (default 5 s).
@@ -156,8 +188,14 @@ impl fmt::Display for LocalConfig {
         let path = lockcore::url::percent_encode(&self.path.display().to_string(), "?#");
         let slashes = if path.starts_with("//") { "//" } else { "" };
         write!(f, "local:{slashes}{path}")?;
+        let mut sep = '?';
         if self.shared_fs {
-            write!(f, "?{SHARED_FS}=allow")?;
+            write!(f, "{sep}{SHARED_FS}=allow")?;
+            sep = '&';
+        }
+        if let Some(group) = &self.shared_group {
+            let group = lockcore::url::percent_encode(group, "&=#+ ");
+            write!(f, "{sep}{SHARED_GROUP}={group}")?;
         }
         Ok(())
     }
@@ -169,6 +207,7 @@ impl fmt::Debug for LocalConfig {
             .field("path", &self.path)
             .field("busy_timeout", &self.busy_timeout)
             .field("shared_fs", &self.shared_fs)
+            .field("shared_group", &self.shared_group)
             .finish()
     }
 }
@@ -265,6 +304,11 @@ mod tests {
         assert!(config.shared_filesystem());
         assert_eq!(config.path(), Path::new("/mnt/nfs/locks.sqlite3"));
         assert_eq!(config.to_string(), shared);
+        let team = "local:/srv/locks.sqlite3?shared_fs=allow&shared_group=my%20team";
+        let config = LocalConfig::from_url(team).expect("parses");
+        assert_eq!(config.shared_group(), Some("my team"));
+        assert_eq!(config.to_string(), team);
+        assert!(LocalConfig::from_url("local:/x.db?shared_group=").is_err());
     }
 
     #[test]

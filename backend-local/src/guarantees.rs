@@ -24,7 +24,9 @@ pub fn guarantees() -> Guarantees {
     .with_notes(
         "One machine only (a SQLite file on a local filesystem; a store on a network \
              or shared filesystem is refused unless opened with ?shared_fs=allow, and \
-             then exclusion rests on that filesystem's byte-range locks). Expiry uses the \
+             then exclusion rests on that filesystem's byte-range locks), and one that another \
+             user could change is refused unless it is a group store (?shared_group=). \
+             Expiry uses the \
              machine's monotonic clock, shared by every process and stopped during \
              suspend like the guard's (off Linux: the wall clock, which NTP can step). \
              A holder whose kernel lock \
