@@ -41,6 +41,7 @@ mod permit_store;
 #[cfg(test)]
 mod prop_tests;
 mod refusal;
+mod schema;
 mod store;
 #[cfg(test)]
 mod suspend_tests;
