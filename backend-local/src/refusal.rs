@@ -104,31 +104,57 @@ impl StoreRefused {
 impl fmt::Display for StoreRefused {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let path = self.path.display();
-        write!(f, "refusing the local: store at {path}: ")?;
-        match &self.refusal {
-            Refusal::SharedFilesystem { filesystem } => write!(
+        write!(f, "refusing the local: store at {path}: {}", self.refusal)
+    }
+}
+
+/// What is wrong, and what to do instead.
+impl fmt::Display for Refusal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::SharedFilesystem { filesystem } => write!(
                 f,
                 "it is on {filesystem}, a network or shared filesystem, where SQLite's locks \
                  and anylock's liveness checks may not hold between machines; move the \
                  store to a local disk, or add ?shared_fs=allow to the URL after reading \
                  \"Shared filesystems\" in docs/local.md"
             ),
-            Refusal::SharedFilesystemUnsupported => f.write_str(
+            Self::SharedFilesystemUnsupported => f.write_str(
                 "shared_fs=allow needs Linux (a boot id tells the sharing machines apart); \
                  move the store to a local disk, or use a server backend",
             ),
-            Refusal::Symlink => f.write_str(
+            Self::NoSuchGroup { group } => write!(
+                f,
+                "shared_group={group} names no group on this machine; create it (groupadd \
+                 {group}) or name an existing one"
+            ),
+            Self::NotAMember { group } => write!(
+                f,
+                "you are not a member of the group {group} named by shared_group; ask an \
+                 administrator to add you (usermod -aG {group} USER, then log in again), \
+                 or use a store of your own"
+            ),
+            _ => self.fmt_permission(f),
+        }
+    }
+}
+
+impl Refusal {
+    /// [`Display`](fmt::Display) of the refusals of a path other users could change.
+    fn fmt_permission(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Symlink => f.write_str(
                 "it is a symbolic link, which local: never follows (whoever controls the \
                  target could take or break your locks); name the real path, or remove the \
                  link",
             ),
-            Refusal::WrongType { directory: true } => {
+            Self::WrongType { directory: true } => {
                 f.write_str("it is not a directory; remove it, or name another store")
             }
-            Refusal::WrongType { directory: false } => {
+            Self::WrongType { directory: false } => {
                 f.write_str("it is not a regular file; remove it, or name another store")
             }
-            Refusal::OwnedByOther { uid, name, you } => {
+            Self::OwnedByOther { uid, name, you } => {
                 let owner = name
                     .as_deref()
                     .map_or_else(String::new, |n| format!(" ({n})"));
@@ -141,33 +167,24 @@ impl fmt::Display for StoreRefused {
                      ?shared_group=GROUP (docs/local.md)"
                 )
             }
-            Refusal::WritableByOthers { mode } => write!(
+            Self::WritableByOthers { mode } => write!(
                 f,
                 "its mode {mode:04o} lets other users write it, and they could take or \
                  break your locks; run chmod go-w on it, or use a directory only you can \
                  write (local: alone is ~/.local/state/anylock/locks.sqlite3); for a store \
                  shared by a group, add ?shared_group=GROUP (docs/local.md)"
             ),
-            Refusal::WrongGroup { gid, group } => write!(
+            Self::WrongGroup { gid, group } => write!(
                 f,
                 "it belongs to gid {gid}, not to the store's group {group}; run chgrp \
                  {group} on it (and chmod g+s on a directory)"
             ),
-            Refusal::NotSetgid => f.write_str(
+            Self::NotSetgid => f.write_str(
                 "this group store's directory lacks the setgid bit, so files members \
                  create in it would not belong to the group; run chmod g+s on it",
             ),
-            Refusal::NoSuchGroup { group } => write!(
-                f,
-                "shared_group={group} names no group on this machine; create it (groupadd \
-                 {group}) or name an existing one"
-            ),
-            Refusal::NotAMember { group } => write!(
-                f,
-                "you are not a member of the group {group} named by shared_group; ask an \
-                 administrator to add you (usermod -aG {group} USER, then log in again), \
-                 or use a store of your own"
-            ),
+            // The others are written by `fmt`.
+            _ => Ok(()),
         }
     }
 }
