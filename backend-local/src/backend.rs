@@ -13,18 +13,20 @@ use lockcore::{
 use crate::batch::BATCH;
 use crate::client::{Claim, Client, Row};
 use crate::config::LocalConfig;
-use crate::host::{self, Clocks, SystemClocks};
+use crate::host::{self, Host, Now, SystemHost};
 use crate::liveness::{Held, HolderDir, Probe};
 
 /// Cross-process locks on one machine, with no server: a lease table in a SQLite file.
 ///
 /// - Expiry is judged on the machine's monotonic clock (`CLOCK_MONOTONIC`), which every
 ///   process shares, which NTP cannot step, and which stops during suspend exactly as the
-///   guard's clock does; leases from an earlier boot are expired. Off Linux, the wall clock.
+///   guard's clock does. Off Linux, the wall clock. A lease written under another boot
+///   (before a reboot, or by another host or sandbox sharing the file) lasts until its
+///   expiry on the wall clock, the one clock two boots share.
 /// - Each holder holds a kernel lock (`flock`) on a file of its own while it holds the
-///   lease. A contender that can take that kernel lock knows every process that held it
-///   is gone (in any PID namespace) and takes the lock over at once instead of waiting
-///   for the TTL. Nothing else (an unreadable `/proc`, a pid it cannot see) counts as
+///   lease. A contender of the same boot that can take that kernel lock knows every
+///   process that held it is gone (in any PID namespace) and takes the lock over at once
+///   instead of waiting for the TTL. Nothing else (an unreadable `/proc`, a pid it cannot see) counts as
 ///   death. The descriptor is inherited by commands started while the lease is held, so
 ///   the lease is not taken over while such a command still runs. A lease left to outlive
 ///   its holder (`LockBackend::detach`) names no file and lasts until its TTL.
@@ -38,7 +40,8 @@ pub struct LocalBackend {
     client: Client,
     config: LocalConfig,
     holders: HolderDir,
-    clocks: Arc<dyn Clocks>,
+    /// This machine's boot and clocks.
+    host: Arc<dyn Host>,
     /// Our locked liveness files, one per lease we hold.
     held: Arc<Mutex<HashMap<Grant, Held>>>,
     /// Wakes waiters when a holder's liveness file is deleted (its lease was released).
@@ -74,23 +77,22 @@ impl LocalBackend {
     /// sandbox): it could then not tell this boot's leases from an earlier boot's;
     /// [`ErrorKind::PermissionDenied`] when it is read-only.
     pub async fn connect(config: LocalConfig) -> Result<Self> {
-        host::require_boot_id()?;
-        let client = Client::open(&config).await?;
-        let holders = HolderDir::for_database(config.path());
-        holders.create().map_err(|e| {
-            Error::new(
-                ErrorKind::Config,
-                format!("cannot create {}", holders.path().display()),
-            )
-            .with_source(e)
-        })?;
+        Self::connect_on(config, Arc::new(SystemHost)).await
+    }
+
+    /// [`connect`](Self::connect) on the machine `host` describes (tests play another boot
+    /// or a suspend with it).
+    pub(crate) async fn connect_on(config: LocalConfig, host: Arc<dyn Host>) -> Result<Self> {
+        host::require_boot_id(host.as_ref())?;
+        let (db, holders) = crate::store::prepare(&config, host.as_ref())?;
+        let client = Client::open(&config, &db).await?;
         Ok(Self {
             client,
             config,
             #[cfg(target_os = "linux")]
             wake: crate::wake::Watcher::new(holders.path()),
             holders,
-            clocks: Arc::new(SystemClocks),
+            host,
             held: Arc::default(),
         })
     }
@@ -125,20 +127,22 @@ impl LocalBackend {
         self.client.close().await;
     }
 
-    /// Reads the kernel clocks through `clocks` (tests replay a suspend with it).
-    #[cfg(test)]
-    pub(crate) fn with_clocks(mut self, clocks: Arc<dyn Clocks>) -> Self {
-        self.clocks = clocks;
-        self
-    }
-
     /// Now, on the clock that decides expiry.
     fn now_ms(&self) -> i64 {
-        host::expiry_now_ms(self.clocks.as_ref())
+        host::expiry_now_ms(self.host.as_ref())
+    }
+
+    /// Now, on both clocks, for judging leases of this boot and of others.
+    fn now(&self) -> Now<'_> {
+        Now {
+            boot_id: self.host.boot_id(),
+            expiry_ms: self.now_ms(),
+            wall_ms: self.host.wall_ms(),
+        }
     }
 
     fn claim<'a>(
-        &self,
+        &'a self,
         name: &'a LockName,
         owner: &'a Identity,
         ttl: Ttl,
@@ -148,12 +152,12 @@ impl LocalBackend {
         Claim {
             name: name.as_str(),
             owner: owner.as_str(),
-            boot_id: host::boot_id(),
+            boot_id: self.host.boot_id(),
             liveness: liveness.map(Held::key),
             note: note.map(Note::as_str),
             now_ms: self.now_ms(),
             ttl,
-            wall_ms: self.clocks.wall_ms(),
+            wall_ms: self.host.wall_ms(),
         }
     }
 
@@ -191,12 +195,17 @@ impl LocalBackend {
     }
 
     /// The lock is held by `row`'s holder: takes it over if that holder is provably dead.
+    /// Only a holder of this boot can be: another boot's holder ran on another kernel (or
+    /// before a reboot), whose kernel locks prove nothing here.
     async fn take_over_if_dead(
         &self,
         claim: &Claim<'_>,
         row: &Row,
         name: &LockName,
     ) -> Result<Option<i64>> {
+        if !claim.now().is_this_boot(row.boot_id.as_deref()) {
+            return Ok(None);
+        }
         let Probe::Dead(dead) = self.holders.probe(row.liveness.as_deref()) else {
             return Ok(None);
         };
@@ -229,14 +238,12 @@ impl LocalConfig {
     }
 }
 
-/// The holder described by `row`, or `None` when the row is free at `now`.
-fn holder_info(row: &Row, now: i64) -> Option<HolderInfo> {
+/// The holder described by `row`, or `None` when the row is free at `now` (the rule of
+/// [`Now::left_ms`]: another boot's lease by its wall-clock expiry).
+fn holder_info(row: &Row, now: &Now<'_>) -> Option<HolderInfo> {
     let owner = row.owner.as_ref()?;
-    let expires = row.expires_ms?;
-    if row.boot_id.as_deref() != Some(host::boot_id()) || expires <= now {
-        return None;
-    }
-    let left = Duration::from_millis(u64::try_from(expires - now).unwrap_or(0));
+    let left = row.left_ms(now)?;
+    let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
     let mut info = HolderInfo::new(Identity::from_stored(owner.as_str()))
         .with_expires_in(left)
         .with_token(FenceToken::new(u64::try_from(row.token).unwrap_or(0)))
@@ -293,7 +300,7 @@ impl LockBackend for LocalBackend {
                 "the lock row vanished during the attempt",
             ));
         };
-        let Some(holder) = holder_info(&row, claim.now_ms) else {
+        let Some(holder) = holder_info(&row, &claim.now()) else {
             // Freed between the two statements: say so, the caller retries at once.
             return Err(Error::unavailable(
                 "the lock was released during the attempt",
@@ -374,7 +381,7 @@ impl LockBackend for LocalBackend {
 
     async fn inspect(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let row = self.client.read(name.as_str()).await?;
-        Ok(row.and_then(|row| holder_info(&row, self.now_ms())))
+        Ok(row.and_then(|row| holder_info(&row, &self.now())))
     }
 
     /// One streamed read of the held rows under the prefix, through the primary key's
@@ -382,11 +389,11 @@ impl LockBackend for LocalBackend {
     /// listed until a contender takes it over, as `inspect` shows it). A row whose name is
     /// not a lock name is skipped.
     async fn list(&self, prefix: &str) -> Result<Vec<HeldLock>> {
-        let now = self.now_ms();
+        let now = self.now();
         let held = self
             .client
             .list(prefix, |name, row| {
-                let holder = holder_info(&row, now)?;
+                let holder = holder_info(&row, &now)?;
                 match LockName::new(&name) {
                     Ok(name) => Some(HeldLock::new(name, holder)),
                     Err(err) => {
@@ -402,7 +409,7 @@ impl LockBackend for LocalBackend {
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<HolderInfo>> {
         let row = self.client.read(name.as_str()).await?;
-        let Some((row, holder)) = row.and_then(|r| holder_info(&r, self.now_ms()).map(|h| (r, h)))
+        let Some((row, holder)) = row.and_then(|r| holder_info(&r, &self.now()).map(|h| (r, h)))
         else {
             return Ok(None);
         };
@@ -442,6 +449,9 @@ impl LockBackend for LocalBackend {
     }
 }
 
+#[cfg(test)]
+#[path = "boot_tests.rs"]
+mod boot_tests;
 #[path = "permits.rs"]
 mod permits;
 #[path = "refresh.rs"]

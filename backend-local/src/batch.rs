@@ -27,13 +27,15 @@ use crate::error::map_error;
 /// of one.
 pub(crate) const BATCH: usize = 250;
 
-/// Extends every lease of `?1` (a JSON array of `[name, owner, token, expires_ms]`) that is
+/// Extends every lease of `?1` (a JSON array of `[name, owner, token, expires_ms,
+/// expires_wall_ms]`) that is
 /// still ours and unexpired at `?2` on this boot (`?3`), in one statement: the `WHERE` of
 /// the single refresh, row by row. It returns the extended rows, which the caller matches
 /// to its leases (a `RETURNING` clause may name only the updated table's columns).
-const EXTEND_MANY: &str = "UPDATE anylock_leases SET expires_ms = batch.expires_ms
+const EXTEND_MANY: &str = "UPDATE anylock_leases
+    SET expires_ms = batch.expires_ms, expires_wall_ms = batch.expires_wall_ms
     FROM (SELECT value ->> 0 AS name, value ->> 1 AS owner, value ->> 2 AS token,
-                 value ->> 3 AS expires_ms
+                 value ->> 3 AS expires_ms, value ->> 4 AS expires_wall_ms
           FROM json_each(?1)) AS batch
     WHERE anylock_leases.name = batch.name AND anylock_leases.owner = batch.owner
       AND anylock_leases.token = batch.token AND anylock_leases.boot_id = ?3
@@ -42,9 +44,10 @@ const EXTEND_MANY: &str = "UPDATE anylock_leases SET expires_ms = batch.expires_
 
 /// [`EXTEND_MANY`] for semaphore permits, under the single permit refresh's condition
 /// (`EXTEND` in `permit_store.rs`).
-const EXTEND_PERMITS: &str = "UPDATE anylock_permits SET expires_ms = batch.expires_ms
+const EXTEND_PERMITS: &str = "UPDATE anylock_permits
+    SET expires_ms = batch.expires_ms, expires_wall_ms = batch.expires_wall_ms
     FROM (SELECT value ->> 0 AS name, value ->> 1 AS owner, value ->> 2 AS token,
-                 value ->> 3 AS expires_ms
+                 value ->> 3 AS expires_ms, value ->> 4 AS expires_wall_ms
           FROM json_each(?1)) AS batch
     WHERE anylock_permits.name = batch.name AND anylock_permits.owner = batch.owner
       AND anylock_permits.token = batch.token AND anylock_permits.boot_id = ?3
@@ -59,6 +62,8 @@ pub(crate) struct Extension<'a> {
     pub(crate) token: i64,
     /// The new expiry, on the expiry clock.
     pub(crate) expires_ms: i64,
+    /// The new expiry, on the wall clock (by which other boots judge it).
+    pub(crate) expires_wall_ms: i64,
 }
 
 impl Client {
@@ -126,11 +131,11 @@ fn longest_of_each_grant<'a>(batch: &[Extension<'a>]) -> Vec<Extension<'a>> {
         .collect()
 }
 
-/// `batch` as a JSON array of `[name, owner, token, expires_ms]`.
+/// `batch` as a JSON array of `[name, owner, token, expires_ms, expires_wall_ms]`.
 fn encode(batch: &[Extension<'_>]) -> String {
     let size: usize = batch
         .iter()
-        .map(|e| e.name.len() + e.owner.len() + 48)
+        .map(|e| e.name.len() + e.owner.len() + 72)
         .sum();
     let mut json = String::with_capacity(size + 2);
     json.push('[');
@@ -143,7 +148,11 @@ fn encode(batch: &[Extension<'_>]) -> String {
         json.push(',');
         push_string(&mut json, lease.owner);
         // Writing to a String cannot fail.
-        let _ = write!(json, ",{},{}]", lease.token, lease.expires_ms);
+        let _ = write!(
+            json,
+            ",{},{},{}]",
+            lease.token, lease.expires_ms, lease.expires_wall_ms
+        );
     }
     json.push(']');
     json
@@ -177,6 +186,7 @@ mod tests {
             owner: "o",
             token,
             expires_ms,
+            expires_wall_ms: expires_ms + 1000,
         };
         let batch = [
             at("a", 1, 10),
@@ -198,10 +208,11 @@ mod tests {
             owner: "host/1",
             token: 7,
             expires_ms: -3,
+            expires_wall_ms: 9,
         };
         assert_eq!(
             encode(&[lease, lease]),
-            r#"[["a\"b\\c\u0001d é 🔒","host/1",7,-3],["a\"b\\c\u0001d é 🔒","host/1",7,-3]]"#
+            r#"[["a\"b\\c\u0001d é 🔒","host/1",7,-3,9],["a\"b\\c\u0001d é 🔒","host/1",7,-3,9]]"#
         );
         assert_eq!(encode(&[]), "[]");
     }

@@ -1,9 +1,10 @@
-//! The SQLite lease table: schema and one statement per operation (errors are mapped in
-//! [`crate::error`]).
+//! The SQLite lease table: one statement per operation (the tables are in `schema.rs`;
+//! errors are mapped in [`crate::error`]).
 //!
 //! Rows are never deleted: release clears the owner and keeps the row, so each name's
 //! `token` counter only ever grows (durable, monotonic fencing).
 
+use std::path::Path;
 use std::time::Duration;
 
 use lockcore::{Error, ErrorKind, Ttl};
@@ -15,58 +16,12 @@ use sqlx::sqlite::{
 
 use crate::config::LocalConfig;
 use crate::error::map_error;
+use crate::host::Now;
+use crate::schema;
 
-const SCHEMA: &str = "CREATE TABLE IF NOT EXISTS anylock_leases (
-    name        TEXT PRIMARY KEY NOT NULL,
-    owner       TEXT,
-    token       INTEGER NOT NULL,
-    boot_id     TEXT,
-    pid         INTEGER,
-    pid_start   INTEGER,
-    acquired_ms INTEGER,
-    expires_ms  INTEGER,
-    liveness    TEXT,
-    note        TEXT
-) STRICT";
-
-/// The semaphores' tables (`permit_store.rs`): one row per live permit, keyed by semaphore
-/// and owner (deleted on release), and one fence counter per semaphore name, never deleted,
-/// so a semaphore's tokens only grow. A database made by an older version gets them at
-/// its next open; older versions ignore them.
-const PERMIT_SCHEMA: [&str; 2] = [
-    "CREATE TABLE IF NOT EXISTS anylock_permits (
-    name        TEXT NOT NULL,
-    owner       TEXT NOT NULL,
-    permits     INTEGER NOT NULL,
-    token       INTEGER NOT NULL,
-    boot_id     TEXT NOT NULL,
-    liveness    TEXT,
-    acquired_ms INTEGER,
-    expires_ms  INTEGER NOT NULL,
-    note        TEXT,
-    PRIMARY KEY (name, owner)
-) STRICT",
-    "CREATE TABLE IF NOT EXISTS anylock_semaphores (
-    name  TEXT PRIMARY KEY NOT NULL,
-    token INTEGER NOT NULL
-) STRICT",
-];
-
-/// Whether the table has the column `?1`.
-const HAS_COLUMN: &str = "SELECT COUNT(*) FROM pragma_table_info('anylock_leases') WHERE name = ?1";
-
-/// Columns added after the first release, each with the statement that adds it to a
-/// database made by an older version: the kernel-lock liveness signal, and the note stored
-/// with a grant.
-const ADDED_COLUMNS: [(&str, &str); 2] = [
-    (
-        "liveness",
-        "ALTER TABLE anylock_leases ADD COLUMN liveness TEXT",
-    ),
-    ("note", "ALTER TABLE anylock_leases ADD COLUMN note TEXT"),
-];
-
-/// Takes the name when it is free, expired, from another boot, or already ours.
+/// Takes the name when it is free, ended (a lease of this boot at its expiry on this
+/// boot's clock `?9`, a lease of another boot at its wall-clock expiry, `?10`: the rule of
+/// `host::Now::left_ms`), or already ours.
 ///
 /// `pid` and `pid_start` are written as NULL: older versions took over from any holder
 /// whose pid they could not see alive, which is wrong across PID namespaces, and a NULL
@@ -74,37 +29,41 @@ const ADDED_COLUMNS: [(&str, &str); 2] = [
 /// The note (`?7`, NULL for none) is written by the same statement as the grant, and
 /// replaced (or cleared) by every grant.
 const GRANT: &str = "INSERT INTO anylock_leases
-        (name, owner, token, boot_id, liveness, acquired_ms, expires_ms, note)
-    VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6, ?7)
+        (name, owner, token, boot_id, liveness, acquired_ms, expires_ms, note, expires_wall_ms)
+    VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6, ?7, ?8)
     ON CONFLICT (name) DO UPDATE SET
         owner = excluded.owner, token = anylock_leases.token + 1,
         boot_id = excluded.boot_id, pid = NULL, pid_start = NULL,
         liveness = excluded.liveness,
         acquired_ms = excluded.acquired_ms, expires_ms = excluded.expires_ms,
-        note = excluded.note
+        note = excluded.note, expires_wall_ms = excluded.expires_wall_ms
     WHERE anylock_leases.owner IS NULL
        OR anylock_leases.owner = excluded.owner
-       OR anylock_leases.boot_id IS NOT excluded.boot_id
-       OR anylock_leases.expires_ms <= ?8
+       OR (anylock_leases.boot_id IS excluded.boot_id AND anylock_leases.expires_ms <= ?9)
+       OR (anylock_leases.boot_id IS NOT excluded.boot_id
+           AND IFNULL(anylock_leases.expires_wall_ms, ?10) <= ?10)
     RETURNING token";
 
-/// Takes the name from a holder seen dead, only if nothing changed since it was seen.
+/// Takes the name from a holder of this boot seen dead, only if nothing changed since it
+/// was seen.
 const TAKE_OVER: &str = "UPDATE anylock_leases SET
         owner = ?2, token = token + 1, boot_id = ?3, pid = NULL, pid_start = NULL,
-        liveness = ?4, acquired_ms = ?5, expires_ms = ?6, note = ?7
-    WHERE name = ?1 AND token = ?8 AND owner = ?9
+        liveness = ?4, acquired_ms = ?5, expires_ms = ?6, note = ?7, expires_wall_ms = ?8
+    WHERE name = ?1 AND token = ?9 AND owner = ?10
     RETURNING token";
 
-const READ: &str = "SELECT owner, token, boot_id, liveness, acquired_ms, expires_ms, note
+const READ: &str = "SELECT owner, token, boot_id, liveness, acquired_ms, expires_ms, note,
+        expires_wall_ms
     FROM anylock_leases WHERE name = ?1";
 
 /// The held rows from the name `?1` on, in byte order (`BINARY` collation), read through the
 /// primary key's index; the caller stops at the first name outside its prefix, so no
 /// pattern (`LIKE`, `GLOB`) ever sees the prefix.
-const LIST: &str = "SELECT name, owner, token, boot_id, liveness, acquired_ms, expires_ms, note
+const LIST: &str = "SELECT name, owner, token, boot_id, liveness, acquired_ms, expires_ms, note,
+        expires_wall_ms
     FROM anylock_leases WHERE name >= ?1 AND owner IS NOT NULL ORDER BY name";
 
-const EXTEND: &str = "UPDATE anylock_leases SET expires_ms = ?5
+const EXTEND: &str = "UPDATE anylock_leases SET expires_ms = ?5, expires_wall_ms = ?7
     WHERE name = ?1 AND owner = ?2 AND token = ?3 AND boot_id = ?4 AND expires_ms > ?6
     RETURNING token";
 
@@ -116,16 +75,17 @@ const DETACH: &str = "UPDATE anylock_leases SET liveness = NULL
 
 const CLEAR: &str = "UPDATE anylock_leases
     SET owner = NULL, pid = NULL, pid_start = NULL, liveness = NULL, expires_ms = NULL,
-        note = NULL
+        note = NULL, expires_wall_ms = NULL
     WHERE name = ?1 AND owner = ?2 AND token = ?3";
 
 const FORCE: &str = "INSERT INTO anylock_leases
-        (name, owner, token, boot_id, acquired_ms, expires_ms)
-    VALUES (?1, ?2, 1, ?3, ?4, ?5)
+        (name, owner, token, boot_id, acquired_ms, expires_ms, expires_wall_ms)
+    VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6)
     ON CONFLICT (name) DO UPDATE SET
         owner = excluded.owner, token = anylock_leases.token + 1, boot_id = excluded.boot_id,
         pid = NULL, pid_start = NULL, liveness = NULL, acquired_ms = excluded.acquired_ms,
-        expires_ms = excluded.expires_ms, note = NULL";
+        expires_ms = excluded.expires_ms, note = NULL,
+        expires_wall_ms = excluded.expires_wall_ms";
 
 /// A lease row as stored.
 #[derive(Debug, Clone)]
@@ -139,6 +99,20 @@ pub(crate) struct Row {
     pub(crate) expires_ms: Option<i64>,
     /// The note stored with the grant, as stored (not yet made safe to show).
     pub(crate) note: Option<String>,
+    /// The expiry on the wall clock, by which another boot judges the lease.
+    pub(crate) expires_wall_ms: Option<i64>,
+}
+
+impl Row {
+    /// How long the lease still has at `now`, or `None` when nobody holds it.
+    pub(crate) fn left_ms(&self, now: &Now<'_>) -> Option<i64> {
+        self.owner.as_ref()?;
+        now.left_ms(
+            self.boot_id.as_deref(),
+            self.expires_ms,
+            self.expires_wall_ms,
+        )
+    }
 }
 
 /// Who asks, on which boot, with which expiry.
@@ -156,11 +130,28 @@ pub(crate) struct Claim<'a> {
     pub(crate) wall_ms: i64,
 }
 
-impl Claim<'_> {
+impl<'a> Claim<'a> {
+    fn ttl_ms(&self) -> i64 {
+        i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX)
+    }
+
     /// When the grant or refresh the claim makes ends, on the expiry clock.
     pub(crate) fn expires_ms(&self) -> i64 {
-        self.now_ms
-            .saturating_add(i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX))
+        self.now_ms.saturating_add(self.ttl_ms())
+    }
+
+    /// When the grant or refresh the claim makes ends, on the wall clock (for other boots).
+    pub(crate) fn expires_wall_ms(&self) -> i64 {
+        self.wall_ms.saturating_add(self.ttl_ms())
+    }
+
+    /// The moment the claim was made at.
+    pub(crate) fn now(&self) -> Now<'a> {
+        Now {
+            boot_id: self.boot_id,
+            expiry_ms: self.now_ms,
+            wall_ms: self.wall_ms,
+        }
     }
 }
 
@@ -182,24 +173,16 @@ pub(crate) struct Client {
 }
 
 impl Client {
-    /// Opens (creating if needed) the database and its table.
-    pub(crate) async fn open(config: &LocalConfig) -> Result<Self, Error> {
-        if let Some(dir) = config.path().parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).map_err(|e| {
-                Error::new(
-                    ErrorKind::Config,
-                    format!("cannot create {}", dir.display()),
-                )
-                .with_source(e)
-            })?;
-        }
+    /// Opens (creating if needed) the database at `db` (the store `config` names, made
+    /// ready by `store::prepare`) and its tables.
+    pub(crate) async fn open(config: &LocalConfig, db: &Path) -> Result<Self, Error> {
         // First-time setup (switching a new file to WAL, creating the table) can answer
         // SQLITE_BUSY at once, without consulting the busy handler, when several processes
         // open a fresh file together (seen in CI: 1 of 320 concurrent opens). Opening is not
         // a lock attempt, so it is retried here, within the busy timeout.
         let deadline = tokio::time::Instant::now() + config.busy_timeout();
         loop {
-            match Self::try_open(config).await {
+            match Self::try_open(config, db).await {
                 Err(err)
                     if err.kind() == ErrorKind::Unavailable
                         && tokio::time::Instant::now() < deadline =>
@@ -213,11 +196,18 @@ impl Client {
         }
     }
 
-    async fn try_open(config: &LocalConfig) -> Result<Self, Error> {
+    async fn try_open(config: &LocalConfig, db: &Path) -> Result<Self, Error> {
+        // WAL keeps its index in memory shared by every process of one kernel: on a
+        // filesystem shared between kernels only the rollback journal is safe.
+        let shared = config.shared_filesystem();
+        let journal = match shared {
+            true => SqliteJournalMode::Delete,
+            false => SqliteJournalMode::Wal,
+        };
         let options = SqliteConnectOptions::new()
-            .filename(config.path())
+            .filename(db)
             .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
+            .journal_mode(journal)
             // FULL: a committed grant survives power loss, so fence tokens never go back.
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(config.busy_timeout());
@@ -226,21 +216,17 @@ impl Client {
                 .max_connections(4)
                 .acquire_timeout(config.busy_timeout() + Duration::from_secs(1))
         };
-        let unsynced = options.clone().synchronous(SqliteSynchronous::Normal);
+        // The unsynced release is an argument about one WAL written in order; with the
+        // rollback journal every commit is synced.
+        let unsynced = match shared {
+            true => options.clone(),
+            false => options.clone().synchronous(SqliteSynchronous::Normal),
+        };
         let pool = pools().connect_with(options).await.map_err(map_error)?;
-        sqlx::query(SCHEMA)
-            .execute(&pool)
-            .await
-            .map_err(map_error)?;
-        for (column, add) in ADDED_COLUMNS {
-            add_column(&pool, column, add).await?;
+        if shared {
+            schema::require_rollback_journal(&pool, db).await?;
         }
-        for schema in PERMIT_SCHEMA {
-            sqlx::query(schema)
-                .execute(&pool)
-                .await
-                .map_err(map_error)?;
-        }
+        schema::create(&pool).await?;
         // Opened once the table exists.
         let unsynced = pools().connect_with(unsynced).await.map_err(map_error)?;
         Ok(Self { pool, unsynced })
@@ -251,6 +237,7 @@ impl Client {
         let row = self
             .bind_claim(sqlx::query(GRANT), claim)
             .bind(claim.now_ms)
+            .bind(claim.wall_ms)
             .fetch_optional(&self.pool)
             .await
             .map_err(map_error)?;
@@ -290,6 +277,7 @@ impl Client {
             .bind(claim.wall_ms)
             .bind(claim.expires_ms())
             .bind(claim.note)
+            .bind(claim.expires_wall_ms())
     }
 
     /// The row for `name`, if it was ever taken.
@@ -375,6 +363,7 @@ impl Client {
             .bind(claim.boot_id)
             .bind(claim.wall_ms)
             .bind(claim.expires_ms())
+            .bind(claim.expires_wall_ms())
             .execute(&self.pool)
             .await
             .map_err(map_error)?;
@@ -412,31 +401,11 @@ async fn extend_on<'c>(
         .bind(claim.boot_id)
         .bind(claim.expires_ms())
         .bind(claim.now_ms)
+        .bind(claim.expires_wall_ms())
         .fetch_optional(executor)
         .await
         .map_err(map_error)?;
     Ok(row.is_some())
-}
-
-/// Adds `column` (with the statement `add`) to a database made by an older version.
-/// Another process may add it at the same moment; only a column still missing afterwards
-/// is an error. Nothing is written when the column exists.
-async fn add_column(pool: &SqlitePool, column: &str, add: &'static str) -> Result<(), Error> {
-    let has = |pool| async move {
-        sqlx::query_scalar::<_, i64>(HAS_COLUMN)
-            .bind(column)
-            .fetch_one(pool)
-            .await
-            .map_err(map_error)
-    };
-    if has(pool).await? > 0 {
-        return Ok(());
-    }
-    let added = sqlx::query(add).execute(pool).await;
-    match added {
-        Err(err) if has(pool).await? == 0 => Err(map_error(err)),
-        _ => Ok(()),
-    }
 }
 
 fn decode(row: &SqliteRow) -> Result<Row, Error> {
@@ -448,5 +417,6 @@ fn decode(row: &SqliteRow) -> Result<Row, Error> {
         acquired_ms: row.try_get("acquired_ms").map_err(map_error)?,
         expires_ms: row.try_get("expires_ms").map_err(map_error)?,
         note: row.try_get("note").map_err(map_error)?,
+        expires_wall_ms: row.try_get("expires_wall_ms").map_err(map_error)?,
     })
 }

@@ -10,14 +10,22 @@ use lockcore::Error;
 /// The URL scheme of the embedded backend.
 pub(crate) const SCHEME: &str = "local";
 
+/// The URL parameter that accepts a store on a network or shared filesystem.
+const SHARED_FS: &str = "shared_fs";
+/// The URL parameter that names the group of a store shared by its members.
+const SHARED_GROUP: &str = "shared_group";
+
 /// Where the embedded backend keeps its lock table.
 ///
 /// Every process that should exclude each other must use the same file, on a local
-/// filesystem (SQLite's locking is not reliable over NFS).
+/// filesystem: a store on a network or shared one (NFS, SMB, FUSE, 9p, virtiofs, …) is
+/// refused unless [`with_shared_filesystem`](Self::with_shared_filesystem) accepts it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct LocalConfig {
     path: PathBuf,
     busy_timeout: Duration,
+    shared_fs: bool,
+    shared_group: Option<String>,
 }
 
 impl LocalConfig {
@@ -26,6 +34,8 @@ impl LocalConfig {
         Self {
             path: path.into(),
             busy_timeout: Duration::from_secs(5),
+            shared_fs: false,
+            shared_group: None,
         }
     }
 
@@ -60,29 +70,96 @@ impl LocalConfig {
         Ok(Self::new(state.join("anylock/locks.sqlite3")))
     }
 
-    /// Parses `local:` (the default location) or `local:PATH` / `local://PATH`.
+    /// Parses `local:` (the default location) or `local:PATH` / `local://PATH`, with an
+    /// optional query after the first `?`: `shared_fs=allow` accepts a store on a network
+    /// or shared filesystem ([`with_shared_filesystem`](Self::with_shared_filesystem)),
+    /// `shared_group=NAME` makes it a store of the group `NAME`
+    /// ([`with_shared_group`](Self::with_shared_group)).
+    /// The path is percent-decoded (`%3F` for a `?` in a file name, `%25` for a `%`).
     ///
     /// # Errors
-    /// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for another scheme or
-    /// a path with a NUL byte; [`ErrorKind::Config`](lockcore::ErrorKind::Config) for
-    /// `local:` when there is no default location (see
-    /// [`default_location`](Self::default_location)).
+    /// [`ErrorKind::InvalidInput`](lockcore::ErrorKind::InvalidInput) for another scheme, a
+    /// path with a NUL byte or a bad percent-encoding, an unknown parameter or a value
+    /// other than `allow`;
+    /// [`ErrorKind::Config`](lockcore::ErrorKind::Config) for `local:` when there is no
+    /// default location (see [`default_location`](Self::default_location)).
     pub fn from_url(url: &str) -> Result<Self, Error> {
         let rest = url
             .strip_prefix("local:")
             // Never echo the URL: another scheme's URL may carry a password.
             .ok_or_else(|| Error::invalid_input("not a local: URL (expected local:PATH)"))?;
-        let path = rest.strip_prefix("//").unwrap_or(rest);
+        let (path, query) = rest.split_once('?').unwrap_or((rest, ""));
+        let path = path.strip_prefix("//").unwrap_or(path);
+        let path = lockcore::url::percent_decode(path, "path")?;
         if path.contains('\0') {
             return Err(Error::invalid_input(
                 "the local database path contains a NUL byte",
             ));
         }
-        if path.is_empty() {
-            Self::default_location()
+        let config = if path.is_empty() {
+            Self::default_location()?
         } else {
-            Ok(Self::new(path))
+            Self::new(path)
+        };
+        config.with_query(query)
+    }
+
+    /// Applies the URL query `query` (see [`from_url`](Self::from_url)).
+    fn with_query(mut self, query: &str) -> Result<Self, Error> {
+        let mut query = lockcore::url::Query::parse("local", query)?;
+        if let Some(value) = query.take(SHARED_FS) {
+            if value != "allow" {
+                return Err(Error::invalid_input(
+                    "the local: URL parameter shared_fs takes one value, `allow` (a store \
+                     on a network or shared filesystem, see docs/local.md)",
+                ));
+            }
+            self.shared_fs = true;
         }
+        if let Some(group) = query.take(SHARED_GROUP) {
+            if group.is_empty() {
+                return Err(Error::invalid_input(
+                    "the local: URL parameter shared_group needs a group name",
+                ));
+            }
+            self.shared_group = Some(group);
+        }
+        query.finish(&[SHARED_FS, SHARED_GROUP])?;
+        Ok(self)
+    }
+
+    /// Accepts a store on a network or shared filesystem (NFS, SMB/CIFS, FUSE, 9p,
+    /// virtiofs, Ceph, AFS, …), which is refused by default (`?shared_fs=allow` in a URL).
+    /// The store then runs in SQLite's rollback-journal mode with every commit synced,
+    /// and exclusion holds only as far as that filesystem's byte-range locks hold across
+    /// its clients: see `docs/local.md`, "Shared filesystems". Linux only: elsewhere the
+    /// backend has no boot id to tell its hosts apart, and such a store is refused anyway.
+    pub fn with_shared_filesystem(mut self, allow: bool) -> Self {
+        self.shared_fs = allow;
+        self
+    }
+
+    /// Whether a store on a network or shared filesystem is accepted.
+    pub fn shared_filesystem(&self) -> bool {
+        self.shared_fs
+    }
+
+    /// Makes the store one that the members of the group `group` share
+    /// (`?shared_group=NAME` in a URL); by default a store is this user's alone, and one
+    /// that other users could write is refused. A group store's directory, database,
+    /// holders directory and liveness files belong to that group and may be
+    /// group-writable, never world-writable; its directories carry the setgid bit. What
+    /// anylock creates for it gets those modes (`2770` directories, `0660` database,
+    /// `0640` liveness files). Only a member of the group (or root) may open it. See
+    /// `docs/local.md`, "Who may use a store".
+    pub fn with_shared_group(mut self, group: impl Into<String>) -> Self {
+        self.shared_group = Some(group.into());
+        self
+    }
+
+    /// The group of a group store, if this is one.
+    pub fn shared_group(&self) -> Option<&str> {
+        self.shared_group.as_deref()
     }
 
     /// Sets how long a call waits for another process's write to finish (default 5 s).
@@ -103,12 +180,24 @@ impl LocalConfig {
 }
 
 /// Shows `local:PATH`, or `local://PATH` when the path itself starts with `//` (which
-/// parsing would otherwise strip), so the output parses back to the same path.
+/// parsing would otherwise strip), with `%`, `?` and `#` percent-encoded, so the output
+/// parses back to the same path; then the query of the options that differ from the
+/// defaults.
 impl fmt::Display for LocalConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let path = self.path.display().to_string();
+        let path = lockcore::url::percent_encode(&self.path.display().to_string(), "?#");
         let slashes = if path.starts_with("//") { "//" } else { "" };
-        write!(f, "local:{slashes}{path}")
+        write!(f, "local:{slashes}{path}")?;
+        let mut sep = '?';
+        if self.shared_fs {
+            write!(f, "{sep}{SHARED_FS}=allow")?;
+            sep = '&';
+        }
+        if let Some(group) = &self.shared_group {
+            let group = lockcore::url::percent_encode(group, "&=#+ ");
+            write!(f, "{sep}{SHARED_GROUP}={group}")?;
+        }
+        Ok(())
     }
 }
 
@@ -117,6 +206,8 @@ impl fmt::Debug for LocalConfig {
         f.debug_struct("LocalConfig")
             .field("path", &self.path)
             .field("busy_timeout", &self.busy_timeout)
+            .field("shared_fs", &self.shared_fs)
+            .field("shared_group", &self.shared_group)
             .finish()
     }
 }
@@ -148,6 +239,17 @@ mod tests {
         );
         assert!(LocalConfig::from_url("redis://x").is_err());
         assert!(LocalConfig::from_url("local:/a\0b").is_err());
+        assert!(LocalConfig::from_url("local:/a%00b").is_err());
+        assert!(
+            LocalConfig::from_url("local:/100%.db").is_err(),
+            "bad escape"
+        );
+        assert_eq!(
+            LocalConfig::from_url("local:/a%3Fb%25.db")
+                .expect("ok")
+                .path(),
+            Path::new("/a?b%.db")
+        );
     }
 
     fn env(vars: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
@@ -196,6 +298,38 @@ mod tests {
         assert_eq!(
             LocalConfig::new("/var/lib/anylock.db").to_string(),
             "local:/var/lib/anylock.db"
+        );
+        let shared = "local:/mnt/nfs/locks.sqlite3?shared_fs=allow";
+        let config = LocalConfig::from_url(shared).expect("parses");
+        assert!(config.shared_filesystem());
+        assert_eq!(config.path(), Path::new("/mnt/nfs/locks.sqlite3"));
+        assert_eq!(config.to_string(), shared);
+        let team = "local:/srv/locks.sqlite3?shared_fs=allow&shared_group=my%20team";
+        let config = LocalConfig::from_url(team).expect("parses");
+        assert_eq!(config.shared_group(), Some("my team"));
+        assert_eq!(config.to_string(), team);
+        assert!(LocalConfig::from_url("local:/x.db?shared_group=").is_err());
+    }
+
+    #[test]
+    fn the_shared_filesystem_opt_in_is_spelled_out() {
+        for url in [
+            "local:/x.db?shared_fs=yes",
+            "local:/x.db?shared_fs=",
+            "local:/x.db?shared=allow",
+            "local:/x.db?shared_fs=allow&nfs=1",
+        ] {
+            let err = LocalConfig::from_url(url).expect_err(url);
+            assert_eq!(
+                err.kind(),
+                lockcore::ErrorKind::InvalidInput,
+                "{url}: {err}"
+            );
+        }
+        assert!(
+            !LocalConfig::from_url("local:/x.db")
+                .expect("ok")
+                .shared_filesystem()
         );
     }
 }

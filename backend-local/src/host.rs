@@ -2,12 +2,19 @@
 //! never jumps.
 
 use std::fmt;
+use std::io;
+use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-/// The kernel clocks, as the backend reads them. Tests replace them to replay what a
-/// suspend does to each (the machine cannot be suspended in a test).
-pub(crate) trait Clocks: Send + Sync + fmt::Debug {
+use crate::filesystem::Filesystem;
+
+/// The machine as the backend sees it: its boot and its clocks. Tests replace it to replay
+/// what a suspend does to each clock (the machine cannot be suspended in a test) and to
+/// play another boot sharing the store (another host, another sandbox).
+pub(crate) trait Host: Send + Sync + fmt::Debug {
+    /// This boot's identifier (see [`boot_id`]).
+    fn boot_id(&self) -> &str;
     /// `CLOCK_MONOTONIC` in ms: stops while the machine is suspended, like the guard's
     /// clock (tokio's `Instant`). `None` off Linux.
     fn monotonic_ms(&self) -> Option<i64>;
@@ -17,13 +24,21 @@ pub(crate) trait Clocks: Send + Sync + fmt::Debug {
     fn boottime_ms(&self) -> Option<i64>;
     /// Wall-clock ms since the Unix epoch.
     fn wall_ms(&self) -> i64;
+    /// The filesystem `dir` is on (`statfs`).
+    fn filesystem(&self, dir: &Path) -> io::Result<Filesystem> {
+        crate::filesystem::of(dir)
+    }
 }
 
-/// The real clocks.
+/// The real machine.
 #[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct SystemClocks;
+pub(crate) struct SystemHost;
 
-impl Clocks for SystemClocks {
+impl Host for SystemHost {
+    fn boot_id(&self) -> &str {
+        boot_id()
+    }
+
     fn monotonic_ms(&self) -> Option<i64> {
         clock_ms(Kernel::Monotonic)
     }
@@ -40,6 +55,9 @@ impl Clocks for SystemClocks {
     }
 }
 
+/// The boot id of a machine that has none: expiry then falls back to the wall clock.
+const WALL_CLOCK: &str = "wall-clock";
+
 /// This boot's identifier (`/proc/sys/kernel/random/boot_id`), or `"wall-clock"` where the
 /// machine has none (then [`expiry_now_ms`] falls back to the wall clock).
 pub(crate) fn boot_id() -> &'static str {
@@ -48,8 +66,8 @@ pub(crate) fn boot_id() -> &'static str {
         std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
             .map(|s| s.trim().to_owned())
             .ok()
-            .filter(|s| !s.is_empty() && SystemClocks.monotonic_ms().is_some())
-            .unwrap_or_else(|| "wall-clock".to_owned())
+            .filter(|s| !s.is_empty() && clock_ms(Kernel::Monotonic).is_some())
+            .unwrap_or_else(|| WALL_CLOCK.to_owned())
     })
 }
 
@@ -57,8 +75,8 @@ pub(crate) fn boot_id() -> &'static str {
 /// look like one from another boot (free at once), and this process's own leases would be
 /// judged on the wall clock by everyone else: two holders at once (found by review, issue
 /// #14). Elsewhere the wall clock is the documented mode.
-pub(crate) fn require_boot_id() -> Result<(), lockcore::Error> {
-    if cfg!(target_os = "linux") && boot_id() == "wall-clock" {
+pub(crate) fn require_boot_id(host: &dyn Host) -> Result<(), lockcore::Error> {
+    if cfg!(target_os = "linux") && host.boot_id() == WALL_CLOCK {
         return Err(lockcore::Error::new(
             lockcore::ErrorKind::Config,
             "cannot read /proc/sys/kernel/random/boot_id (or CLOCK_MONOTONIC): local: needs \
@@ -77,13 +95,52 @@ pub(crate) fn require_boot_id() -> Result<(), lockcore::Error> {
 /// `Instant`, `CLOCK_MONOTONIC`) does not, so after a resume contenders would take over a
 /// lease its holder still believes valid. On one clock, a suspend stops every lease and
 /// every guard alike.
-pub(crate) fn expiry_now_ms(clocks: &dyn Clocks) -> i64 {
-    if boot_id() != "wall-clock"
-        && let Some(ms) = clocks.monotonic_ms()
+pub(crate) fn expiry_now_ms(host: &dyn Host) -> i64 {
+    if host.boot_id() != WALL_CLOCK
+        && let Some(ms) = host.monotonic_ms()
     {
         return ms;
     }
-    clocks.wall_ms()
+    host.wall_ms()
+}
+
+/// The moment an attempt judges leases at: this boot, and both clocks, each read once.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Now<'a> {
+    /// This boot's identifier.
+    pub(crate) boot_id: &'a str,
+    /// [`expiry_now_ms`]: this boot's clock, which decides its own leases.
+    pub(crate) expiry_ms: i64,
+    /// Wall-clock ms since the Unix epoch, which decides another boot's leases.
+    pub(crate) wall_ms: i64,
+}
+
+impl Now<'_> {
+    /// Whether a lease of the boot `boot` was written by this boot.
+    pub(crate) fn is_this_boot(&self, boot: Option<&str>) -> bool {
+        boot == Some(self.boot_id)
+    }
+
+    /// How long (ms) a lease row of the boot `boot` still has, or `None` once it has ended:
+    /// a lease of this boot ends at `expires_ms` on this boot's clock; a lease of another
+    /// boot (another host or sandbox sharing the store, or this machine before a reboot:
+    /// they cannot be told apart) at `expires_wall_ms` on the wall clock, the only clock
+    /// two boots share. Another boot's lease with no wall-clock expiry was written by a
+    /// version before it was recorded; it has ended, as it had then. The SQL grant
+    /// (`GRANT` in `client.rs`) applies the same rule.
+    pub(crate) fn left_ms(
+        &self,
+        boot: Option<&str>,
+        expires_ms: Option<i64>,
+        expires_wall_ms: Option<i64>,
+    ) -> Option<i64> {
+        let (at, now) = if self.is_this_boot(boot) {
+            (expires_ms?, self.expiry_ms)
+        } else {
+            (expires_wall_ms?, self.wall_ms)
+        };
+        (at > now).then(|| at - now)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -158,10 +215,10 @@ mod tests {
 
     #[test]
     fn the_expiry_clock_moves_forward() {
-        assert_ne!(boot_id(), "wall-clock", "Linux has a boot id");
-        let a = expiry_now_ms(&SystemClocks);
+        assert_ne!(boot_id(), WALL_CLOCK, "Linux has a boot id");
+        let a = expiry_now_ms(&SystemHost);
         std::thread::sleep(std::time::Duration::from_millis(20));
-        let b = expiry_now_ms(&SystemClocks);
+        let b = expiry_now_ms(&SystemHost);
         assert!(b - a >= 19 && b - a < 5_000, "{a} -> {b}");
     }
 }

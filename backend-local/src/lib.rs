@@ -12,12 +12,17 @@
 //! Semaphores (at most N holders of a name, `LockBackend::acquire_permit`) are a table of
 //! their own in the same file, with the same liveness files.
 //!
+//! A store is one user's: one that another user could change (a file or directory of
+//! theirs, or writable by them, or a symbolic link) is refused with a [`StoreRefused`]
+//! error, as is one on a network or shared filesystem; `?shared_group=NAME` and
+//! `?shared_fs=allow` open those cases knowingly (`docs/local.md`).
+//!
 //! ```no_run
 //! use std::sync::Arc;
 //! use backend_local::{LocalBackend, LocalConfig};
 //! use lockcore::Locker;
 //! # async fn demo() -> Result<(), lockcore::Error> {
-//! let backend: LocalBackend = LocalConfig::from_url("local:/tmp/demo-locks.sqlite3")?.build().await?;
+//! let backend: LocalBackend = LocalConfig::from_url("local:/srv/demo/locks.sqlite3")?.build().await?;
 //! let guard = Locker::new(Arc::new(backend)).acquire("nightly-report").await?;
 //! guard.release().await?;
 //! # Ok(()) }
@@ -28,14 +33,19 @@ mod batch;
 mod client;
 mod config;
 mod error;
+mod filesystem;
 mod guarantees;
 mod host;
 mod liveness;
 mod permit_store;
 #[cfg(test)]
 mod prop_tests;
+mod refusal;
+mod schema;
+mod store;
 #[cfg(test)]
 mod suspend_tests;
+mod trust;
 #[cfg(target_os = "linux")]
 mod wake;
 
@@ -43,6 +53,7 @@ pub use backend::LocalBackend;
 pub use config::LocalConfig;
 pub use guarantees::guarantees;
 pub use lockcore;
+pub use refusal::{Refusal, StoreRefused};
 
 use std::sync::Arc;
 

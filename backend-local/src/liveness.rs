@@ -20,15 +20,19 @@
 
 use std::fs::{File, OpenOptions, Permissions};
 use std::io;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use nix::fcntl::{FcntlArg, FdFlag, fcntl};
+use nix::fcntl::{FcntlArg, FdFlag, OFlag, fcntl};
+
+use crate::trust::{Role, Trust};
 
 /// The directory of liveness files that belongs to one database.
 #[derive(Debug, Clone)]
 pub(crate) struct HolderDir {
     dir: PathBuf,
+    /// The store's permission rules, which every file probed must meet.
+    trust: Trust,
 }
 
 /// A liveness file this process has locked: our own while we hold a lease, or a dead
@@ -55,11 +59,15 @@ pub(crate) enum Probe {
 }
 
 impl HolderDir {
-    /// The holders directory of the database at `db`: `<db>.holders`.
-    pub(crate) fn for_database(db: &Path) -> Self {
+    /// The holders directory of the database at `db`: `<db>.holders`, under `trust`'s
+    /// rules.
+    pub(crate) fn for_database(db: &Path, trust: Trust) -> Self {
         let mut dir = db.as_os_str().to_owned();
         dir.push(".holders");
-        Self { dir: dir.into() }
+        Self {
+            dir: dir.into(),
+            trust,
+        }
     }
 
     /// The directory.
@@ -67,18 +75,21 @@ impl HolderDir {
         &self.dir
     }
 
-    /// Creates the directory if needed.
-    pub(crate) fn create(&self) -> io::Result<()> {
-        std::fs::create_dir_all(&self.dir)
+    /// The store's permission rules.
+    pub(crate) fn trust(&self) -> &Trust {
+        &self.trust
     }
 
     /// Creates a fresh liveness file, locks it and makes the descriptor inheritable.
     pub(crate) fn hold(&self) -> io::Result<Held> {
         let key = format!("{:032x}", rand::random::<u128>());
         let path = self.dir.join(&key);
+        let mode = self.trust.liveness_mode();
         let file = OpenOptions::new()
             .write(true)
             .create_new(true)
+            .mode(mode)
+            .custom_flags(OFlag::O_NOFOLLOW.bits())
             .open(&path)?;
         let held = Held {
             file,
@@ -86,9 +97,9 @@ impl HolderDir {
             key,
             remove: true,
         };
-        // Readable by everyone, whatever the umask: a contender of another user that
-        // shares the database must be able to open the file to probe it.
-        held.file.set_permissions(Permissions::from_mode(0o644))?;
+        // Whatever the umask: private (0600), or readable by the group of a group store,
+        // whose members probe each other's files.
+        held.file.set_permissions(Permissions::from_mode(mode))?;
         held.file.try_lock().map_err(io::Error::from)?;
         fcntl(&held.file, FcntlArg::F_SETFD(FdFlag::empty())).map_err(io::Error::from)?;
         Ok(held)
@@ -101,15 +112,26 @@ impl HolderDir {
         }
     }
 
-    /// Tries, without waiting, the kernel lock of the holder whose row names `key`.
+    /// Tries, without waiting, the kernel lock of the holder whose row names `key`. A
+    /// file that breaks the store's rules (a link, another user's, writable by others:
+    /// someone may have swapped the holder's file for one nobody locks) is no proof.
     pub(crate) fn probe(&self, key: Option<&str>) -> Probe {
         let Some(key) = key.filter(|k| is_key(k)) else {
             return Probe::Unknown;
         };
         let path = self.dir.join(key);
-        let Ok(file) = File::open(&path) else {
+        let Ok(file) = crate::trust::open_nofollow(&path) else {
             return Probe::Unknown;
         };
+        let judged = file.metadata().map_err(|e| e.to_string()).and_then(|meta| {
+            let judged = self.trust.judge(&meta, Role::Liveness);
+            judged.map_err(|refusal| format!("{refusal:?}"))
+        });
+        if let Err(why) = judged {
+            tracing::warn!(path = %path.display(), %why,
+                "a liveness file breaks the store's rules: no proof of its holder's death");
+            return Probe::Unknown;
+        }
         match file.try_lock() {
             Ok(()) => Probe::Dead(Held {
                 file,
@@ -161,8 +183,9 @@ mod tests {
     fn temp_dir() -> HolderDir {
         let random: u64 = rand::random();
         let db = std::env::temp_dir().join(format!("anylock-liveness-{random:016x}.sqlite3"));
-        let dir = HolderDir::for_database(&db);
-        dir.create().expect("create");
+        let trust = Trust::new(&db, None).expect("private");
+        let dir = HolderDir::for_database(&db, trust);
+        std::fs::create_dir(dir.path()).expect("create");
         dir
     }
 
@@ -208,6 +231,29 @@ mod tests {
             matches!(dir.probe(Some(&key)), Probe::Dead(_)),
             "the next contender can still prove the death"
         );
+        let _ = std::fs::remove_dir_all(dir.path());
+    }
+
+    /// Guards against a liveness file that someone else could have put in place (writable
+    /// by others, or a link to a file nobody locks) counting as proof of death: the
+    /// review's attack replaced a live holder's file with an unlocked one.
+    #[test]
+    fn a_file_that_breaks_the_rules_proves_nothing() {
+        let dir = temp_dir();
+        let planted = "0123456789abcdef0123456789abcdef";
+        std::fs::write(dir.path().join(planted), b"").expect("write");
+        std::fs::set_permissions(dir.path().join(planted), Permissions::from_mode(0o666))
+            .expect("chmod");
+        assert!(
+            matches!(dir.probe(Some(planted)), Probe::Unknown),
+            "world-writable"
+        );
+        let linked = "fedcba9876543210fedcba9876543210";
+        let elsewhere = dir.path().with_extension("elsewhere");
+        std::fs::write(&elsewhere, b"").expect("write");
+        std::os::unix::fs::symlink(&elsewhere, dir.path().join(linked)).expect("symlink");
+        assert!(matches!(dir.probe(Some(linked)), Probe::Unknown), "a link");
+        let _ = std::fs::remove_file(&elsewhere);
         let _ = std::fs::remove_dir_all(dir.path());
     }
 

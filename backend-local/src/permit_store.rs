@@ -12,19 +12,21 @@ use sqlx::sqlite::SqliteRow;
 
 use crate::client::{Claim, Client};
 use crate::error::map_error;
+use crate::host::Now;
 use crate::liveness::{Held, HolderDir, Probe};
 
-/// Every permit row of a semaphore, live or not: the grant decides which count.
-const ROWS: &str = "SELECT owner, permits, token, boot_id, liveness, acquired_ms, expires_ms, note
+/// Every permit row of a semaphore, live or not, earliest grant first: the caller decides
+/// which count (`PermitRow::is_live`).
+const ROWS: &str = "SELECT owner, permits, token, boot_id, liveness, acquired_ms, expires_ms, note,
+        expires_wall_ms
     FROM anylock_permits WHERE name = ?1 ORDER BY token";
 
-/// The live permits of a semaphore (this boot, unexpired), earliest grant first.
-const LIVE: &str = "SELECT owner, permits, token, boot_id, liveness, acquired_ms, expires_ms, note
-    FROM anylock_permits WHERE name = ?1 AND boot_id = ?2 AND expires_ms > ?3 ORDER BY token";
-
-/// Drops the semaphore's permits of another boot or past their expiry.
+/// Drops the semaphore's permits that have ended: of this boot (`?2`) past their expiry on
+/// its clock (`?3`), of another boot past their wall-clock expiry (`?4`), the rule of
+/// `host::Now::left_ms`.
 const DROP_STALE: &str = "DELETE FROM anylock_permits
-    WHERE name = ?1 AND (boot_id IS NOT ?2 OR expires_ms <= ?3)";
+    WHERE name = ?1 AND ((boot_id IS ?2 AND expires_ms <= ?3)
+        OR (boot_id IS NOT ?2 AND IFNULL(expires_wall_ms, ?4) <= ?4))";
 
 /// Deletes one permit if it is still exactly that grant: a release, or a holder proven dead.
 const DELETE_GRANT: &str =
@@ -37,15 +39,17 @@ const NEXT_TOKEN: &str = "INSERT INTO anylock_semaphores (name, token) VALUES (?
 
 /// Writes the claimant's permit, replacing its earlier one (a same-owner retake).
 const UPSERT: &str = "INSERT INTO anylock_permits
-        (name, owner, permits, token, boot_id, liveness, acquired_ms, expires_ms, note)
-    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)
+        (name, owner, permits, token, boot_id, liveness, acquired_ms, expires_ms, note,
+         expires_wall_ms)
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)
     ON CONFLICT (name, owner) DO UPDATE SET
         permits = excluded.permits, token = excluded.token, boot_id = excluded.boot_id,
         liveness = excluded.liveness, acquired_ms = excluded.acquired_ms,
-        expires_ms = excluded.expires_ms, note = excluded.note";
+        expires_ms = excluded.expires_ms, note = excluded.note,
+        expires_wall_ms = excluded.expires_wall_ms";
 
 /// Extends exactly this live grant (the lock's `EXTEND`, on the permit's row).
-const EXTEND: &str = "UPDATE anylock_permits SET expires_ms = ?5
+const EXTEND: &str = "UPDATE anylock_permits SET expires_ms = ?5, expires_wall_ms = ?7
     WHERE name = ?1 AND owner = ?2 AND token = ?3 AND boot_id = ?4 AND expires_ms > ?6
     RETURNING token";
 
@@ -66,12 +70,24 @@ pub(crate) struct PermitRow {
     pub(crate) acquired_ms: Option<i64>,
     pub(crate) expires_ms: i64,
     pub(crate) note: Option<String>,
+    /// The expiry on the wall clock, by which another boot judges the permit.
+    pub(crate) expires_wall_ms: Option<i64>,
 }
 
 impl PermitRow {
-    /// Whether the permit counts at `now` on the boot `boot_id`.
-    pub(crate) fn is_live(&self, boot_id: &str, now_ms: i64) -> bool {
-        self.boot_id == boot_id && self.expires_ms > now_ms
+    /// How long the permit still counts at `now`, or `None` once it has ended (the rule of
+    /// [`Now::left_ms`]: another boot's permit by its wall-clock expiry).
+    pub(crate) fn left_ms(&self, now: &Now<'_>) -> Option<i64> {
+        now.left_ms(
+            Some(&self.boot_id),
+            Some(self.expires_ms),
+            self.expires_wall_ms,
+        )
+    }
+
+    /// Whether the permit counts at `now`.
+    pub(crate) fn is_live(&self, now: &Now<'_>) -> bool {
+        self.left_ms(now).is_some()
     }
 
     /// The limit the permit was taken with; a stored value outside 1 to `MAX_PERMITS`
@@ -105,7 +121,9 @@ pub(crate) enum PermitAttempt {
 }
 
 /// The permits of one semaphore as the attempt found them, dead holders' files locked.
-struct Seen {
+struct Seen<'a> {
+    /// When the attempt judges them.
+    now: Now<'a>,
     /// Live permits of other owners, not proven dead.
     others: Vec<PermitRow>,
     /// The claimant's own live permit, which the grant replaces.
@@ -116,16 +134,17 @@ struct Seen {
     dead: Vec<(PermitRow, Held)>,
 }
 
-impl Seen {
-    fn new(rows: Vec<PermitRow>, claim: &Claim<'_>) -> Self {
+impl<'a> Seen<'a> {
+    fn new(rows: Vec<PermitRow>, claim: &Claim<'a>) -> Self {
         let mut seen = Self {
+            now: claim.now(),
             others: Vec::new(),
             own: None,
             stale: false,
             dead: Vec::new(),
         };
         for row in rows {
-            if !row.is_live(claim.boot_id, claim.now_ms) {
+            if !row.is_live(&seen.now) {
                 seen.stale = true;
             } else if row.owner == claim.owner {
                 seen.own = Some(row);
@@ -137,7 +156,8 @@ impl Seen {
     }
 
     /// Probes the holders of the other permits that `pick` selects, in grant order, and
-    /// drops each proven dead, until `enough` holds; "unknown" is never death.
+    /// drops each proven dead, until `enough` holds; "unknown" is never death. Only holders
+    /// of this boot are probed: another boot's kernel locks prove nothing here.
     fn drop_dead(
         &mut self,
         holders: &HolderDir,
@@ -146,7 +166,8 @@ impl Seen {
     ) {
         let mut i = 0;
         while i < self.others.len() && !enough(self) {
-            if !pick(&self.others[i]) {
+            let row = &self.others[i];
+            if !pick(row) || !self.now.is_this_boot(Some(&row.boot_id)) {
                 i += 1;
                 continue;
             }
@@ -171,7 +192,8 @@ impl Seen {
         }
         let room = usize::try_from(limit).unwrap_or(usize::MAX);
         self.drop_dead(holders, |_| true, |seen| seen.others.len() < room);
-        let first = self.others.iter().min_by_key(|row| row.expires_ms);
+        let now = self.now;
+        let first = self.others.iter().min_by_key(|row| row.left_ms(&now));
         Ok(first
             .filter(|_| self.others.len() >= room)
             .cloned()
@@ -198,7 +220,7 @@ impl Seen {
     }
 }
 
-impl Drop for Seen {
+impl Drop for Seen<'_> {
     /// Without a commit (refused, failed, or cancelled) the rows still name the dead
     /// holders' files: they are only unlocked, so the next contender can prove the deaths.
     fn drop(&mut self) {
@@ -250,13 +272,14 @@ impl Client {
         tx: &mut sqlx::SqliteConnection,
         claim: &Claim<'_>,
         limit: u32,
-        seen: &Seen,
+        seen: &Seen<'_>,
     ) -> Result<i64, Error> {
         if seen.stale {
             sqlx::query(DROP_STALE)
                 .bind(claim.name)
                 .bind(claim.boot_id)
                 .bind(claim.now_ms)
+                .bind(claim.wall_ms)
                 .execute(&mut *tx)
                 .await
                 .map_err(map_error)?;
@@ -285,27 +308,32 @@ impl Client {
             .bind(claim.wall_ms)
             .bind(claim.expires_ms())
             .bind(claim.note)
+            .bind(claim.expires_wall_ms())
             .execute(&mut *tx)
             .await
             .map_err(map_error)?;
         Ok(token)
     }
 
-    /// The live permits of `name` at `now_ms` on the boot `boot_id`, earliest grant first.
+    /// The live permits of `name` at `now`, earliest grant first.
     pub(crate) async fn live_permits(
         &self,
         name: &str,
-        boot_id: &str,
-        now_ms: i64,
+        now: &Now<'_>,
     ) -> Result<Vec<PermitRow>, Error> {
-        let rows = sqlx::query(LIVE)
+        let rows = sqlx::query(ROWS)
             .bind(name)
-            .bind(boot_id)
-            .bind(now_ms)
             .fetch_all(self.pool())
             .await
             .map_err(map_error)?;
-        rows.iter().map(decode).collect()
+        let mut live = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let row = decode(row)?;
+            if row.is_live(now) {
+                live.push(row);
+            }
+        }
+        Ok(live)
     }
 
     /// Extends our live permit `token`; `false` when it is not ours any more.
@@ -317,6 +345,7 @@ impl Client {
             .bind(claim.boot_id)
             .bind(claim.expires_ms())
             .bind(claim.now_ms)
+            .bind(claim.expires_wall_ms())
             .fetch_optional(self.pool())
             .await
             .map_err(map_error)?;
@@ -366,5 +395,6 @@ fn decode(row: &SqliteRow) -> Result<PermitRow, Error> {
         acquired_ms: row.try_get("acquired_ms").map_err(map_error)?,
         expires_ms: row.try_get("expires_ms").map_err(map_error)?,
         note: row.try_get("note").map_err(map_error)?,
+        expires_wall_ms: row.try_get("expires_wall_ms").map_err(map_error)?,
     })
 }

@@ -15,7 +15,7 @@ use lockcore::{
 };
 
 use super::LocalBackend;
-use crate::host;
+use crate::host::Now;
 use crate::permit_store::{PermitAttempt, PermitRow};
 
 impl LocalBackend {
@@ -47,7 +47,7 @@ impl LocalBackend {
                 let lease = super::lease(request, token).with_permits(permits);
                 Ok(self.granted(lease, token, liveness))
             }
-            PermitAttempt::Full(first) => Ok(Acquire::Held(permit_holder(&first, claim.now_ms))),
+            PermitAttempt::Full(first) => Ok(Acquire::Held(permit_holder(&first, &claim.now()))),
             PermitAttempt::Conflict(held) => Err(lockcore::limit_conflict(
                 request.name.as_str(),
                 held,
@@ -59,18 +59,16 @@ impl LocalBackend {
     /// The live permits of `name`, earliest grant first (one `SELECT`). Like `inspect`, a
     /// holder whose process died is listed until an attempt that needs its place frees it.
     pub(super) async fn permit_holders(&self, name: &LockName) -> Result<Vec<HolderInfo>> {
-        let now = self.now_ms();
-        let rows = self
-            .client
-            .live_permits(name.as_str(), host::boot_id(), now)
-            .await?;
-        Ok(rows.iter().map(|row| permit_holder(row, now)).collect())
+        let now = self.now();
+        let rows = self.client.live_permits(name.as_str(), &now).await?;
+        Ok(rows.iter().map(|row| permit_holder(row, &now)).collect())
     }
 }
 
 /// The holder of the live permit `row` at `now`.
-fn permit_holder(row: &PermitRow, now: i64) -> HolderInfo {
-    let left = Duration::from_millis(u64::try_from(row.expires_ms - now).unwrap_or(0));
+fn permit_holder(row: &PermitRow, now: &Now<'_>) -> HolderInfo {
+    let left = row.left_ms(now).unwrap_or(0);
+    let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
     let mut info = HolderInfo::new(Identity::from_stored(row.owner.as_str()))
         .with_expires_in(left)
         .with_token(FenceToken::new(u64::try_from(row.token).unwrap_or(0)))
@@ -89,7 +87,7 @@ fn permit_holder(row: &PermitRow, now: i64) -> HolderInfo {
 fn waited_for(
     row: Option<&crate::client::Row>,
     permits: &[PermitRow],
-    now: i64,
+    now: &Now<'_>,
 ) -> crate::wake::Holder {
     let mut keys = std::collections::HashSet::new();
     let mut unnamed = false;
@@ -102,8 +100,12 @@ fn waited_for(
     };
     if let Some(row) = row.filter(|row| {
         row.owner.is_some()
-            && row.boot_id.as_deref() == Some(host::boot_id())
-            && row.expires_ms.is_none_or(|expires| expires > now)
+            && if now.is_this_boot(row.boot_id.as_deref()) {
+                row.expires_ms.is_none_or(|expires| expires > now.expiry_ms)
+            } else {
+                row.expires_wall_ms
+                    .is_some_and(|expires| expires > now.wall_ms)
+            }
     }) {
         busy = true;
         wait_for(&row.liveness);
@@ -125,11 +127,9 @@ fn waited_for(
 impl crate::wake::ReadHolder for LocalBackend {
     async fn holder(&self, name: &LockName) -> Option<crate::wake::Holder> {
         let row = self.client.read(name.as_str()).await.ok()?;
-        let now = self.now_ms();
-        let permits = self
-            .client
-            .live_permits(name.as_str(), host::boot_id(), now);
+        let now = self.now();
+        let permits = self.client.live_permits(name.as_str(), &now);
         let permits = permits.await.ok()?;
-        Some(waited_for(row.as_ref(), &permits, now))
+        Some(waited_for(row.as_ref(), &permits, &now))
     }
 }

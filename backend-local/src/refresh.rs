@@ -6,7 +6,6 @@ use lockcore::{Error, ErrorKind, Lease, Result};
 
 use super::{Kind, LocalBackend, token_of};
 use crate::batch::Extension;
-use crate::host;
 
 impl LocalBackend {
     /// What a refresh of `lease` (grant `token`) that did or did not extend it returns:
@@ -29,7 +28,7 @@ impl LocalBackend {
     /// liveness file.
     pub(super) async fn refresh_chunk(&self, leases: &[Lease]) -> Vec<Result<Lease>> {
         let tokens: Vec<Result<i64>> = leases.iter().map(token_of).collect();
-        let now_ms = self.now_ms();
+        let now = self.now();
         let mut outcomes: Vec<Option<Result<bool>>> = leases.iter().map(|_| None).collect();
         for kind in [Kind::Lock, Kind::Permit] {
             let (places, sent): (Vec<usize>, Vec<Extension<'_>>) = leases
@@ -44,7 +43,8 @@ impl LocalBackend {
                         name: lease.name().as_str(),
                         owner: lease.owner().as_str(),
                         token,
-                        expires_ms: now_ms.saturating_add(ttl),
+                        expires_ms: now.expiry_ms.saturating_add(ttl),
+                        expires_wall_ms: now.wall_ms.saturating_add(ttl),
                     };
                     Some((i, extension))
                 })
@@ -55,7 +55,7 @@ impl LocalBackend {
             let permits = kind == Kind::Permit;
             let extended = self
                 .client
-                .extend_many(permits, &sent, now_ms, host::boot_id())
+                .extend_many(permits, &sent, now.expiry_ms, now.boot_id)
                 .await;
             let extended: Vec<Result<bool>> = match extended {
                 Ok(extended) => extended.into_iter().map(Ok).collect(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use lockcore::{LockOptions, Locker, WaitMode};
 
-use crate::host::{Clocks, SystemClocks};
+use crate::host::{Host, SystemHost};
 use crate::{LocalBackend, LocalConfig};
 
 /// The real clocks, plus the time this fake machine spent suspended.
@@ -28,25 +28,29 @@ impl SuspendableClocks {
     }
 }
 
-impl Clocks for SuspendableClocks {
+impl Host for SuspendableClocks {
+    fn boot_id(&self) -> &str {
+        SystemHost.boot_id()
+    }
+
     fn monotonic_ms(&self) -> Option<i64> {
-        SystemClocks.monotonic_ms()
+        SystemHost.monotonic_ms()
     }
 
     fn boottime_ms(&self) -> Option<i64> {
-        SystemClocks.boottime_ms().map(|ms| ms + self.suspended())
+        SystemHost.boottime_ms().map(|ms| ms + self.suspended())
     }
 
     fn wall_ms(&self) -> i64 {
-        SystemClocks.wall_ms() + self.suspended()
+        SystemHost.wall_ms() + self.suspended()
     }
 }
 
 async fn open(path: &std::path::Path, clocks: &Arc<SuspendableClocks>) -> Arc<LocalBackend> {
-    let backend = LocalBackend::connect(LocalConfig::new(path))
+    let backend = LocalBackend::connect_on(LocalConfig::new(path), clocks.clone())
         .await
         .expect("open");
-    Arc::new(backend.with_clocks(clocks.clone()))
+    Arc::new(backend)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -328,7 +328,8 @@ async fn a_killed_holder_of_another_limit_does_not_block() {
 }
 
 /// A semaphore's tokens rise across release (its rows deleted), closing and reopening the
-/// file, and a permit of an earlier boot (which does not count).
+/// file, and a permit of an earlier boot (which does not count once its wall-clock expiry
+/// has passed).
 #[tokio::test]
 async fn permit_tokens_keep_rising_across_reopening() {
     let db = TempDb::new();
@@ -341,9 +342,10 @@ async fn permit_tokens_keep_rising_across_reopening() {
     let second = db.open().await;
     let c = permit(&second, "tokens", &Identity::unique(), 2).await;
     assert!(token(&c) > token(&b), "{} after {}", token(&c), token(&b));
-    // Both permits of another boot: neither counts, and tokens still rise.
+    // Both permits of another boot whose wall-clock expiry has passed: neither counts, and
+    // tokens still rise.
     let d = permit(&second, "tokens", &Identity::unique(), 2).await;
-    sqlx::query("UPDATE anylock_permits SET boot_id = 'an-earlier-boot'")
+    sqlx::query("UPDATE anylock_permits SET boot_id = 'an-earlier-boot', expires_wall_ms = 0")
         .execute(&mut raw(&db).await)
         .await
         .expect("rewrite the boot");
