@@ -40,7 +40,10 @@
 //! `connect_timeout_ms` ([`DEFAULT_CONNECT_TIMEOUT`]), `protocol` (`resp2`/`resp3`,
 //! passed to the client), and on TLS URLs `ca`, `cert` and `key` (PEM files: the only CAs
 //! trusted instead of the OS trust store, and a client certificate; read and checked at
-//! parse time, refused on `redis://` and `redlock://`; see `docs/tls-and-auth.md`). Unknown parameters are rejected, so a typo cannot silently change
+//! parse time, refused on `redis://` and `redlock://`, as is `#insecure`; see
+//! `docs/tls-and-auth.md`). A Redlock node list that mixes `rediss://` and `redis://`
+//! nodes is refused unless every node URL carries `allow_mixed_tls=true` (never the
+//! default: the plaintext nodes get the password unencrypted). Unknown parameters are rejected, so a typo cannot silently change
 //! behaviour. `Debug` and `Display` of the configurations show the password as `***`, and
 //! no error message contains it.
 //!

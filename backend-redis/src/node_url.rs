@@ -22,6 +22,7 @@ const KNOWN: &[&str] = &[
     "ca",
     "cert",
     "key",
+    "allow_mixed_tls",
 ];
 
 /// The ASCII characters percent-encoded in the query values `Display` writes (a prefix, a
@@ -214,6 +215,8 @@ pub(crate) struct Params {
     pub(crate) connect_timeout: Option<Duration>,
     /// `ca`, `cert` and `key`.
     pub(crate) tls: TlsFiles,
+    /// `allow_mixed_tls`: a Redlock node list may mix TLS and plaintext nodes.
+    pub(crate) allow_mixed_tls: bool,
 }
 
 pub(crate) fn invalid(message: impl Into<String>) -> Error {
@@ -262,6 +265,7 @@ pub(crate) fn parse_node(raw: &str, schemes: Schemes) -> Result<(NodeUrl, Params
         "rediss" => Some(Arc::new(params.tls.load()?)),
         _ => {
             params.tls.refuse_on_plaintext(schemes.0, schemes.1)?;
+            refuse_insecure_on_plaintext(&url, schemes)?;
             None
         }
     };
@@ -271,6 +275,22 @@ pub(crate) fn parse_node(raw: &str, schemes: Schemes) -> Result<(NodeUrl, Params
         material,
     };
     Ok((node, params))
+}
+
+/// Refuses `#insecure` on a plaintext URL: it would be ignored (there is no certificate to
+/// skip), and the user who wrote it expects a TLS connection.
+fn refuse_insecure_on_plaintext(url: &Url, (scheme, tls_scheme): Schemes) -> Result<()> {
+    if url.fragment() != Some("insecure") {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::Config,
+        format!(
+            "`#insecure` given on a plaintext `{scheme}://` URL, where there is no TLS \
+             certificate to skip and everything (credentials included) goes unencrypted; \
+             use `{tls_scheme}://` for TLS"
+        ),
+    ))
 }
 
 /// Removes this crate's parameters from the query (read through [`Query`], which refuses
@@ -286,6 +306,7 @@ pub(crate) fn split_params(url: &mut Url, backend: &'static str) -> Result<Param
     params.prefix = query.take("prefix");
     params.timeout = query.take_millis("timeout_ms")?;
     params.connect_timeout = query.take_millis("connect_timeout_ms")?;
+    params.allow_mixed_tls = query.take_flag("allow_mixed_tls")?.unwrap_or(false);
     let protocol = query.take("protocol");
     query.finish(KNOWN)?;
     match protocol {
