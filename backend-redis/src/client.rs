@@ -13,11 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lockcore::{ConnectionSecurity, LockName, ReleaseEvents, Result, TlsDetails, Transport};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{RedisError, ScriptInvocation, Value};
 
 use crate::error::{Call, Refusal, is_refusal, malformed, map_error, refusal_of, timed_out};
 use crate::keys::{self, Found, LockKeys};
+use crate::link::Link;
 use crate::node_url::NodeUrl;
 use crate::notify::Notifier;
 use crate::permit_scripts::PERMIT_LUA;
@@ -66,7 +66,7 @@ impl RefreshItem<'_> {
 /// shared pub/sub connection for release notifications.
 #[derive(Clone)]
 pub(crate) struct Node {
-    manager: ConnectionManager,
+    link: Link,
     notifier: Arc<Notifier>,
     label: Arc<str>,
     url: Arc<NodeUrl>,
@@ -99,22 +99,11 @@ impl Node {
         queue: Queue,
     ) -> Result<Self> {
         let label: Arc<str> = Arc::from(url.redacted());
-        if url.is_tls() {
-            install_tls_provider();
-        }
-        let client = url.client()?;
-        let config = ConnectionManagerConfig::new()
-            .set_number_of_retries(0)
-            .set_connection_timeout(Some(connect_timeout))
-            // None: every call bounds its own wait. redis-rs applies this timeout to a
-            // pipeline's whole request, so it would cut a batch (and every call sent with
-            // one) at the per-call timeout.
-            .set_response_timeout(None);
-        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config)
-            .map_err(|err| map_error(&err, Call::Connect, &label))?;
-        let notifier = Notifier::new(client, Arc::clone(&label), timeout, connect_timeout);
+        let connector = Arc::new(url.connector(connect_timeout)?);
+        let link = Link::lazy(Arc::clone(&connector));
+        let notifier = Notifier::new(connector, Arc::clone(&label), timeout, connect_timeout);
         Ok(Self {
-            manager,
+            link,
             notifier: Arc::new(notifier),
             label,
             url: Arc::new(url.clone()),
@@ -182,7 +171,7 @@ impl Node {
     /// `ACL WHOAMI`: the user this connection authenticated as; `None` when the ACL
     /// forbids asking (the connection works and is authenticated).
     async fn whoami(&self) -> Result<Option<String>> {
-        let mut conn = self.manager.clone();
+        let mut conn = self.link.clone();
         let mut whoami = redis::cmd("ACL");
         whoami.arg("WHOAMI");
         let reply = tokio::time::timeout(self.timeout, whoami.query_async::<String>(&mut conn));
@@ -210,7 +199,7 @@ impl Node {
     /// node's 50 ms can miss over TLS on a busy machine. Best effort: a refusal or timeout
     /// leaves the scripts to load on first use, as after a `SCRIPT FLUSH`.
     pub(crate) async fn ping(&self) -> Result<()> {
-        let mut conn = self.manager.clone();
+        let mut conn = self.link.clone();
         let ping = redis::cmd("PING");
         let limit = self.connect_timeout + self.timeout;
         let started = tokio::time::Instant::now();
@@ -235,7 +224,7 @@ impl Node {
 
     /// One `TIME`: the server's clock, as seconds and microseconds since the Unix epoch.
     pub(crate) async fn time(&self) -> Result<std::time::SystemTime> {
-        let mut conn = self.manager.clone();
+        let mut conn = self.link.clone();
         let time = redis::cmd("TIME");
         let reply = tokio::time::timeout(self.timeout, time.query_async::<(u64, u64)>(&mut conn));
         match reply.await {
@@ -253,7 +242,7 @@ impl Node {
         &self,
         pattern: &str,
     ) -> Result<std::result::Result<Value, RedisError>> {
-        let mut conn = self.manager.clone();
+        let mut conn = self.link.clone();
         let mut get = redis::cmd("CONFIG");
         get.arg("GET").arg(pattern);
         let reply = tokio::time::timeout(self.timeout, get.query_async::<Value>(&mut conn));
@@ -326,7 +315,7 @@ impl Node {
         // Built before the clock starts: the limit bounds the wait for the server.
         let pipe = batch.pipeline();
         let queued = self.queue.enqueue(batch.len());
-        let mut conn = self.manager.clone();
+        let mut conn = self.link.clone();
         let within = (&queued, self.timeout);
         run_all(&mut conn, call, &self.label, batch, &pipe, within).await
     }
@@ -415,7 +404,7 @@ impl Node {
 
     /// One command bounded by the per-call timeout.
     async fn query<T: redis::FromRedisValue>(&self, call: Call, cmd: &redis::Cmd) -> Result<T> {
-        let mut conn = self.manager.clone();
+        let mut conn = self.link.clone();
         let reply = tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut conn)).await;
         match reply {
             Ok(Ok(value)) => Ok(value),
@@ -434,7 +423,7 @@ impl Node {
     /// ([`wait_limit`](crate::pipeline::wait_limit)): an acquire or release sent during a
     /// burst of refresh batches waits for them too.
     pub(crate) async fn run(&self, call: Call, invocation: &ScriptInvocation<'_>) -> Result<Value> {
-        let mut conn = self.manager.clone();
+        let mut conn = self.link.clone();
         let queued = self.queue.enqueue(1);
         let reply = queued.within(self.timeout, invocation.invoke_async(&mut conn));
         match reply.await {
@@ -444,15 +433,3 @@ impl Node {
         }
     }
 }
-
-/// Makes ring the process's rustls provider unless the application chose one.
-#[cfg(feature = "tls")]
-fn install_tls_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Losing a race to another installer is fine: some provider is then in place.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
-}
-
-#[cfg(not(feature = "tls"))]
-fn install_tls_provider() {}

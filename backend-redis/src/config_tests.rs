@@ -57,7 +57,7 @@ fn defaults_apply() {
     let config = RedisConfig::from_url("redis://localhost").expect("valid");
     assert_eq!(config.prefix(), DEFAULT_PREFIX);
     assert_eq!(config.timeout(), DEFAULT_TIMEOUT);
-    assert!(config.node().client().is_ok());
+    assert!(config.node().connector(DEFAULT_TIMEOUT).is_ok());
 }
 
 #[test]

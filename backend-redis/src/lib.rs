@@ -93,13 +93,17 @@
 //! ```
 
 mod backend;
+mod bounded;
 mod client;
 mod config;
 #[cfg(test)]
 mod config_tests;
 mod error;
 mod eviction;
+mod frames;
 mod keys;
+mod limits;
+mod link;
 mod node_url;
 mod notify;
 mod permit_scripts;
@@ -123,6 +127,16 @@ pub use config::{
 pub use keys::{LockKeys, PermitKeys};
 pub use lockcore;
 pub use redlock::{RedlockBackend, RedlockConfig, guarantees as redlock_guarantees};
+
+/// What the client bounds in a server's replies, and the bound: bytes, or elements.
+///
+/// A reply over a limit fails the call with a [`Protocol`](lockcore::ErrorKind::Protocol)
+/// error that names the limit ("the server's reply exceeds 1 MiB (a value); is this a
+/// Redis server?") and closes the connection before the client allocates for it; the next
+/// call opens a new one. The largest legitimate replies are a semaphore's 10,000 permits
+/// with their notes (about 11 MB, 40,001 values) and a listing page (about 500 keys); see
+/// `docs/redis.md`, "Reply limits".
+pub const REPLY_LIMITS: &[(&str, usize)] = limits::ALL;
 
 /// URL schemes of the single-instance backend (`rediss` is TLS).
 pub const SCHEMES: &[&str] = &["redis", "rediss"];

@@ -12,6 +12,7 @@ use lockcore::{Error, ErrorKind, Result, Verification};
 use url::Url;
 
 use crate::error::bad_client_url;
+use crate::link::Connector;
 
 /// The URL parameters this crate reads (`protocol` is passed on to the client).
 const KNOWN: &[&str] = &[
@@ -150,32 +151,47 @@ impl NodeUrl {
         self.url.scheme() == "rediss"
     }
 
-    /// A client for this server (no I/O). The `ca` file, when given, replaces the OS trust
-    /// store; `cert` and `key` are presented when the server asks for a client certificate.
-    pub(crate) fn client(&self) -> Result<redis::Client> {
+    /// What the `redis` client reads from the URL: credentials, database, protocol (no
+    /// I/O; checks the URL as the client would, wildcard addresses refused).
+    fn client_info(&self) -> Result<redis::RedisConnectionInfo> {
+        let client = redis::Client::open(self.url.as_str())
+            .map_err(|err| bad_client_url(&err, &self.redacted()))?;
+        Ok(client.get_connection_info().redis_settings().clone())
+    }
+
+    /// How to open connections to this server, each bounded by `timeout` (TCP, TLS and the
+    /// handshake). The `ca` file, when given, replaces the OS trust store; `cert` and `key`
+    /// are presented when the server asks for a client certificate.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) for TLS settings rustls refuses, an empty OS trust
+    /// store, or `#insecure` without the `tls-insecure` cargo feature.
+    pub(crate) fn connector(&self, timeout: Duration) -> Result<Connector> {
+        let info = self.client_info()?;
+        let at = (self.host(), self.port());
         #[cfg(feature = "tls")]
-        let built = match self.tls_certificates() {
-            Some(certificates) => redis::Client::build_with_tls(self.url.as_str(), certificates),
-            None => redis::Client::open(self.url.as_str()),
+        let tls = match &self.material {
+            Some(material) => Some(Arc::new(self.tls_config(material)?)),
+            None => None,
         };
+        #[cfg(feature = "tls")]
+        return Ok(Connector::new(at, info, tls, timeout));
         #[cfg(not(feature = "tls"))]
-        let built = redis::Client::open(self.url.as_str());
-        built.map_err(|err| bad_client_url(&err, &self.redacted()))
+        Ok(Connector::new(at, info, timeout))
     }
 
     #[cfg(feature = "tls")]
-    fn tls_certificates(&self) -> Option<redis::TlsCertificates> {
-        let material = self.material.as_deref()?;
-        if material.ca().is_none() && material.client().is_none() {
-            return None;
+    fn tls_config(&self, material: &TlsMaterial) -> Result<rustls::ClientConfig> {
+        let verification = self.verification();
+        if verification == Verification::None && !cfg!(feature = "tls-insecure") {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "`#insecure` (no certificate verification) needs backend-redis built with \
+                 its `tls-insecure` feature, for test servers only; otherwise pass the \
+                 server's CA with the `ca` parameter",
+            ));
         }
-        Some(redis::TlsCertificates {
-            client_tls: material.client().map(|id| redis::ClientTlsConfig {
-                client_cert: id.cert_pem().to_vec(),
-                client_key: id.key_pem().to_vec(),
-            }),
-            root_cert: material.ca().map(|ca| ca.pem().to_vec()),
-        })
+        anylock_tls::client_config(material, verification)
     }
 }
 

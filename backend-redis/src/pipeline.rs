@@ -17,11 +17,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lockcore::Result;
-use redis::aio::ConnectionManager;
 use redis::{RedisError, RedisResult, Script, ScriptInvocation, Value};
 use tokio::time::Instant;
 
 use crate::error::{Call, map_error, timed_out};
+use crate::link::Link;
 
 /// The wait allowed per script in flight on a backend's connections, on top of the
 /// per-call timeout. A server spends 2.3–4 µs per refresh script; 5 and 10 full batches
@@ -151,7 +151,7 @@ impl Batch {
 /// when the first pipeline fails as a whole (or does not answer once per call, or not in
 /// time) every call has its error; when the retry does, only the retried ones.
 pub(crate) async fn run_all(
-    conn: &mut ConnectionManager,
+    conn: &mut Link,
     call: Call,
     label: &str,
     batch: &Batch,
@@ -238,7 +238,7 @@ const NO_SCRIPT: redis::ErrorKind = redis::ErrorKind::Server(redis::ServerErrorK
 /// Sends `pipe` (built with `ignore_errors`) and checks it answered `expected` replies.
 async fn pipelined(
     pipe: &redis::Pipeline,
-    conn: &mut ConnectionManager,
+    conn: &mut Link,
     expected: usize,
 ) -> RedisResult<Vec<RedisResult<Value>>> {
     let replies: Vec<RedisResult<Value>> = pipe.query_async(conn).await?;
