@@ -208,12 +208,30 @@ pub(crate) async fn run_all(
         let load = loads
             .iter()
             .position(|s| s.get_hash() == scripts[at].get_hash());
-        replies[at] = mapped(match load.and_then(|i| retried[i].as_ref().err()) {
-            Some(err) => Err(err.clone()),
-            None => reply,
-        });
+        replies[at] = match load.map(|i| (&retried[i], loads[i])) {
+            Some((Err(err), _)) => Err(map_error(err, call, label)),
+            Some((Ok(sha), script)) if !is_sha_of(sha, script) => Err(bad_load(call, label)),
+            _ => mapped(reply),
+        };
     }
     replies
+}
+
+/// Whether a `SCRIPT LOAD` reply is `script`'s SHA1, as Redis answers it: a bulk string
+/// of 40 lowercase hex digits.
+pub(crate) fn is_sha_of(reply: &Value, script: &Script) -> bool {
+    matches!(reply, Value::BulkString(sha) if sha.as_slice() == script.get_hash().as_bytes())
+}
+
+/// The error for a `SCRIPT LOAD` that did not answer the script's SHA1.
+pub(crate) fn bad_load(call: Call, label: &str) -> lockcore::Error {
+    lockcore::Error::new(
+        lockcore::ErrorKind::Protocol,
+        format!(
+            "{call} on {label}: SCRIPT LOAD did not answer the script's SHA1; is this a \
+             Redis server?"
+        ),
+    )
 }
 
 /// The scripts of the calls at `at`, each once, in the order first needed.

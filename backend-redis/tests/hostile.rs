@@ -131,6 +131,65 @@ async fn the_replies_to_one_refresh_batch_share_a_budget() {
     }
 }
 
+/// `PING` answered with anything but `PONG` is not a Redis server.
+#[tokio::test]
+async fn ping_must_be_answered_pong() {
+    for reply in [&b":42\r\n"[..], b"+OK\r\n", b"*0\r\n", b"$-1\r\n"] {
+        let answer = reply.to_vec();
+        let fake = Fake::start(move |c| match is(c, "PING") {
+            true => Answer::Bytes(answer.clone()),
+            false => Answer::Honest,
+        })
+        .await;
+        let err = connect(&fake).await.expect_err("not a Redis server");
+        assert_refused(&err, "PING answered");
+    }
+}
+
+/// `SCRIPT LOAD` must answer the script's SHA1 at connect (the preload).
+#[tokio::test]
+async fn script_load_must_answer_the_scripts_sha1_at_connect() {
+    let answers: [&[u8]; 4] = [
+        b"$40\r\naaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n",
+        b":1\r\n",
+        b"+OK\r\n",
+        b"$3\r\nabc\r\n",
+    ];
+    for answer in answers {
+        let answer = answer.to_vec();
+        let fake = Fake::start(move |c| match is(c, "SCRIPT LOAD") {
+            true => Answer::Bytes(answer.clone()),
+            false => Answer::Honest,
+        })
+        .await;
+        let err = connect(&fake).await.expect_err("not a Redis server");
+        assert_refused(&err, "SCRIPT LOAD did not answer the script's SHA1");
+    }
+}
+
+/// `NOSCRIPT` and then a `SCRIPT LOAD` answered with another SHA1: a typed error (this
+/// tripped a `debug_assert` inside the `redis` crate: the process exited with 101).
+#[tokio::test]
+async fn script_load_must_answer_the_scripts_sha1_after_noscript() {
+    let connected = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let after = std::sync::Arc::clone(&connected);
+    let fake = Fake::start(move |c| {
+        let connected = after.load(std::sync::atomic::Ordering::Relaxed);
+        match c.name().as_str() {
+            "EVALSHA" => Answer::Bytes(b"-NOSCRIPT No matching script.\r\n".to_vec()),
+            "SCRIPT LOAD" if connected => Answer::Bytes(bulk(&[b'a'; 40])),
+            _ => Answer::Honest,
+        }
+    })
+    .await;
+    let backend = backend(&fake).await;
+    connected.store(true, std::sync::atomic::Ordering::Relaxed);
+    let err = backend.acquire(&request()).await.expect_err("refused");
+    assert_refused(&err, "SCRIPT LOAD did not answer the script's SHA1");
+    let err = backend.release(&lease(0)).await.expect_err("refused");
+    assert_refused(&err, "SCRIPT LOAD did not answer the script's SHA1");
+}
+
 /// Bytes that are not RESP end the call with a typed error, and the next call opens a
 /// new connection (which works when the server behaves).
 #[tokio::test]
