@@ -12,25 +12,20 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{ConnectionSecurity, LockName, ReleaseEvents, Result, TlsDetails, Transport};
+use lockcore::{ConnectionSecurity, ReleaseEvents, Result, TlsDetails, Transport};
 use redis::{RedisError, Script, Value};
 
 use crate::error::{Call, Refusal, is_refusal, malformed, map_error, refusal_of, timed_out};
-use crate::keys::{self, Found, LockKeys};
+use crate::keys::{Found, LockKeys};
 use crate::link::Link;
 use crate::node_url::NodeUrl;
 use crate::notify::Notifier;
 use crate::permit_scripts::PERMIT_SCRIPTS;
 use crate::pipeline::{Batch, Queue, bad_load, is_sha_of, run_all};
 use crate::replies::{
-    AcquireReply, RefreshReply, decode_acquire, decode_found, decode_many, decode_refresh,
-    time_from_reply,
+    AcquireReply, RefreshReply, decode_acquire, decode_found, decode_refresh, time_from_reply,
 };
-use crate::scripts::{ACQUIRE, BREAK, INSPECT, READ_MANY, REFRESH, RELEASE};
-
-/// How many keys one `SCAN` call of a listing asks the server to look at (a hint; the
-/// server may return somewhat more or fewer matches per page).
-pub(crate) const SCAN_COUNT: usize = 500;
+use crate::scripts::{ACQUIRE, BREAK, INSPECT, REFRESH, RELEASE};
 
 /// How many leases one refresh pipeline carries (`refresh_batch_limit` of both backends).
 ///
@@ -375,57 +370,12 @@ impl Node {
         decode_found(reply).ok_or_else(|| malformed(Call::Break, &self.label))
     }
 
-    /// Every lock held on this node under the key prefix `prefix` whose name starts with
-    /// `name_prefix`, in no particular order (names may repeat: `SCAN` may return a key
-    /// twice). Pages through `SCAN cursor MATCH pattern COUNT` ([`SCAN_COUNT`]), each page
-    /// followed by one read-only script call that reads the candidates' values, `PTTL`s and
-    /// notes; keys gone by then, fence, note and foreign keys are left out.
-    pub(crate) async fn list(
-        &self,
-        prefix: &str,
-        name_prefix: &str,
-    ) -> Result<Vec<(LockName, Found)>> {
-        let pattern = keys::lock_pattern(prefix, name_prefix);
-        let mut held = Vec::new();
-        let mut cursor = 0u64;
-        loop {
-            let mut scan = redis::cmd("SCAN");
-            scan.arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT);
-            let (next, found): (u64, Vec<Vec<u8>>) = self.query(Call::List, &scan).await?;
-            let names: Vec<LockName> = found
-                .iter()
-                .filter_map(|key| keys::name_of_lock_key(prefix, name_prefix, key))
-                .collect();
-            if !names.is_empty() {
-                let mut batch = Batch::default();
-                let invocation = batch.call(&READ_MANY);
-                for name in &names {
-                    let keys = LockKeys::new(prefix, name);
-                    invocation.key(keys.lock()).key(keys.note());
-                }
-                let reply = self.run(Call::List, &batch).await?;
-                let read = decode_many(reply, names.len())
-                    .ok_or_else(|| malformed(Call::List, &self.label))?;
-                held.extend(
-                    names
-                        .into_iter()
-                        .zip(read)
-                        .filter_map(|(name, found)| Some((name, found?))),
-                );
-            }
-            if next == 0 {
-                return Ok(held);
-            }
-            cursor = next;
-        }
-    }
-
     /// One command bounded by the per-call timeout.
-    async fn query<T: redis::FromRedisValue>(&self, call: Call, cmd: &redis::Cmd) -> Result<T> {
+    pub(crate) async fn query<T: redis::FromRedisValue>(
+        &self,
+        call: Call,
+        cmd: &redis::Cmd,
+    ) -> Result<T> {
         let mut conn = self.link.clone();
         let reply = tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut conn)).await;
         match reply {

@@ -104,6 +104,7 @@ mod frames;
 mod keys;
 mod limits;
 mod link;
+mod listing;
 mod node_url;
 mod notify;
 mod permit_scripts;

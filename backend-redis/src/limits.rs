@@ -16,7 +16,7 @@
 //!   and line): [`MAX_LINE`] (64 KiB);
 //! - the longest array is a semaphore's permits (at most
 //!   [`MAX_PERMITS`](lockcore::MAX_PERMITS), 10,000) or a `SCAN` page (about
-//!   [`SCAN_COUNT`](crate::client::SCAN_COUNT), 500 keys): [`MAX_ELEMENTS`] (100,000) is ten
+//!   [`SCAN_COUNT`](crate::listing::SCAN_COUNT), 500 keys): [`MAX_ELEMENTS`] (100,000) is ten
 //!   times the first;
 //! - the reply with the most values is that permit listing, 4 per permit (40,001):
 //!   [`MAX_VALUES`] (262,144) leaves a margin of six and caps what the parser allocates per

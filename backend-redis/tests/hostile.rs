@@ -213,3 +213,53 @@ async fn a_cut_connection_is_replaced_on_the_next_call() {
         .expect("a new connection");
     assert!(found.is_none());
 }
+
+/// `SCAN` answering the same cursor again and again would page forever: the listing fails
+/// instead (a real server never answers the cursor it was given).
+#[tokio::test]
+async fn a_scan_that_never_ends_fails_the_listing() {
+    let fake = Fake::start(|c| match is(c, "SCAN") {
+        true => Answer::Bytes(b"*2\r\n$1\r\n7\r\n*0\r\n".to_vec()),
+        false => Answer::Honest,
+    })
+    .await;
+    let backend = backend(&fake).await;
+    let listed = tokio::time::timeout(Duration::from_secs(30), backend.list("")).await;
+    let err = listed.expect("the listing ends").expect_err("refused");
+    assert_refused(&err, "SCAN answered the cursor it was given");
+}
+
+/// Pages of new lock keys without end (each one found held): the listing stops at its
+/// limit of locks instead of growing until memory runs out.
+#[tokio::test]
+async fn a_listing_stops_at_its_limit_of_locks() {
+    let pages = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let fake = Fake::start(move |c| match c.name().as_str() {
+        "SCAN" => {
+            let page = pages.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let cursor = (page + 1).to_string();
+            let mut reply = [b"*2\r\n".to_vec(), bulk(cursor.as_bytes())].concat();
+            reply.extend(b"*500\r\n");
+            for i in 0..500 {
+                reply.extend(bulk(format!("{{anylock:k{page}-{i}}}:lock").as_bytes()));
+            }
+            Answer::Bytes(reply)
+        }
+        "EVALSHA" => {
+            let found = [bulk(b"1:1:ab:someone"), b":1000\r\n".to_vec(), bulk(b"")].concat();
+            let names = (c.args.len() - 3) / 2;
+            let entry = [b"*3\r\n".to_vec(), found].concat();
+            Answer::Bytes([format!("*{names}\r\n").into_bytes(), entry.repeat(names)].concat())
+        }
+        _ => Answer::Honest,
+    })
+    .await;
+    let backend = backend(&fake).await;
+    let listed = tokio::time::timeout(Duration::from_secs(60), backend.list("")).await;
+    let err = listed.expect("the listing ends").expect_err("refused");
+    assert_eq!(err.kind(), ErrorKind::Protocol, "{err}");
+    assert!(
+        err.message().contains("more than 100000 held locks"),
+        "{err}"
+    );
+}

@@ -153,7 +153,7 @@ fn script(op: Op, garbage: Vec<u8>, close: bool) -> impl Fn(&Command) -> Answer 
         }
         match name.as_str() {
             "SCAN" => {
-                let key = bulk(b"fz:{fz:lock:held}");
+                let key = bulk(b"{fz:held}:lock");
                 Answer::Bytes([&b"*2\r\n$1\r\n0\r\n*1\r\n"[..], &key].concat())
             }
             "SUBSCRIBE" => Answer::Bytes(
