@@ -129,7 +129,8 @@ pub use keys::{LockKeys, PermitKeys};
 pub use lockcore;
 pub use redlock::{RedlockBackend, RedlockConfig, guarantees as redlock_guarantees};
 
-/// What the client bounds in a server's replies, and the bound: bytes, or elements.
+/// What the client bounds in a server's replies, and the bound: bytes, or elements (the
+/// last two: locks and pages of one listing).
 ///
 /// A reply over a limit fails the call with a [`Protocol`](lockcore::ErrorKind::Protocol)
 /// error that names the limit ("the server's reply exceeds 1 MiB (a value); is this a

@@ -43,6 +43,16 @@ pub(crate) const MAX_REPLY: usize = 64 << 20;
 /// or the calls of several tasks sent in one write).
 pub(crate) const MAX_BATCH: usize = 64 << 20;
 
+/// The most held locks one listing collects on one node. A listing is for people and
+/// tools; a name prefix narrows a larger one. (Each lock listed takes a few hundred bytes
+/// until the listing returns.)
+pub(crate) const MAX_LISTED: usize = 100_000;
+
+/// The most `SCAN` pages of one listing: [`SCAN_COUNT`](crate::listing::SCAN_COUNT) keys
+/// each, so a database of up to about 500 million keys, whatever the prefix. A server that
+/// answers without end (with new cursors) is stopped here.
+pub(crate) const MAX_PAGES: usize = 1_000_000;
+
 /// The limits in the order of [`REPLY_LIMITS`](crate::REPLY_LIMITS).
 pub(crate) const ALL: &[(&str, usize)] = &[
     ("value (bytes)", MAX_VALUE),
@@ -51,6 +61,8 @@ pub(crate) const ALL: &[(&str, usize)] = &[
     ("values in one reply", MAX_VALUES),
     ("one reply (bytes)", MAX_REPLY),
     ("the replies to one batch of commands (bytes)", MAX_BATCH),
+    ("held locks in one listing, per node", MAX_LISTED),
+    ("SCAN pages of one listing", MAX_PAGES),
 ];
 
 /// Which limit a reply broke, or that it is not RESP at all.
@@ -139,6 +151,6 @@ mod tests {
         }
         let other = redis::RedisError::from(std::io::Error::other("reset"));
         assert_eq!(refusal_in(&other), None);
-        assert_eq!(ALL.len(), 6);
+        assert_eq!(ALL.len(), 8);
     }
 }

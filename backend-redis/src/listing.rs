@@ -7,6 +7,7 @@ use lockcore::{Error, ErrorKind, LockName, Result};
 use crate::client::Node;
 use crate::error::{Call, malformed};
 use crate::keys::{self, Found, LockKeys};
+use crate::limits::{MAX_LISTED, MAX_PAGES};
 use crate::pipeline::Batch;
 use crate::replies::decode_many;
 use crate::scripts::READ_MANY;
@@ -14,16 +15,6 @@ use crate::scripts::READ_MANY;
 /// How many keys one `SCAN` call of a listing asks the server to look at (a hint; the
 /// server may return somewhat more or fewer matches per page).
 pub(crate) const SCAN_COUNT: usize = 500;
-
-/// The most held locks one listing collects on one node. A listing is for people and
-/// tools; a name prefix narrows a larger one. (Each lock listed takes a few hundred bytes
-/// until the listing returns.)
-pub(crate) const MAX_LISTED: usize = 100_000;
-
-/// The most `SCAN` pages of one listing: [`SCAN_COUNT`] keys each, so a database of up to
-/// about 500 million keys, whatever the prefix. A server that answers without end (with
-/// new cursors) is stopped here.
-pub(crate) const MAX_PAGES: usize = 1_000_000;
 
 impl Node {
     /// Every lock held on this node under the key prefix `prefix` whose name starts with
