@@ -6,11 +6,11 @@
 //! bulk size or hook on the connections it opens itself. What it does accept is a stream
 //! opened by the caller ([`MultiplexedConnection::new_with_config`] and [`PubSub::new`]),
 //! so [`Connector`](crate::link::Connector) opens the TCP (and TLS) connection and hands the
-//! crate this adapter around it. Measured against a fake server that answers
-//! `$8589934592` and then streams bytes, a client without it grew to the 8 GiB announced
-//! (or 0.7–1.1 GiB by the time the per-call timeout gave up, and on afterwards: the
-//! connection kept reading); with it the call fails at once and the client's peak RSS stays
-//! within a few MiB of its baseline (`docs/redis.md`, "Reply limits").
+//! crate this adapter around it. Measured (`tests/reply_memory.rs`) against a fake server
+//! that answers `$8589934592` and then streams 1 GiB: without it the client's peak RSS grew
+//! by 1,048,692 KiB, the whole stream (the per-call timeout gave up, the connection read
+//! on, and would have gone on to the 8 GiB announced); with it the call fails at once and
+//! the peak grows by a few hundred KiB (`docs/redis.md`, "Reply limits").
 //!
 //! [`MultiplexedConnection::new_with_config`]: redis::aio::MultiplexedConnection::new_with_config
 //! [`PubSub::new`]: redis::aio::PubSub::new
