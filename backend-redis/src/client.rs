@@ -12,25 +12,20 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lockcore::{ConnectionSecurity, LockName, ReleaseEvents, Result, TlsDetails, Transport};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{RedisError, ScriptInvocation, Value};
+use lockcore::{ConnectionSecurity, ReleaseEvents, Result, TlsDetails, Transport};
+use redis::{RedisError, Script, Value};
 
 use crate::error::{Call, Refusal, is_refusal, malformed, map_error, refusal_of, timed_out};
-use crate::keys::{self, Found, LockKeys};
+use crate::keys::{Found, LockKeys};
+use crate::link::Link;
 use crate::node_url::NodeUrl;
 use crate::notify::Notifier;
-use crate::permit_scripts::PERMIT_LUA;
-use crate::pipeline::{Batch, Queue, run_all};
+use crate::permit_scripts::PERMIT_SCRIPTS;
+use crate::pipeline::{Batch, Queue, bad_load, is_sha_of, run_all};
 use crate::replies::{
-    AcquireReply, RefreshReply, decode_acquire, decode_found, decode_many, decode_refresh,
-    time_from_reply,
+    AcquireReply, RefreshReply, decode_acquire, decode_found, decode_refresh, time_from_reply,
 };
-use crate::scripts::{ACQUIRE, BREAK, INSPECT, READ_MANY, REFRESH, RELEASE};
-
-/// How many keys one `SCAN` call of a listing asks the server to look at (a hint; the
-/// server may return somewhat more or fewer matches per page).
-pub(crate) const SCAN_COUNT: usize = 500;
+use crate::scripts::{ACQUIRE, BREAK, INSPECT, REFRESH, RELEASE};
 
 /// How many leases one refresh pipeline carries (`refresh_batch_limit` of both backends).
 ///
@@ -66,7 +61,7 @@ impl RefreshItem<'_> {
 /// shared pub/sub connection for release notifications.
 #[derive(Clone)]
 pub(crate) struct Node {
-    manager: ConnectionManager,
+    link: Link,
     notifier: Arc<Notifier>,
     label: Arc<str>,
     url: Arc<NodeUrl>,
@@ -99,22 +94,11 @@ impl Node {
         queue: Queue,
     ) -> Result<Self> {
         let label: Arc<str> = Arc::from(url.redacted());
-        if url.is_tls() {
-            install_tls_provider();
-        }
-        let client = url.client()?;
-        let config = ConnectionManagerConfig::new()
-            .set_number_of_retries(0)
-            .set_connection_timeout(Some(connect_timeout))
-            // None: every call bounds its own wait. redis-rs applies this timeout to a
-            // pipeline's whole request, so it would cut a batch (and every call sent with
-            // one) at the per-call timeout.
-            .set_response_timeout(None);
-        let manager = ConnectionManager::new_lazy_with_config(client.clone(), config)
-            .map_err(|err| map_error(&err, Call::Connect, &label))?;
-        let notifier = Notifier::new(client, Arc::clone(&label), timeout, connect_timeout);
+        let connector = Arc::new(url.connector(connect_timeout)?);
+        let link = Link::lazy(Arc::clone(&connector));
+        let notifier = Notifier::new(connector, Arc::clone(&label), timeout, connect_timeout);
         Ok(Self {
-            manager,
+            link,
             notifier: Arc::new(notifier),
             label,
             url: Arc::new(url.clone()),
@@ -182,7 +166,7 @@ impl Node {
     /// `ACL WHOAMI`: the user this connection authenticated as; `None` when the ACL
     /// forbids asking (the connection works and is authenticated).
     async fn whoami(&self) -> Result<Option<String>> {
-        let mut conn = self.manager.clone();
+        let mut conn = self.link.clone();
         let mut whoami = redis::cmd("ACL");
         whoami.arg("WHOAMI");
         let reply = tokio::time::timeout(self.timeout, whoami.query_async::<String>(&mut conn));
@@ -209,25 +193,42 @@ impl Node {
     /// `SCRIPT LOAD` and `EVALSHA` again: three round trips and a compile that a Redlock
     /// node's 50 ms can miss over TLS on a busy machine. Best effort: a refusal or timeout
     /// leaves the scripts to load on first use, as after a `SCRIPT FLUSH`.
+    ///
+    /// A reply no Redis server gives (`PING` answered with anything but `PONG`, a `SCRIPT
+    /// LOAD` answered with anything but the script's SHA1) is a `Protocol` error: the
+    /// server is not Redis, and nothing it says can be trusted.
     pub(crate) async fn ping(&self) -> Result<()> {
-        let mut conn = self.manager.clone();
+        let mut conn = self.link.clone();
         let ping = redis::cmd("PING");
         let limit = self.connect_timeout + self.timeout;
         let started = tokio::time::Instant::now();
         let reply = tokio::time::timeout(limit, ping.query_async::<Value>(&mut conn)).await;
         match reply {
-            Ok(Ok(_)) => {}
+            Ok(Ok(pong)) if is_pong(&pong) => {}
+            Ok(Ok(other)) => return Err(not_redis(Call::Ping, &self.label, "PING", &other)),
             Ok(Err(err)) => return Err(map_error(&err, Call::Ping, &self.label)),
             Err(_) => return Err(timed_out(Call::Ping, &self.label, limit)),
         }
+        let scripts: Vec<&Script> = (crate::scripts::ALL.iter().chain(&PERMIT_SCRIPTS))
+            .map(|script| -> &Script { script })
+            .collect();
         let mut load = redis::pipe();
-        for lua in crate::scripts::ALL_LUA.iter().chain(&PERMIT_LUA) {
-            load.cmd("SCRIPT").arg("LOAD").arg(lua);
+        for script in &scripts {
+            load.load_script(script);
         }
         let left = limit.saturating_sub(started.elapsed());
-        match tokio::time::timeout(left, load.query_async::<Vec<String>>(&mut conn)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(err)) => tracing::debug!(node = %self.label, %err, "scripts not preloaded"),
+        match tokio::time::timeout(left, load.query_async::<Vec<Value>>(&mut conn)).await {
+            Ok(Ok(shas)) => {
+                let all = shas.len() == scripts.len()
+                    && shas.iter().zip(&scripts).all(|(sha, s)| is_sha_of(sha, s));
+                if !all {
+                    return Err(bad_load(Call::Ping, &self.label));
+                }
+            }
+            Ok(Err(err)) if refusal_of(&err).is_some() || is_refusal(&err) => {
+                tracing::debug!(node = %self.label, %err, "scripts not preloaded");
+            }
+            Ok(Err(err)) => return Err(map_error(&err, Call::Ping, &self.label)),
             Err(_) => tracing::debug!(node = %self.label, "scripts not preloaded in time"),
         }
         Ok(())
@@ -235,7 +236,7 @@ impl Node {
 
     /// One `TIME`: the server's clock, as seconds and microseconds since the Unix epoch.
     pub(crate) async fn time(&self) -> Result<std::time::SystemTime> {
-        let mut conn = self.manager.clone();
+        let mut conn = self.link.clone();
         let time = redis::cmd("TIME");
         let reply = tokio::time::timeout(self.timeout, time.query_async::<(u64, u64)>(&mut conn));
         match reply.await {
@@ -253,7 +254,7 @@ impl Node {
         &self,
         pattern: &str,
     ) -> Result<std::result::Result<Value, RedisError>> {
-        let mut conn = self.manager.clone();
+        let mut conn = self.link.clone();
         let mut get = redis::cmd("CONFIG");
         get.arg("GET").arg(pattern);
         let reply = tokio::time::timeout(self.timeout, get.query_async::<Value>(&mut conn));
@@ -276,13 +277,14 @@ impl Node {
         suffix: &str,
         note: &str,
     ) -> Result<AcquireReply> {
-        let mut invocation = ACQUIRE.prepare_invoke();
+        let mut batch = Batch::default();
+        let invocation = batch.call(&ACQUIRE);
         invocation.key(keys.lock()).key(keys.note());
         if fenced {
             invocation.key(keys.fence());
         }
         invocation.arg(ttl_ms).arg(owner).arg(suffix).arg(note);
-        let reply = self.run(Call::Acquire, &invocation).await?;
+        let reply = self.run(Call::Acquire, &batch).await?;
         decode_acquire(reply).ok_or_else(|| malformed(Call::Acquire, &self.label))
     }
 
@@ -326,20 +328,21 @@ impl Node {
         // Built before the clock starts: the limit bounds the wait for the server.
         let pipe = batch.pipeline();
         let queued = self.queue.enqueue(batch.len());
-        let mut conn = self.manager.clone();
+        let mut conn = self.link.clone();
         let within = (&queued, self.timeout);
         run_all(&mut conn, call, &self.label, batch, &pipe, within).await
     }
 
     /// Runs the release script; `true` when our key was deleted (and waiters notified).
     pub(crate) async fn release(&self, keys: &LockKeys, value: &str) -> Result<bool> {
-        let mut invocation = RELEASE.prepare_invoke();
+        let mut batch = Batch::default();
+        let invocation = batch.call(&RELEASE);
         invocation
             .key(keys.lock())
             .key(keys.note())
             .arg(value)
             .arg(keys.channel());
-        match self.run(Call::Release, &invocation).await? {
+        match self.run(Call::Release, &batch).await? {
             Value::Int(n) => Ok(n == 1),
             _ => Err(malformed(Call::Release, &self.label)),
         }
@@ -347,75 +350,33 @@ impl Node {
 
     /// Reads the stored value, its `PTTL` and note; `None` when the key does not exist.
     pub(crate) async fn inspect(&self, keys: &LockKeys) -> Result<Option<Found>> {
-        let mut invocation = INSPECT.prepare_invoke();
+        let mut batch = Batch::default();
+        let invocation = batch.call(&INSPECT);
         invocation.key(keys.lock()).key(keys.note());
-        let reply = self.run(Call::Inspect, &invocation).await?;
+        let reply = self.run(Call::Inspect, &batch).await?;
         decode_found(reply).ok_or_else(|| malformed(Call::Inspect, &self.label))
     }
 
     /// Deletes whatever grant holds `keys` and notifies waiters; the removed value, its
     /// `PTTL` and note, or `None` when the key did not exist.
     pub(crate) async fn break_lock(&self, keys: &LockKeys) -> Result<Option<Found>> {
-        let mut invocation = BREAK.prepare_invoke();
+        let mut batch = Batch::default();
+        let invocation = batch.call(&BREAK);
         invocation
             .key(keys.lock())
             .key(keys.note())
             .arg(keys.channel());
-        let reply = self.run(Call::Break, &invocation).await?;
+        let reply = self.run(Call::Break, &batch).await?;
         decode_found(reply).ok_or_else(|| malformed(Call::Break, &self.label))
     }
 
-    /// Every lock held on this node under the key prefix `prefix` whose name starts with
-    /// `name_prefix`, in no particular order (names may repeat: `SCAN` may return a key
-    /// twice). Pages through `SCAN cursor MATCH pattern COUNT` ([`SCAN_COUNT`]), each page
-    /// followed by one read-only script call that reads the candidates' values, `PTTL`s and
-    /// notes; keys gone by then, fence, note and foreign keys are left out.
-    pub(crate) async fn list(
-        &self,
-        prefix: &str,
-        name_prefix: &str,
-    ) -> Result<Vec<(LockName, Found)>> {
-        let pattern = keys::lock_pattern(prefix, name_prefix);
-        let mut held = Vec::new();
-        let mut cursor = 0u64;
-        loop {
-            let mut scan = redis::cmd("SCAN");
-            scan.arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT);
-            let (next, found): (u64, Vec<Vec<u8>>) = self.query(Call::List, &scan).await?;
-            let names: Vec<LockName> = found
-                .iter()
-                .filter_map(|key| keys::name_of_lock_key(prefix, name_prefix, key))
-                .collect();
-            if !names.is_empty() {
-                let mut invocation = READ_MANY.prepare_invoke();
-                for name in &names {
-                    let keys = LockKeys::new(prefix, name);
-                    invocation.key(keys.lock()).key(keys.note());
-                }
-                let reply = self.run(Call::List, &invocation).await?;
-                let read = decode_many(reply, names.len())
-                    .ok_or_else(|| malformed(Call::List, &self.label))?;
-                held.extend(
-                    names
-                        .into_iter()
-                        .zip(read)
-                        .filter_map(|(name, found)| Some((name, found?))),
-                );
-            }
-            if next == 0 {
-                return Ok(held);
-            }
-            cursor = next;
-        }
-    }
-
     /// One command bounded by the per-call timeout.
-    async fn query<T: redis::FromRedisValue>(&self, call: Call, cmd: &redis::Cmd) -> Result<T> {
-        let mut conn = self.manager.clone();
+    pub(crate) async fn query<T: redis::FromRedisValue>(
+        &self,
+        call: Call,
+        cmd: &redis::Cmd,
+    ) -> Result<T> {
+        let mut conn = self.link.clone();
         let reply = tokio::time::timeout(self.timeout, cmd.query_async::<T>(&mut conn)).await;
         match reply {
             Ok(Ok(value)) => Ok(value),
@@ -429,30 +390,44 @@ impl Node {
         self.notifier.subscribe(keys.channel()).await
     }
 
-    /// One `EVALSHA` (plus `SCRIPT LOAD` after `NOSCRIPT`), bounded by the per-call timeout
-    /// plus the allowance for the scripts in flight with it
-    /// ([`wait_limit`](crate::pipeline::wait_limit)): an acquire or release sent during a
-    /// burst of refresh batches waits for them too.
-    pub(crate) async fn run(&self, call: Call, invocation: &ScriptInvocation<'_>) -> Result<Value> {
-        let mut conn = self.manager.clone();
-        let queued = self.queue.enqueue(1);
-        let reply = queued.within(self.timeout, invocation.invoke_async(&mut conn));
-        match reply.await {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(err)) => Err(map_error(&err, call, &self.label)),
-            Err(limit) => Err(timed_out(call, &self.label, limit)),
+    /// The one script call of `batch`: [`run_batch`](Self::run_batch) of one (one
+    /// `EVALSHA`; after `NOSCRIPT`, one more round trip with `SCRIPT LOAD`, its reply
+    /// checked), bounded by the per-call timeout plus the allowance for the scripts in
+    /// flight with it ([`wait_limit`](crate::pipeline::wait_limit)): an acquire or release
+    /// sent during a burst of refresh batches waits for them too.
+    pub(crate) async fn run(&self, call: Call, batch: &Batch) -> Result<Value> {
+        let mut replies = self.run_batch(call, batch).await;
+        match (replies.pop(), replies.is_empty()) {
+            (Some(reply), true) => reply,
+            _ => Err(malformed(call, &self.label)),
         }
     }
 }
 
-/// Makes ring the process's rustls provider unless the application chose one.
-#[cfg(feature = "tls")]
-fn install_tls_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Losing a race to another installer is fine: some provider is then in place.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+/// Whether a `PING` reply is Redis's: `+PONG` (a bulk `PONG` from a proxy too).
+fn is_pong(reply: &Value) -> bool {
+    match reply {
+        Value::SimpleString(pong) => pong == "PONG",
+        Value::BulkString(pong) => pong == b"PONG",
+        _ => false,
     }
 }
 
-#[cfg(not(feature = "tls"))]
-fn install_tls_provider() {}
+/// The error for a reply no Redis server gives to `command`, naming only its type (the
+/// text comes from the server and is not shown).
+pub(crate) fn not_redis(call: Call, label: &str, command: &str, reply: &Value) -> lockcore::Error {
+    let kind = match reply {
+        Value::Nil => "nil",
+        Value::Int(_) => "an integer",
+        Value::BulkString(_) | Value::SimpleString(_) | Value::VerbatimString { .. } => {
+            "another string"
+        }
+        Value::Array(_) | Value::Set(_) | Value::Map(_) => "a collection",
+        Value::Okay => "OK",
+        _ => "another kind of value",
+    };
+    lockcore::Error::new(
+        lockcore::ErrorKind::Protocol,
+        format!("{call} on {label}: {command} answered {kind}; is this a Redis server?"),
+    )
+}

@@ -71,6 +71,12 @@ impl RedisConfig {
             ));
         }
         let (node, params) = parse_node(url, REDIS)?;
+        if params.allow_mixed_tls {
+            return Err(invalid(
+                "allow_mixed_tls is a Redlock parameter (a node list mixing rediss:// and \
+                 redis:// nodes); remove it from a single-server URL",
+            ));
+        }
         let config = Self {
             node,
             prefix: params.prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_owned()),

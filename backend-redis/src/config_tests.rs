@@ -57,7 +57,7 @@ fn defaults_apply() {
     let config = RedisConfig::from_url("redis://localhost").expect("valid");
     assert_eq!(config.prefix(), DEFAULT_PREFIX);
     assert_eq!(config.timeout(), DEFAULT_TIMEOUT);
-    assert!(config.node().client().is_ok());
+    assert!(config.node().connector(DEFAULT_TIMEOUT).is_ok());
 }
 
 #[test]
@@ -285,4 +285,52 @@ fn tls_file_paths_with_query_syntax_round_trip() {
     let again = RedlockConfig::from_url(&list.to_string()).expect("Display parses back");
     assert_eq!(again.nodes(), 3);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// A node list mixing TLS and plaintext nodes would send the password unencrypted to the
+/// plaintext ones (a quorum of them here) while the TLS node suggests an encrypted
+/// deployment: refused, unless every node says `allow_mixed_tls=true` (found by review).
+#[cfg(feature = "tls")]
+#[test]
+fn a_node_list_mixing_tls_and_plaintext_is_refused_unless_allowed() {
+    let mixed = "rediss://:s3cret@h1:1,redis://:s3cret@h2:2,redis://:s3cret@h3:3";
+    let err = RedlockConfig::from_url(mixed).expect_err("mixed");
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    let text = err.to_string();
+    assert!(text.contains("1 TLS (rediss://) and 2 plaintext"), "{text}");
+    assert!(text.contains("allow_mixed_tls=true"), "{text}");
+    assert!(!text.contains("s3cret"), "{text}");
+    let only_one = "rediss://h1:1?allow_mixed_tls=true,redis://h2:2,redis://h3:3";
+    RedlockConfig::from_url(only_one).expect_err("every node must say so");
+    let allowed = "rediss://h1:1?allow_mixed_tls=true,redis://h2:2?allow_mixed_tls=true,\
+                   redis://h3:3?allow_mixed_tls=true";
+    let config = RedlockConfig::from_url(allowed).expect("allowed");
+    assert_eq!(config.nodes(), 3);
+    let again = RedlockConfig::from_url(&config.to_string()).expect("Display parses back");
+    assert_eq!(again.to_string(), config.to_string());
+    let (dir, cert, _key) = pem_files();
+    let with_ca = format!(
+        "rediss://h1:1?ca={cert}&allow_mixed_tls=true,redis://h2:2?allow_mixed_tls=true,\
+         rediss://h3:3?allow_mixed_tls=true&ca={cert}"
+    );
+    RedlockConfig::from_url(&with_ca).expect("the TLS nodes agree on their CA");
+    let _ = std::fs::remove_dir_all(dir);
+    RedlockConfig::from_url("rediss://h1:1,rediss://h2:2,rediss://h3:3").expect("all TLS");
+    RedlockConfig::from_url("redis://h1:1,redis://h2:2,redis://h3:3").expect("all plaintext");
+    let err = RedisConfig::from_url("redis://h:1/0?allow_mixed_tls=true").expect_err("single");
+    assert!(err.to_string().contains("Redlock parameter"), "{err}");
+}
+
+/// `#insecure` on a plaintext URL was silently ignored (there is no certificate to skip):
+/// refused like the other TLS parameters on a plaintext scheme.
+#[test]
+fn insecure_on_a_plaintext_url_is_refused() {
+    let single = RedisConfig::from_url("redis://h:1/0#insecure").expect_err("plaintext");
+    assert_eq!(single.kind(), ErrorKind::Config, "{single}");
+    assert!(single.to_string().contains("use `rediss://`"), "{single}");
+    let hosts = RedlockConfig::from_url("redlock://h1:1,h2:2,h3:3#insecure").expect_err("list");
+    assert!(hosts.to_string().contains("use `redlocks://`"), "{hosts}");
+    let nodes = "redis://a:1#insecure,redis://b:2#insecure,redis://c:3#insecure";
+    let err = RedlockConfig::from_url(nodes).expect_err("node list");
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
 }

@@ -10,10 +10,11 @@ use std::time::Duration;
 use lockcore::{Error, ErrorKind};
 use redis::RedisError;
 
+use crate::limits::refusal_in;
+
 /// Which call failed; decides whether a lost reply leaves the outcome unknown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Call {
-    Connect,
     Ping,
     Time,
     Config,
@@ -40,7 +41,6 @@ impl Call {
 impl fmt::Display for Call {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Self::Connect => "connect",
             Self::Ping => "ping",
             Self::Time => "server time",
             Self::Config => "memory settings check",
@@ -91,11 +91,18 @@ fn classify(err: &RedisError, call: Call) -> ErrorKind {
 
 /// Maps a Redis client error to a lockcore error naming the call and the (redacted) node.
 ///
+/// A connection cut because a reply broke a limit ([`crate::limits`]) is a
+/// [`Protocol`](ErrorKind::Protocol) error naming the limit, for the call whose reply it
+/// was and for every call that was waiting on the same connection.
 /// A TLS failure anywhere in the error's source chain (the `redis` crate keeps rustls's
 /// error inside its I/O error) is worded by [`anylock_tls::diagnose`]; rejected credentials
 /// and ACL refusals name the user and the fix. None of these contain the password: the
 /// node label is redacted and Redis never echoes it.
 pub(crate) fn map_error(err: &RedisError, call: Call, node: &str) -> Error {
+    if let Some(refused) = refusal_in(err) {
+        let message = format!("{call} on {node}: {refused}");
+        return Error::new(ErrorKind::Protocol, message).with_source(err.clone());
+    }
     let (kind, message) = match tls_failure(err) {
         Some(tls) => (tls.kind(), format!("{call} on {node}: {}", tls.message())),
         None => (classify(err, call), explain(err, call, node)),

@@ -40,7 +40,10 @@
 //! `connect_timeout_ms` ([`DEFAULT_CONNECT_TIMEOUT`]), `protocol` (`resp2`/`resp3`,
 //! passed to the client), and on TLS URLs `ca`, `cert` and `key` (PEM files: the only CAs
 //! trusted instead of the OS trust store, and a client certificate; read and checked at
-//! parse time, refused on `redis://` and `redlock://`; see `docs/tls-and-auth.md`). Unknown parameters are rejected, so a typo cannot silently change
+//! parse time, refused on `redis://` and `redlock://`, as is `#insecure`; see
+//! `docs/tls-and-auth.md`). A Redlock node list that mixes `rediss://` and `redis://`
+//! nodes is refused unless every node URL carries `allow_mixed_tls=true` (never the
+//! default: the plaintext nodes get the password unencrypted). Unknown parameters are rejected, so a typo cannot silently change
 //! behaviour. `Debug` and `Display` of the configurations show the password as `***`, and
 //! no error message contains it.
 //!
@@ -90,13 +93,18 @@
 //! ```
 
 mod backend;
+mod bounded;
 mod client;
 mod config;
 #[cfg(test)]
 mod config_tests;
 mod error;
 mod eviction;
+mod frames;
 mod keys;
+mod limits;
+mod link;
+mod listing;
 mod node_url;
 mod notify;
 mod permit_scripts;
@@ -120,6 +128,17 @@ pub use config::{
 pub use keys::{LockKeys, PermitKeys};
 pub use lockcore;
 pub use redlock::{RedlockBackend, RedlockConfig, guarantees as redlock_guarantees};
+
+/// What the client bounds in a server's replies, and the bound: bytes, or elements (the
+/// last two: locks and pages of one listing).
+///
+/// A reply over a limit fails the call with a [`Protocol`](lockcore::ErrorKind::Protocol)
+/// error that names the limit ("the server's reply exceeds 1 MiB (a value); is this a
+/// Redis server?") and closes the connection before the client allocates for it; the next
+/// call opens a new one. The largest legitimate replies are a semaphore's 10,000 permits
+/// with their notes (about 11 MB, 40,001 values) and a listing page (about 500 keys); see
+/// `docs/redis.md`, "Reply limits".
+pub const REPLY_LIMITS: &[(&str, usize)] = limits::ALL;
 
 /// URL schemes of the single-instance backend (`rediss` is TLS).
 pub const SCHEMES: &[&str] = &["redis", "rediss"];

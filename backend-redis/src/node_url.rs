@@ -12,6 +12,7 @@ use lockcore::{Error, ErrorKind, Result, Verification};
 use url::Url;
 
 use crate::error::bad_client_url;
+use crate::link::Connector;
 
 /// The URL parameters this crate reads (`protocol` is passed on to the client).
 const KNOWN: &[&str] = &[
@@ -22,6 +23,7 @@ const KNOWN: &[&str] = &[
     "ca",
     "cert",
     "key",
+    "allow_mixed_tls",
 ];
 
 /// The ASCII characters percent-encoded in the query values `Display` writes (a prefix, a
@@ -149,32 +151,47 @@ impl NodeUrl {
         self.url.scheme() == "rediss"
     }
 
-    /// A client for this server (no I/O). The `ca` file, when given, replaces the OS trust
-    /// store; `cert` and `key` are presented when the server asks for a client certificate.
-    pub(crate) fn client(&self) -> Result<redis::Client> {
+    /// What the `redis` client reads from the URL: credentials, database, protocol (no
+    /// I/O; checks the URL as the client would, wildcard addresses refused).
+    fn client_info(&self) -> Result<redis::RedisConnectionInfo> {
+        let client = redis::Client::open(self.url.as_str())
+            .map_err(|err| bad_client_url(&err, &self.redacted()))?;
+        Ok(client.get_connection_info().redis_settings().clone())
+    }
+
+    /// How to open connections to this server, each bounded by `timeout` (TCP, TLS and the
+    /// handshake). The `ca` file, when given, replaces the OS trust store; `cert` and `key`
+    /// are presented when the server asks for a client certificate.
+    ///
+    /// # Errors
+    /// [`Config`](ErrorKind::Config) for TLS settings rustls refuses, an empty OS trust
+    /// store, or `#insecure` without the `tls-insecure` cargo feature.
+    pub(crate) fn connector(&self, timeout: Duration) -> Result<Connector> {
+        let info = self.client_info()?;
+        let at = (self.host(), self.port());
         #[cfg(feature = "tls")]
-        let built = match self.tls_certificates() {
-            Some(certificates) => redis::Client::build_with_tls(self.url.as_str(), certificates),
-            None => redis::Client::open(self.url.as_str()),
+        let tls = match &self.material {
+            Some(material) => Some(Arc::new(self.tls_config(material)?)),
+            None => None,
         };
+        #[cfg(feature = "tls")]
+        return Ok(Connector::new(at, info, tls, timeout));
         #[cfg(not(feature = "tls"))]
-        let built = redis::Client::open(self.url.as_str());
-        built.map_err(|err| bad_client_url(&err, &self.redacted()))
+        Ok(Connector::new(at, info, timeout))
     }
 
     #[cfg(feature = "tls")]
-    fn tls_certificates(&self) -> Option<redis::TlsCertificates> {
-        let material = self.material.as_deref()?;
-        if material.ca().is_none() && material.client().is_none() {
-            return None;
+    fn tls_config(&self, material: &TlsMaterial) -> Result<rustls::ClientConfig> {
+        let verification = self.verification();
+        if verification == Verification::None && !cfg!(feature = "tls-insecure") {
+            return Err(Error::new(
+                ErrorKind::Config,
+                "`#insecure` (no certificate verification) needs backend-redis built with \
+                 its `tls-insecure` feature, for test servers only; otherwise pass the \
+                 server's CA with the `ca` parameter",
+            ));
         }
-        Some(redis::TlsCertificates {
-            client_tls: material.client().map(|id| redis::ClientTlsConfig {
-                client_cert: id.cert_pem().to_vec(),
-                client_key: id.key_pem().to_vec(),
-            }),
-            root_cert: material.ca().map(|ca| ca.pem().to_vec()),
-        })
+        anylock_tls::client_config(material, verification)
     }
 }
 
@@ -214,6 +231,8 @@ pub(crate) struct Params {
     pub(crate) connect_timeout: Option<Duration>,
     /// `ca`, `cert` and `key`.
     pub(crate) tls: TlsFiles,
+    /// `allow_mixed_tls`: a Redlock node list may mix TLS and plaintext nodes.
+    pub(crate) allow_mixed_tls: bool,
 }
 
 pub(crate) fn invalid(message: impl Into<String>) -> Error {
@@ -262,6 +281,7 @@ pub(crate) fn parse_node(raw: &str, schemes: Schemes) -> Result<(NodeUrl, Params
         "rediss" => Some(Arc::new(params.tls.load()?)),
         _ => {
             params.tls.refuse_on_plaintext(schemes.0, schemes.1)?;
+            refuse_insecure_on_plaintext(&url, schemes)?;
             None
         }
     };
@@ -271,6 +291,22 @@ pub(crate) fn parse_node(raw: &str, schemes: Schemes) -> Result<(NodeUrl, Params
         material,
     };
     Ok((node, params))
+}
+
+/// Refuses `#insecure` on a plaintext URL: it would be ignored (there is no certificate to
+/// skip), and the user who wrote it expects a TLS connection.
+fn refuse_insecure_on_plaintext(url: &Url, (scheme, tls_scheme): Schemes) -> Result<()> {
+    if url.fragment() != Some("insecure") {
+        return Ok(());
+    }
+    Err(Error::new(
+        ErrorKind::Config,
+        format!(
+            "`#insecure` given on a plaintext `{scheme}://` URL, where there is no TLS \
+             certificate to skip and everything (credentials included) goes unencrypted; \
+             use `{tls_scheme}://` for TLS"
+        ),
+    ))
 }
 
 /// Removes this crate's parameters from the query (read through [`Query`], which refuses
@@ -286,6 +322,7 @@ pub(crate) fn split_params(url: &mut Url, backend: &'static str) -> Result<Param
     params.prefix = query.take("prefix");
     params.timeout = query.take_millis("timeout_ms")?;
     params.connect_timeout = query.take_millis("connect_timeout_ms")?;
+    params.allow_mixed_tls = query.take_flag("allow_mixed_tls")?.unwrap_or(false);
     let protocol = query.take("protocol");
     query.finish(KNOWN)?;
     match protocol {

@@ -20,6 +20,7 @@ use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
 use crate::error::{Call, map_error, timed_out};
+use crate::link::Connector;
 
 /// Notifications buffered per waiter; a waiter that lags just gets one spurious wake-up.
 const CAPACITY: usize = 16;
@@ -34,7 +35,7 @@ fn routes(routes: &Routes) -> MutexGuard<'_, HashMap<String, broadcast::Sender<(
 
 /// The shared subscriber of one server.
 pub(crate) struct Notifier {
-    client: redis::Client,
+    connector: Arc<Connector>,
     label: Arc<str>,
     timeout: Duration,
     connect_timeout: Duration,
@@ -68,13 +69,13 @@ impl Drop for Hub {
 
 impl Notifier {
     pub(crate) fn new(
-        client: redis::Client,
+        connector: Arc<Connector>,
         label: Arc<str>,
         timeout: Duration,
         connect_timeout: Duration,
     ) -> Self {
         Self {
-            client,
+            connector,
             label,
             timeout,
             connect_timeout,
@@ -130,7 +131,7 @@ impl Notifier {
     }
 
     async fn open(&self) -> Result<Hub> {
-        let connect = tokio::time::timeout(self.connect_timeout, self.client.get_async_pubsub());
+        let connect = tokio::time::timeout(self.connect_timeout, self.connector.pubsub());
         let pubsub = match connect.await {
             Ok(Ok(pubsub)) => pubsub,
             Ok(Err(err)) => return Err(map_error(&err, Call::Subscribe, &self.label)),

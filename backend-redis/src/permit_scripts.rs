@@ -158,14 +158,6 @@ end
 return out
 ";
 
-/// Every permit script, for loading them all at connect.
-pub(crate) const PERMIT_LUA: [&str; 4] = [
-    ACQUIRE_PERMIT_LUA,
-    REFRESH_PERMIT_LUA,
-    RELEASE_PERMIT_LUA,
-    INSPECT_PERMITS_LUA,
-];
-
 pub(crate) static ACQUIRE_PERMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(ACQUIRE_PERMIT_LUA));
 pub(crate) static REFRESH_PERMIT: LazyLock<Script> =
@@ -174,3 +166,11 @@ pub(crate) static RELEASE_PERMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(RELEASE_PERMIT_LUA));
 pub(crate) static INSPECT_PERMITS: LazyLock<Script> =
     LazyLock::new(|| Script::new(INSPECT_PERMITS_LUA));
+
+/// Every permit script, for loading them all at connect.
+pub(crate) static PERMIT_SCRIPTS: [&LazyLock<Script>; 4] = [
+    &ACQUIRE_PERMIT,
+    &REFRESH_PERMIT,
+    &RELEASE_PERMIT,
+    &INSPECT_PERMITS,
+];

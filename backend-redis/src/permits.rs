@@ -94,7 +94,8 @@ pub(crate) async fn acquire(
     let keys = PermitKeys::new(prefix, name);
     let suffix = keys::value_suffix(&keys::new_nonce(), &request.owner);
     let note = request.note.as_ref().map_or("", Note::as_str);
-    let mut invocation = ACQUIRE_PERMIT.prepare_invoke();
+    let mut batch = Batch::default();
+    let invocation = batch.call(&ACQUIRE_PERMIT);
     (invocation
         .key(keys.permits())
         .key(keys.info())
@@ -104,7 +105,7 @@ pub(crate) async fn acquire(
     .arg(&suffix)
     .arg(limit.get())
     .arg(note);
-    let reply = node.run(Call::Acquire, &invocation).await?;
+    let reply = node.run(Call::Acquire, &batch).await?;
     let reply =
         decode_permit_acquire(reply).ok_or_else(|| malformed(Call::Acquire, node.label()))?;
     match reply {
@@ -151,11 +152,12 @@ pub(crate) fn refreshed(lease: &Lease, reply: &Value, node: &Node) -> Result<Lea
 /// Releases exactly the permit `lease` (a stale one frees nothing) and wakes waiters.
 pub(crate) async fn release(node: &Node, prefix: &str, lease: &Lease) -> Result<()> {
     let keys = PermitKeys::new(prefix, lease.name());
-    let mut invocation = RELEASE_PERMIT.prepare_invoke();
+    let mut batch = Batch::default();
+    let invocation = batch.call(&RELEASE_PERMIT);
     (invocation.key(keys.permits()).key(keys.info()))
         .arg(lease.grant())
         .arg(keys.channel());
-    match node.run(Call::Release, &invocation).await? {
+    match node.run(Call::Release, &batch).await? {
         Value::Int(1) => Ok(()),
         Value::Int(0) => {
             tracing::debug!(semaphore = %lease.name(), "release: the permit was already gone");
@@ -168,9 +170,10 @@ pub(crate) async fn release(node: &Node, prefix: &str, lease: &Lease) -> Result<
 /// The live permits of `name`, earliest grant first.
 pub(crate) async fn inspect(node: &Node, prefix: &str, name: &LockName) -> Result<Vec<HolderInfo>> {
     let keys = PermitKeys::new(prefix, name);
-    let mut invocation = INSPECT_PERMITS.prepare_invoke();
+    let mut batch = Batch::default();
+    let invocation = batch.call(&INSPECT_PERMITS);
     invocation.key(keys.permits()).key(keys.info());
-    let reply = node.run(Call::Inspect, &invocation).await?;
+    let reply = node.run(Call::Inspect, &batch).await?;
     let found = decode_permits(reply).ok_or_else(|| malformed(Call::Inspect, node.label()))?;
     Ok(by_grant(found))
 }

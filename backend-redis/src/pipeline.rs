@@ -17,11 +17,11 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use lockcore::Result;
-use redis::aio::ConnectionManager;
 use redis::{RedisError, RedisResult, Script, ScriptInvocation, Value};
 use tokio::time::Instant;
 
 use crate::error::{Call, map_error, timed_out};
+use crate::link::Link;
 
 /// The wait allowed per script in flight on a backend's connections, on top of the
 /// per-call timeout. A server spends 2.3–4 µs per refresh script; 5 and 10 full batches
@@ -151,7 +151,7 @@ impl Batch {
 /// when the first pipeline fails as a whole (or does not answer once per call, or not in
 /// time) every call has its error; when the retry does, only the retried ones.
 pub(crate) async fn run_all(
-    conn: &mut ConnectionManager,
+    conn: &mut Link,
     call: Call,
     label: &str,
     batch: &Batch,
@@ -208,12 +208,30 @@ pub(crate) async fn run_all(
         let load = loads
             .iter()
             .position(|s| s.get_hash() == scripts[at].get_hash());
-        replies[at] = mapped(match load.and_then(|i| retried[i].as_ref().err()) {
-            Some(err) => Err(err.clone()),
-            None => reply,
-        });
+        replies[at] = match load.map(|i| (&retried[i], loads[i])) {
+            Some((Err(err), _)) => Err(map_error(err, call, label)),
+            Some((Ok(sha), script)) if !is_sha_of(sha, script) => Err(bad_load(call, label)),
+            _ => mapped(reply),
+        };
     }
     replies
+}
+
+/// Whether a `SCRIPT LOAD` reply is `script`'s SHA1, as Redis answers it: a bulk string
+/// of 40 lowercase hex digits.
+pub(crate) fn is_sha_of(reply: &Value, script: &Script) -> bool {
+    matches!(reply, Value::BulkString(sha) if sha.as_slice() == script.get_hash().as_bytes())
+}
+
+/// The error for a `SCRIPT LOAD` that did not answer the script's SHA1.
+pub(crate) fn bad_load(call: Call, label: &str) -> lockcore::Error {
+    lockcore::Error::new(
+        lockcore::ErrorKind::Protocol,
+        format!(
+            "{call} on {label}: SCRIPT LOAD did not answer the script's SHA1; is this a \
+             Redis server?"
+        ),
+    )
 }
 
 /// The scripts of the calls at `at`, each once, in the order first needed.
@@ -238,7 +256,7 @@ const NO_SCRIPT: redis::ErrorKind = redis::ErrorKind::Server(redis::ServerErrorK
 /// Sends `pipe` (built with `ignore_errors`) and checks it answered `expected` replies.
 async fn pipelined(
     pipe: &redis::Pipeline,
-    conn: &mut ConnectionManager,
+    conn: &mut Link,
     expected: usize,
 ) -> RedisResult<Vec<RedisResult<Value>>> {
     let replies: Vec<RedisResult<Value>> = pipe.query_async(conn).await?;

@@ -213,19 +213,13 @@ end
 return out
 ";
 
-/// Every script, for loading them all at connect.
-pub(crate) const ALL_LUA: [&str; 6] = [
-    ACQUIRE_LUA,
-    REFRESH_LUA,
-    RELEASE_LUA,
-    BREAK_LUA,
-    INSPECT_LUA,
-    READ_MANY_LUA,
-];
-
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(ACQUIRE_LUA));
 pub(crate) static REFRESH: LazyLock<Script> = LazyLock::new(|| Script::new(REFRESH_LUA));
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(RELEASE_LUA));
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| Script::new(INSPECT_LUA));
 pub(crate) static BREAK: LazyLock<Script> = LazyLock::new(|| Script::new(BREAK_LUA));
 pub(crate) static READ_MANY: LazyLock<Script> = LazyLock::new(|| Script::new(READ_MANY_LUA));
+
+/// Every script, for loading them all at connect.
+pub(crate) static ALL: [&LazyLock<Script>; 6] =
+    [&ACQUIRE, &REFRESH, &RELEASE, &BREAK, &INSPECT, &READ_MANY];

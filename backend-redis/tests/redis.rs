@@ -604,7 +604,7 @@ async fn fence_tokens_keep_rising_when_the_server_forgets_its_data() {
 
 /// `rediss://` works end to end (a private TLS-only server with a self-signed certificate,
 /// `#insecure`): lock calls and notifications; a plain connection to it fails in time.
-#[cfg(feature = "tls")]
+#[cfg(feature = "tls-insecure")]
 #[tokio::test]
 async fn tls_connections_work() {
     if common::redis_url().is_none() {

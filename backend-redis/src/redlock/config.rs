@@ -10,6 +10,8 @@ use crate::config::{
     DEFAULT_CONNECT_TIMEOUT, DEFAULT_NODE_TIMEOUT, DEFAULT_PREFIX, validate_prefix,
     validate_timeout, with_params,
 };
+use anylock_tls::TlsFiles;
+
 use crate::node_url::{NodeUrl, Params, REDIS, Schemes, expand_hosts, invalid, parse_node};
 
 const REDLOCK: Schemes = ("redlock", "redlocks");
@@ -31,6 +33,8 @@ pub struct RedlockConfig {
     prefix: String,
     node_timeout: Duration,
     connect_timeout: Duration,
+    /// Set by `allow_mixed_tls=true`: TLS and plaintext nodes in one list.
+    allow_mixed_tls: bool,
 }
 
 impl RedlockConfig {
@@ -72,25 +76,34 @@ impl RedlockConfig {
     {
         let mut nodes = Vec::new();
         let mut params: Option<Params> = None;
+        // The TLS files of the first TLS node: plaintext nodes have none (they are
+        // refused there), so only TLS nodes are compared on them.
+        let mut tls_files: Option<TlsFiles> = None;
         for raw in urls {
             let (node, these) = parse_node(raw.as_ref(), schemes)?;
-            match &params {
-                Some(seen) if *seen != these => {
-                    return Err(invalid(
-                        "Redlock node URLs disagree on prefix, timeout_ms, connect_timeout_ms, \
-                         ca, cert or key: give every node the same parameters",
-                    ));
-                }
-                _ => params = Some(these),
+            let files_differ =
+                node.is_tls() && *tls_files.get_or_insert(these.tls.clone()) != these.tls;
+            if files_differ
+                || params
+                    .as_ref()
+                    .is_some_and(|seen| !same_settings(seen, &these))
+            {
+                return Err(invalid(
+                    "Redlock node URLs disagree on prefix, timeout_ms, connect_timeout_ms, \
+                     allow_mixed_tls, ca, cert or key: give every node the same parameters",
+                ));
             }
+            params.get_or_insert(these);
             nodes.push(node);
         }
         let params = params.unwrap_or_default();
+        refuse_mixed_tls(&nodes, params.allow_mixed_tls)?;
         let config = Self {
             nodes,
             prefix: params.prefix.unwrap_or_else(|| DEFAULT_PREFIX.to_owned()),
             node_timeout: params.timeout.unwrap_or(DEFAULT_NODE_TIMEOUT),
             connect_timeout: params.connect_timeout.unwrap_or(DEFAULT_CONNECT_TIMEOUT),
+            allow_mixed_tls: params.allow_mixed_tls,
         };
         config.validate()?;
         Ok(config)
@@ -178,12 +191,16 @@ impl fmt::Display for RedlockConfig {
             .nodes
             .iter()
             .map(|node| {
-                with_params(
+                let url = with_params(
                     node.redacted_with_files(),
                     &self.prefix,
                     self.node_timeout,
                     self.connect_timeout,
-                )
+                );
+                match self.allow_mixed_tls {
+                    true => format!("{url}&allow_mixed_tls=true"),
+                    false => url,
+                }
             })
             .collect();
         f.write_str(&urls.join(","))
@@ -198,6 +215,30 @@ impl fmt::Debug for RedlockConfig {
             .field("prefix", &self.prefix)
             .field("node_timeout", &self.node_timeout)
             .field("connect_timeout", &self.connect_timeout)
+            .field("allow_mixed_tls", &self.allow_mixed_tls)
             .finish()
     }
+}
+
+/// Whether two nodes' parameters agree on everything but the TLS files.
+fn same_settings(a: &Params, b: &Params) -> bool {
+    (&a.prefix, a.timeout, a.connect_timeout, a.allow_mixed_tls)
+        == (&b.prefix, b.timeout, b.connect_timeout, b.allow_mixed_tls)
+}
+
+/// Refuses a node list that mixes TLS and plaintext nodes unless `allowed`: the password
+/// would go unencrypted to the plaintext nodes, which may be a quorum, while the TLS
+/// nodes suggest the deployment is encrypted.
+fn refuse_mixed_tls(nodes: &[NodeUrl], allowed: bool) -> Result<()> {
+    let tls = nodes.iter().filter(|node| node.is_tls()).count();
+    if allowed || tls == 0 || tls == nodes.len() {
+        return Ok(());
+    }
+    Err(invalid(format!(
+        "the Redlock node list mixes {tls} TLS (rediss://) and {} plaintext (redis://) \
+         node(s): credentials and lock traffic would go unencrypted to the plaintext ones. \
+         Use rediss:// for every node (or redis:// for every node on a trusted network); to \
+         accept the mix anyway, add allow_mixed_tls=true to every node URL",
+        nodes.len() - tls
+    )))
 }
