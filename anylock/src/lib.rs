@@ -48,7 +48,7 @@ use std::sync::Arc;
 
 use lockcore::MemoryBackend;
 
-pub use config::{Config, DEFAULT_URL};
+pub use config::{Config, DEFAULT_URL, MAX_CONFIG_LEN};
 pub use lockcore;
 pub use lockcore::{
     Backoff, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
