@@ -1,6 +1,6 @@
 //! `status`, `break`, `guarantees` and `check`.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, IsTerminal};
 use std::time::{Duration, Instant};
 
 use anylock::{BackendUrl, Config};
@@ -172,11 +172,7 @@ fn confirm(prompt: &str) -> Result<bool, Error> {
             "refusing to break a lock without confirmation: stdin is not a terminal; pass --yes",
         ));
     }
-    {
-        use std::io::Write as _;
-        let _ = write!(std::io::stderr(), "{prompt}");
-    }
-    let _ = std::io::stderr().flush();
+    crate::terminal::prompt(prompt);
     let mut answer = String::new();
     std::io::stdin()
         .lock()

@@ -2,13 +2,13 @@
 //!
 //! See `anylock --help` and the workspace README.
 
-/// `eprintln!` that never panics: when stderr's reader has gone (a dead log collector,
+/// `eprintln!` that never panics, and whose line is made safe for a terminal
+/// ([`terminal::line`]): when stderr's reader has gone (a dead log collector,
 /// `2>&1 | head`), a message is lost but the exit code is still `anylock`'s own.
 macro_rules! note {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
+    ($($arg:tt)*) => {
+        $crate::terminal::line(format_args!($($arg)*))
+    };
 }
 
 /// `println!` that never panics: `anylock guarantees | head -1` closes stdout early.
@@ -32,9 +32,9 @@ mod select;
 mod signals;
 mod steps;
 mod supervisor;
+mod terminal;
 mod watch;
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
@@ -109,11 +109,12 @@ fn init_logging(verbose: u8, quiet: bool) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_env("ANYLOCK_LOG").unwrap_or_else(|_| EnvFilter::new(level));
+    // Each line is cleaned on its way out (`terminal`), which would garble colours.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| terminal::LogWriter)
         .with_target(false)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(false)
         .init();
 }
 
