@@ -134,8 +134,9 @@ impl Config {
     /// Reads and parses the TOML file at `path`: a regular file of at most
     /// [`MAX_CONFIG_LEN`] bytes. It is opened without blocking and checked before it is
     /// read, so a FIFO or a device (`/dev/zero`) is refused rather than waited on or read
-    /// forever. A file whose backend URL holds a secret (a password, or a parameter that
-    /// [`redact`](crate::redact) hides) must be readable by its owner only.
+    /// forever. A file whose backend URL [holds a secret](crate::holds_secret) (a password,
+    /// or a parameter that [`redact`](crate::redact) hides other than a key file's path)
+    /// must be readable by its owner only.
     ///
     /// # Errors
     /// [`ErrorKind::Config`], naming the file, when it cannot be read, is not a regular
@@ -156,7 +157,7 @@ impl Config {
     /// A backend secret in a file that group or others may read is refused, as libpq
     /// refuses such a `.pgpass` and ssh such a key.
     fn refuse_shared_secret(&self, path: &Path, mode: u32) -> Result<(), Error> {
-        let secret = (self.backend.as_deref()).is_some_and(|url| crate::url::redact(url) != url);
+        let secret = (self.backend.as_deref()).is_some_and(crate::url::holds_secret);
         if !secret || mode & 0o044 == 0 {
             return Ok(());
         }
@@ -433,8 +434,17 @@ mod tests {
                 assert!(config.backend.is_some_and(|b| b.contains("hunter2")));
             }
         }
-        let shared = scratch.file("shared.toml", "backend = \"redis://h:1/0\"", 0o644);
-        Config::load(&shared).expect("no secret: may be world-readable");
+        for (i, url) in [
+            "redis://h:1/0",
+            "etcds://h/p?ca=/ca.pem&cert=/c.pem&key=/k.pem",
+        ]
+        .iter()
+        .enumerate()
+        {
+            let text = format!("backend = {url:?}");
+            let shared = scratch.file(&format!("shared{i}.toml"), &text, 0o644);
+            Config::load(&shared).expect("no secret (a key's path is none): may be shared");
+        }
     }
 
     #[test]

@@ -57,7 +57,7 @@ pub use lockcore::{
     WaitMode, Waiting, display_safe, validate_prefix,
 };
 pub use table::guarantees_markdown;
-pub use url::{BackendUrl, redact};
+pub use url::{BackendUrl, holds_secret, redact};
 
 /// A URL scheme anylock knows, and the cargo feature that provides it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
