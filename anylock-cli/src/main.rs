@@ -28,6 +28,7 @@ mod group;
 #[cfg(test)]
 mod prop_tests;
 mod run;
+mod secrets;
 mod select;
 mod signals;
 mod steps;
@@ -47,6 +48,8 @@ fn main() -> ExitCode {
     if args.next().is_some_and(|arg| arg == supervisor::ARG) {
         return supervisor::main(args);
     }
+    // The supervisor above holds no secret; this process has ANYLOCK_BACKEND's password.
+    secrets::hide_this_process();
     let cli = match parse() {
         Ok(cli) => cli,
         Err(err) if !err.use_stderr() => {
