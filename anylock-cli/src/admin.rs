@@ -202,7 +202,10 @@ pub(crate) fn guarantees(json: bool) {
 /// the end.
 pub(crate) async fn check(url: Option<String>, json: bool, config: &Config) -> Result<(), Error> {
     let url = match url {
-        Some(url) => BackendUrl::new(url),
+        Some(url) => {
+            crate::secrets::refuse_on_command_line("check", &url)?;
+            BackendUrl::new(url)
+        }
         None => crate::select::backend_url(config)?,
     };
     let say = |line: String| {

@@ -97,7 +97,10 @@ fn parse() -> Result<Cli, clap::Error> {
         .into_boxed_str(),
     );
     let matches = Cli::command().version(version).try_get_matches()?;
-    Cli::from_arg_matches(&matches)
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    cli.backend_on_command_line =
+        matches.value_source("backend") == Some(clap::parser::ValueSource::CommandLine);
+    Ok(cli)
 }
 
 fn init_logging(verbose: u8, quiet: bool) {

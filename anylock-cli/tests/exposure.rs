@@ -2,13 +2,14 @@
 //! may read of `anylock`'s processes. None of it may hold the backend's secret: not the
 //! environment, command line, memory or open descriptors of `anylock run` (its parent's
 //! parent) or of the supervisor (its parent); and no descriptor of `anylock`'s own (the
-//! config file, a socket, the SQLite files) is inherited.
+//! config file, a socket, the SQLite files) is inherited. A URL with a password is refused
+//! on the command line, where every user of the machine can read it.
 
 #[macro_use]
 mod support;
 
 use std::os::unix::process::CommandExt as _;
-use std::process::Command;
+use std::process::{Command, Output};
 
 use support::{Scene, code};
 
@@ -154,3 +155,52 @@ fn the_command_inherits_no_descriptor_of_anylock(scene: &Scene) {
 }
 
 on_every_backend!(the_command_inherits_no_descriptor_of_anylock);
+
+fn assert_refused_on_the_command_line(out: &Output, what: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(code(out), 2, "{what}: {stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "{what}: {stderr}");
+    for words in ["command line", "ANYLOCK_BACKEND", "config file"] {
+        assert!(
+            lines[0].contains(words),
+            "{what}: {words:?} missing: {stderr}"
+        );
+    }
+    assert!(!stderr.contains(SECRET), "{what}: {stderr}");
+    assert!(out.stdout.is_empty(), "{what}: nothing is done");
+}
+
+/// A password or secret parameter in `--backend URL` or `check URL` is visible to every
+/// user of the machine (`ps`, /proc/PID/cmdline): refused, pointing at the environment and
+/// the config file. The same URL from ANYLOCK_BACKEND works, and so does a URL without
+/// a secret on the command line.
+#[test]
+fn a_secret_on_the_command_line_is_refused() {
+    let scene = Scene::local();
+    let with_password = format!("redis://:{SECRET}@127.0.0.1:1/0");
+    let with_param = format!("postgres://db/locks?password={SECRET}");
+    for url in [&with_password, &with_param] {
+        let out = scene.output(&["--backend", url, "status", "job"]);
+        assert_refused_on_the_command_line(&out, "--backend");
+        let out = scene.output(&["check", url]);
+        assert_refused_on_the_command_line(&out, "check URL");
+    }
+    // From the environment: used (here: nothing listens, exit 125, password redacted).
+    let out = scene
+        .command(&["status", "job"])
+        .env("ANYLOCK_BACKEND", &with_password)
+        .output()
+        .expect("run anylock");
+    assert_eq!(code(&out), 125, "{}", String::from_utf8_lossy(&out.stderr));
+    let no_secret = format!("local:{}/cli.sqlite3", scene.dir.display());
+    let out = scene.output(&["--backend", &no_secret, "status", "job"]);
+    assert_eq!(
+        code(&out),
+        1,
+        "free: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = scene.output(&["check", &no_secret]);
+    assert_eq!(code(&out), 0, "{}", String::from_utf8_lossy(&out.stderr));
+}
