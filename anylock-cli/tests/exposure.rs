@@ -183,6 +183,8 @@ fn a_secret_on_the_command_line_is_refused() {
     for url in [&with_password, &with_param] {
         let out = scene.output(&["--backend", url, "status", "job"]);
         assert_refused_on_the_command_line(&out, "--backend");
+        let out = scene.output(&["status", "job", "--backend", url]);
+        assert_refused_on_the_command_line(&out, "--backend after the subcommand");
         let out = scene.output(&["check", url]);
         assert_refused_on_the_command_line(&out, "check URL");
     }
