@@ -208,9 +208,10 @@ pub(crate) async fn check(url: Option<String>, json: bool, config: &Config) -> R
         }
         None => crate::select::backend_url(config)?,
     };
+    // Its lines carry what servers report (who we are, why a node is not connected).
     let say = |line: String| {
         if !json {
-            out!("{line}");
+            out!("{}", crate::terminal::clean(&line));
         }
     };
     let mut report = serde_json::Map::new();

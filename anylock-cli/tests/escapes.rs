@@ -209,3 +209,74 @@ fn the_live_waiting_line_keeps_its_own_control_and_cleans_the_holder() {
         );
     }
 }
+
+/// `check` prints who the server says we are (`ACL WHOAMI`): a server answering with
+/// escapes gets them printed cleaned on stdout too. A Redis-speaking server that answers
+/// just enough for `check` to get that far: PING, CONFIG GET, ACL WHOAMI.
+#[test]
+fn check_prints_the_identity_a_server_reports_cleaned() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            std::thread::spawn(move || serve_whoami(stream));
+        }
+    });
+    let scene = Scene::local();
+    let out = scene
+        .command(&["check"])
+        .env("ANYLOCK_BACKEND", format!("redis://127.0.0.1:{port}/0"))
+        .output()
+        .expect("run anylock");
+    assert_clean("check's security line", &out, "pwned");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("security:"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Answers each RESP command read from `stream` by its name.
+fn serve_whoami(mut stream: std::net::TcpStream) {
+    let mut pending = Vec::new();
+    let mut buf = [0; 65536];
+    while let Ok(n @ 1..) = stream.read(&mut buf) {
+        pending.extend_from_slice(&buf[..n]);
+        let mut replies = String::new();
+        while let Some((name, used)) = next_command(&pending) {
+            pending.drain(..used);
+            replies.push_str(&match name.to_ascii_uppercase().as_str() {
+                "PING" => "+PONG\r\n".to_owned(),
+                "CONFIG" => "*4\r\n$9\r\nmaxmemory\r\n$1\r\n0\r\n$16\r\nmaxmemory-policy\r\n\
+                             $10\r\nnoeviction\r\n"
+                    .to_owned(),
+                "ACL" => format!("+{PLANTED}\r\n"),
+                _ => "-ERR unsupported here\r\n".to_owned(),
+            });
+        }
+        if stream.write_all(replies.as_bytes()).is_err() {
+            return;
+        }
+    }
+}
+
+/// The name of the first complete RESP command in `bytes` and how many bytes it takes.
+fn next_command(bytes: &[u8]) -> Option<(String, usize)> {
+    let line = |at: usize| -> Option<(&[u8], usize)> {
+        let end = at + bytes.get(at..)?.windows(2).position(|w| w == b"\r\n")?;
+        Some((&bytes[at..end], end + 2))
+    };
+    let number = |text: &[u8]| std::str::from_utf8(text).ok()?.parse::<usize>().ok();
+    let (head, mut at) = line(0)?;
+    let count = number(head.strip_prefix(b"*")?)?;
+    let mut name = None;
+    for _ in 0..count {
+        let (len, start) = line(at)?;
+        let len = number(len.strip_prefix(b"$")?)?;
+        let arg = bytes.get(start..start + len)?;
+        name.get_or_insert_with(|| String::from_utf8_lossy(arg).into_owned());
+        at = start + len + 2;
+    }
+    (at <= bytes.len()).then(|| (name.unwrap_or_default(), at))
+}
