@@ -1,6 +1,6 @@
 //! `status`, `break`, `guarantees` and `check`.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, IsTerminal};
 use std::time::{Duration, Instant};
 
 use anylock::{BackendUrl, Config};
@@ -172,11 +172,7 @@ fn confirm(prompt: &str) -> Result<bool, Error> {
             "refusing to break a lock without confirmation: stdin is not a terminal; pass --yes",
         ));
     }
-    {
-        use std::io::Write as _;
-        let _ = write!(std::io::stderr(), "{prompt}");
-    }
-    let _ = std::io::stderr().flush();
+    crate::terminal::prompt(prompt);
     let mut answer = String::new();
     std::io::stdin()
         .lock()
@@ -206,12 +202,16 @@ pub(crate) fn guarantees(json: bool) {
 /// the end.
 pub(crate) async fn check(url: Option<String>, json: bool, config: &Config) -> Result<(), Error> {
     let url = match url {
-        Some(url) => BackendUrl::new(url),
+        Some(url) => {
+            crate::secrets::refuse_on_command_line("check", &url)?;
+            BackendUrl::new(url)
+        }
         None => crate::select::backend_url(config)?,
     };
+    // Its lines carry what servers report (who we are, why a node is not connected).
     let say = |line: String| {
         if !json {
-            out!("{line}");
+            out!("{}", crate::terminal::clean(&line));
         }
     };
     let mut report = serde_json::Map::new();

@@ -52,10 +52,15 @@ pub(crate) struct Cli {
     pub(crate) quiet: bool,
 
     /// Backend URL (else ANYLOCK_BACKEND, else the config file, else the embedded
-    /// `local:` backend). Prefer the environment or the config file for URLs with
-    /// passwords: command lines are visible to every user of the machine.
+    /// `local:` backend). A URL with a password or secret parameter is refused here
+    /// (command lines are visible to every user of the machine): set it in ANYLOCK_BACKEND
+    /// or the config file.
     #[arg(long, global = true, env = "ANYLOCK_BACKEND", hide_env_values = true)]
     pub(crate) backend: Option<String>,
+
+    /// `--backend` was given as an argument (not through ANYLOCK_BACKEND).
+    #[arg(skip)]
+    pub(crate) backend_on_command_line: bool,
 
     /// Config file (TOML: backend, ttl, wait); default ~/.config/anylock/config.toml.
     #[arg(long, global = true, env = "ANYLOCK_CONFIG")]
@@ -145,7 +150,8 @@ pub(crate) enum Command {
     },
     /// Check a backend: reachability, permissions (a probe lock), round-trip time.
     Check {
-        /// Backend URL to check (default: the selected backend).
+        /// Backend URL to check (default: the selected backend). One with a password or
+        /// secret parameter is refused here: check it through ANYLOCK_BACKEND.
         url: Option<String>,
         /// One JSON object on stdout: backend (redacted), connect_ms, security (one object
         /// per connection), round_trip_ms, probe_lock_ms, clock_skew_ms.

@@ -42,7 +42,8 @@ pub(crate) fn spawn_error_code(err: &io::Error) -> u8 {
     }
 }
 
-/// Prints `anylock: <error>: <cause>: <cause>` on one line to stderr.
+/// Prints `anylock: <error>: <cause>: <cause>` on one line to stderr, made safe for a
+/// terminal (a cause may be a server's text).
 pub(crate) fn report(err: &Error) {
     let mut line = format!("anylock: {err}");
     let mut source = err.source();
@@ -54,7 +55,7 @@ pub(crate) fn report(err: &Error) {
         }
         source = cause.source();
     }
-    note!("{}", line.replace('\n', " "));
+    note!("{line}");
 }
 
 #[cfg(test)]

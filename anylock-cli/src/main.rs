@@ -2,13 +2,13 @@
 //!
 //! See `anylock --help` and the workspace README.
 
-/// `eprintln!` that never panics: when stderr's reader has gone (a dead log collector,
+/// `eprintln!` that never panics, and whose line is made safe for a terminal
+/// ([`terminal::line`]): when stderr's reader has gone (a dead log collector,
 /// `2>&1 | head`), a message is lost but the exit code is still `anylock`'s own.
 macro_rules! note {
-    ($($arg:tt)*) => {{
-        use std::io::Write as _;
-        let _ = writeln!(std::io::stderr(), $($arg)*);
-    }};
+    ($($arg:tt)*) => {
+        $crate::terminal::line(format_args!($($arg)*))
+    };
 }
 
 /// `println!` that never panics: `anylock guarantees | head -1` closes stdout early.
@@ -28,14 +28,15 @@ mod group;
 #[cfg(test)]
 mod prop_tests;
 mod run;
+mod secrets;
 mod select;
 mod signals;
 mod steps;
 mod supervisor;
+mod terminal;
 mod watch;
 mod watchdog;
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{CommandFactory, FromArgMatches};
@@ -48,6 +49,8 @@ fn main() -> ExitCode {
     if args.next().is_some_and(|arg| arg == supervisor::ARG) {
         return supervisor::main(args);
     }
+    // The supervisor above holds no secret; this process has ANYLOCK_BACKEND's password.
+    secrets::hide_this_process();
     let cli = match parse() {
         Ok(cli) => cli,
         Err(err) if !err.use_stderr() => {
@@ -95,7 +98,10 @@ fn parse() -> Result<Cli, clap::Error> {
         .into_boxed_str(),
     );
     let matches = Cli::command().version(version).try_get_matches()?;
-    Cli::from_arg_matches(&matches)
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    cli.backend_on_command_line =
+        matches.value_source("backend") == Some(clap::parser::ValueSource::CommandLine);
+    Ok(cli)
 }
 
 fn init_logging(verbose: u8, quiet: bool) {
@@ -110,11 +116,12 @@ fn init_logging(verbose: u8, quiet: bool) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_env("ANYLOCK_LOG").unwrap_or_else(|_| EnvFilter::new(level));
+    // Each line is cleaned on its way out (`terminal`), which would garble colours.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(|| terminal::LogWriter)
         .with_target(false)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_ansi(false)
         .init();
 }
 

@@ -155,7 +155,7 @@ pub(crate) async fn acquire_with_status(
         tokio::select! {
             result = &mut acquire => {
                 if tty && shown {
-                    eprint!("\r\x1b[2K");
+                    crate::terminal::clear_line();
                 }
                 return result;
             }
@@ -168,7 +168,7 @@ pub(crate) async fn acquire_with_status(
                     line = line.replacen(", held by", &format!(": all {n} permits held; first to end"), 1);
                 }
                 if tty {
-                    eprint!("\r\x1b[2K{line}");
+                    crate::terminal::rewrite_line(&line);
                 } else if !shown {
                     note!("anylock: {line} (backend: {})", locker.backend().backend_name());
                 }

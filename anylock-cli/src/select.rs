@@ -11,6 +11,13 @@ use crate::cli::Cli;
 
 /// The configuration in effect.
 pub(crate) fn config(cli: &Cli) -> Result<Config, Error> {
+    if let Some(url) = cli
+        .backend
+        .as_deref()
+        .filter(|_| cli.backend_on_command_line)
+    {
+        crate::secrets::refuse_on_command_line("--backend", url)?;
+    }
     let mut config = match &cli.config {
         Some(path) => Config::load(path)?,
         None => match default_config_path().filter(|p| p.exists()) {

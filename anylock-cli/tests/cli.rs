@@ -224,10 +224,14 @@ fn sigterm_is_forwarded_and_the_command_decides_the_exit_code(scene: &Scene) {
 #[test]
 fn bad_input_gets_one_clear_line() {
     let scene = Scene::local();
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["run", "--ttl", "5x", "job", "--", "true"],
             "unknown time unit",
+        ),
+        (
+            &["--backend", "mongodb://u@h/db", "run", "job", "--", "true"],
+            "must be one of local",
         ),
         (
             &[
@@ -238,7 +242,7 @@ fn bad_input_gets_one_clear_line() {
                 "--",
                 "true",
             ],
-            "must be one of local",
+            "readable by every user",
         ),
         (&["run", "bad\u{1}name", "--", "true"], "control character"),
         (

@@ -361,7 +361,8 @@ fn check_reports_tls_and_identity_and_the_command_never_sees_the_password() {
         );
 
         let check = clean(Command::new(BIN))
-            .args(["check", &url])
+            .arg("check")
+            .env("ANYLOCK_BACKEND", &url)
             .stdin(Stdio::null())
             .output()
             .expect("anylock check");
@@ -397,7 +398,8 @@ fn check_reports_tls_and_identity_and_the_command_never_sees_the_password() {
         }
 
         let json = clean(Command::new(BIN))
-            .args(["check", "--json", &url])
+            .args(["check", "--json"])
+            .env("ANYLOCK_BACKEND", &url)
             .stdin(Stdio::null())
             .output()
             .expect("anylock check --json");
@@ -430,8 +432,10 @@ fn check_warns_when_credentials_travel_in_plaintext() {
     };
     // The harness's PostgreSQL trusts loopback: any password is accepted, none is checked.
     let url = url.replacen("postgres@", "postgres:plain-secret-123456@", 1);
+    assert!(url.contains("sslmode=disable"), "the harness's URL says no TLS: {url}");
     let check = clean(Command::new(BIN))
-        .args(["check", &url])
+        .arg("check")
+        .env("ANYLOCK_BACKEND", &url)
         .stdin(Stdio::null())
         .output()
         .expect("anylock check");
@@ -463,7 +467,8 @@ fn check_does_not_vouch_for_a_server_it_cannot_reach() {
     );
     for url in [redlock, etcd] {
         let check = clean(Command::new(BIN))
-            .args(["check", &url])
+            .arg("check")
+            .env("ANYLOCK_BACKEND", &url)
             .stdin(Stdio::null())
             .output()
             .expect("anylock check");

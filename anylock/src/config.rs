@@ -131,20 +131,50 @@ impl Config {
         })
     }
 
-    /// Reads and parses the TOML file at `path`.
+    /// Reads and parses the TOML file at `path`: a regular file of at most
+    /// [`MAX_CONFIG_LEN`] bytes. It is opened without blocking and checked before it is
+    /// read, so a FIFO or a device (`/dev/zero`) is refused rather than waited on or read
+    /// forever. A file whose backend URL [holds a secret](crate::holds_secret) (a password,
+    /// or a parameter that [`redact`](crate::redact) hides other than a key file's path)
+    /// must be readable by its owner only.
     ///
     /// # Errors
-    /// [`ErrorKind::Config`] when the file cannot be read or parsed.
+    /// [`ErrorKind::Config`], naming the file, when it cannot be read, is not a regular
+    /// file, is too large, cannot be parsed, or holds a secret and is readable by group or
+    /// others (saying `chmod 600 FILE`).
     pub fn load(path: &Path) -> Result<Self, Error> {
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            Error::new(ErrorKind::Config, format!("cannot read {}", path.display())).with_source(e)
-        })?;
-        Self::from_toml(&text).map_err(|e| {
+        let (text, mode) = read_config_file(path)?;
+        let config = Self::from_toml(&text).map_err(|e| {
             Error::new(
                 ErrorKind::Config,
                 format!("{}: {}", path.display(), e.message()),
             )
-        })
+        })?;
+        config.refuse_shared_secret(path, mode)?;
+        Ok(config)
+    }
+
+    /// A backend secret in a file that group or others may read is refused, as libpq
+    /// refuses such a `.pgpass` and ssh such a key.
+    fn refuse_shared_secret(&self, path: &Path, mode: u32) -> Result<(), Error> {
+        let secret = (self.backend.as_deref()).is_some_and(crate::url::holds_secret);
+        if !secret || mode & 0o044 == 0 {
+            return Ok(());
+        }
+        let path = path.display();
+        Err(Error::new(
+            ErrorKind::Config,
+            format!(
+                "{path} holds the backend URL's password or secret parameter but is readable \
+                 by {} (mode {:03o}); make it readable by its owner only: chmod 600 {path}",
+                match (mode & 0o040 != 0, mode & 0o004 != 0) {
+                    (true, true) => "group and others",
+                    (true, false) => "its group",
+                    _ => "others",
+                },
+                mode & 0o777,
+            ),
+        ))
     }
 
     /// Lock options from this config: its TTL (or [`DEFAULT_TTL`](lockcore::DEFAULT_TTL)) and wait (or forever),
@@ -171,6 +201,64 @@ impl Config {
     pub fn backend_url(&self) -> BackendUrl {
         BackendUrl::new(self.backend.as_deref().unwrap_or(DEFAULT_URL))
     }
+}
+
+/// The largest config file read: a config is a few lines.
+pub const MAX_CONFIG_LEN: u64 = 1 << 20;
+
+/// The text and permission bits of the config file at `path`.
+///
+/// Opened with `O_NONBLOCK`, so that opening a FIFO returns at once instead of waiting for
+/// a writer, then checked with `fstat` on the open file (no race with a rename): only a
+/// regular file is read, at most [`MAX_CONFIG_LEN`] bytes of it.
+fn read_config_file(path: &Path) -> Result<(String, u32), Error> {
+    use std::io::Read as _;
+    let cannot = || format!("cannot read {}", path.display());
+    let refuse = |why: &str| Error::new(ErrorKind::Config, format!("{}: {why}", cannot()));
+    let io = |e: std::io::Error| Error::new(ErrorKind::Config, cannot()).with_source(e);
+    let file = open_nonblocking(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(refuse(
+            "not a regular file (a FIFO, device or directory cannot be a config file)",
+        ));
+    }
+    let too_big = || refuse("larger than 1 MiB, the most a config file may hold");
+    if meta.len() > MAX_CONFIG_LEN {
+        return Err(too_big());
+    }
+    let mut bytes = Vec::new();
+    (file.take(MAX_CONFIG_LEN + 1).read_to_end(&mut bytes)).map_err(io)?;
+    if bytes.len() as u64 > MAX_CONFIG_LEN {
+        return Err(too_big());
+    }
+    let text = String::from_utf8(bytes).map_err(|_| refuse("not UTF-8 text"))?;
+    Ok((text, permission_bits(&meta)))
+}
+
+#[cfg(unix)]
+fn open_nonblocking(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    (std::fs::OpenOptions::new().read(true))
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+}
+
+#[cfg(not(unix))]
+fn open_nonblocking(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::File::open(path)
+}
+
+#[cfg(unix)]
+fn permission_bits(meta: &std::fs::Metadata) -> u32 {
+    use std::os::unix::fs::PermissionsExt as _;
+    meta.permissions().mode()
+}
+
+/// No group or other permission bits to check.
+#[cfg(not(unix))]
+fn permission_bits(_: &std::fs::Metadata) -> u32 {
+    0
 }
 
 impl fmt::Debug for Config {
@@ -227,6 +315,136 @@ mod tests {
             Config::default().lock_options().expect("ok").ttl(),
             lockcore::DEFAULT_TTL
         );
+    }
+
+    /// A scratch directory, removed on drop.
+    struct Scratch(std::path::PathBuf);
+
+    impl Scratch {
+        fn new() -> Self {
+            let dir = std::env::temp_dir().join(format!("anylock-config-{:016x}", rand_suffix()));
+            std::fs::create_dir_all(&dir).expect("scratch dir");
+            Self(dir)
+        }
+
+        /// Writes `text` to `name` with permission bits `mode`.
+        fn file(&self, name: &str, text: &str, mode: u32) -> std::path::PathBuf {
+            use std::os::unix::fs::PermissionsExt as _;
+            let path = self.0.join(name);
+            std::fs::write(&path, text).expect("write");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+            path
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn rand_suffix() -> u64 {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
+        t ^ u64::from(std::process::id()) << 32
+    }
+
+    /// `Config::load(path)` on a thread, or `None` if it has not returned within 5 s.
+    fn load_within_5s(path: &Path) -> Option<Result<Config, Error>> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let path = path.to_owned();
+        std::thread::spawn(move || tx.send(Config::load(&path)));
+        rx.recv_timeout(Duration::from_secs(5)).ok()
+    }
+
+    /// A FIFO (nobody writing) would block `open` forever, and `/dev/zero` would be read
+    /// until memory runs out: both are refused at once as not regular files.
+    #[test]
+    fn only_regular_files_are_read_and_a_fifo_does_not_block() {
+        let scratch = Scratch::new();
+        let fifo = scratch.0.join("fifo.toml");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .expect("mkfifo");
+        assert!(made.success());
+        for path in [fifo.as_path(), Path::new("/dev/zero"), scratch.0.as_path()] {
+            let result = load_within_5s(path)
+                .unwrap_or_else(|| panic!("Config::load({}) blocked", path.display()));
+            let err = result.expect_err("not a regular file");
+            assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+            let text = err.to_string();
+            assert!(text.contains("not a regular file"), "{text}");
+            assert!(text.contains(&path.display().to_string()), "{text}");
+        }
+    }
+
+    /// A config file is a few lines: more than 1 MiB is refused, unread.
+    #[test]
+    fn a_config_file_larger_than_the_cap_is_refused() {
+        const CAP: u64 = 1 << 20;
+        assert_eq!(CAP, MAX_CONFIG_LEN);
+        let scratch = Scratch::new();
+        let at_cap = {
+            let mut text = "ttl = \"1m\"\n#".to_owned();
+            text.push_str(&"x".repeat(CAP as usize - text.len()));
+            scratch.file("at-cap.toml", &text, 0o600)
+        };
+        let config = Config::load(&at_cap).expect("a file of exactly the cap loads");
+        assert_eq!(config.ttl.map(Ttl::get), Some(Duration::from_secs(60)));
+        let big = scratch.0.join("big.toml");
+        let file = std::fs::File::create(&big).expect("create");
+        file.set_len(CAP + 1).expect("sparse");
+        let err = Config::load(&big).expect_err("too big");
+        assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+        let text = err.to_string();
+        assert!(
+            text.contains("1 MiB") && text.contains("big.toml"),
+            "{text}"
+        );
+    }
+
+    /// A backend secret in a file that group or others can read is refused, naming the file
+    /// and the fix; the same file owner-only loads, and a file with no secret may be shared.
+    #[test]
+    fn a_secret_in_a_file_others_can_read_is_refused() {
+        let scratch = Scratch::new();
+        let secrets = [
+            "backend = \"redis://:hunter2@h:1/0\"",
+            "backend = \"postgres://app:hunter2@db/locks\"",
+            "backend = \"postgres://db/locks?password=hunter2\"",
+            "backend = \"etcd://h:2379/p?pasword=hunter2\"",
+        ];
+        for (i, text) in secrets.iter().enumerate() {
+            for mode in [0o644, 0o640, 0o604, 0o660] {
+                let path = scratch.file(&format!("s{i}-{mode:o}.toml"), text, mode);
+                let err = Config::load(&path).expect_err("readable by others");
+                assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+                let shown = err.to_string();
+                assert!(
+                    shown.contains(&format!("chmod 600 {}", path.display())),
+                    "{shown}"
+                );
+                assert!(!shown.contains("hunter2"), "{shown}");
+            }
+            for mode in [0o600, 0o400, 0o700] {
+                let path = scratch.file(&format!("ok{i}-{mode:o}.toml"), text, mode);
+                let config = Config::load(&path).unwrap_or_else(|e| panic!("{mode:o}: {e}"));
+                assert!(config.backend.is_some_and(|b| b.contains("hunter2")));
+            }
+        }
+        for (i, url) in [
+            "redis://h:1/0",
+            "etcds://h/p?ca=/ca.pem&cert=/c.pem&key=/k.pem",
+        ]
+        .iter()
+        .enumerate()
+        {
+            let text = format!("backend = {url:?}");
+            let shared = scratch.file(&format!("shared{i}.toml"), &text, 0o644);
+            Config::load(&shared).expect("no secret (a key's path is none): may be shared");
+        }
     }
 
     #[test]

@@ -48,7 +48,7 @@ use std::sync::Arc;
 
 use lockcore::MemoryBackend;
 
-pub use config::{Config, DEFAULT_URL};
+pub use config::{Config, DEFAULT_URL, MAX_CONFIG_LEN};
 pub use lockcore;
 pub use lockcore::{
     Backoff, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
@@ -57,7 +57,7 @@ pub use lockcore::{
     WaitMode, Waiting, display_safe, validate_prefix,
 };
 pub use table::guarantees_markdown;
-pub use url::{BackendUrl, redact};
+pub use url::{BackendUrl, holds_secret, redact};
 
 /// A URL scheme anylock knows, and the cargo feature that provides it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
