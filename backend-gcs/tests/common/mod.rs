@@ -11,6 +11,8 @@ use gcs_test_server::GcsTestServer;
 use lockcore::Identity;
 use serde_json::{Value, json};
 
+pub mod huge;
+
 /// A test server with one bucket and a random prefix; the bucket's helpers (`Bucket`)
 /// are reachable through `Deref`.
 pub struct Gcs {
