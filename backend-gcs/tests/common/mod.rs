@@ -12,6 +12,8 @@ use lockcore::Identity;
 use serde_json::{Value, json};
 
 pub mod huge;
+pub mod pki;
+pub mod tls_front;
 
 /// A test server with one bucket and a random prefix; the bucket's helpers (`Bucket`)
 /// are reachable through `Deref`.
