@@ -93,8 +93,9 @@ pub const REPLY_LIMITS: &[(&str, usize)] = &[
     (body::COMMAND_OUTPUT.what, body::COMMAND_OUTPUT.bytes),
 ];
 
-/// Opens the backend `url` names ([`GcsConfig::from_url`], then [`GcsConfig::build`]).
-/// No request is made: the first lock call authenticates and reaches the bucket.
+/// Opens the backend `url` names ([`GcsConfig::from_url`], then [`GcsConfig::build`]):
+/// connects to the endpoint (TCP, and TLS verified for `https`), sending nothing; the
+/// first lock call authenticates and reaches the bucket.
 ///
 /// # Errors
 /// As [`GcsConfig::from_url`] and [`GcsBackend::connect`].

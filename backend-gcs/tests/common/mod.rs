@@ -52,7 +52,7 @@ impl Gcs {
         // Building a backend first installs the rustls crypto provider that a plain
         // `reqwest::Client` needs under the `tls` feature.
         drop(
-            GcsBackend::from_url("gs://provider-warmup")
+            GcsBackend::from_url(&format!("gs://{bucket}/?endpoint={}", server.url()))
                 .await
                 .expect("backend"),
         );
