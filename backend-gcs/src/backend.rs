@@ -83,8 +83,7 @@ pub struct GcsBackend {
 }
 
 impl GcsConfig {
-    /// The backend this configuration describes ([`GcsBackend::connect`]). Makes no
-    /// request: the first lock call authenticates and reaches the bucket.
+    /// The backend this configuration describes, connected ([`GcsBackend::connect`]).
     ///
     /// # Errors
     /// As [`GcsBackend::connect`].
@@ -94,16 +93,28 @@ impl GcsConfig {
 }
 
 impl GcsBackend {
-    /// A backend for `config`: builds the HTTP client and reads a credentials file, if
-    /// any. Makes no request (async so that every backend's `connect` has one shape).
+    /// A backend for `config`: builds the HTTP client, reads a credentials file, if any,
+    /// and checks that the endpoint can be reached, as the other backends' `connect` does:
+    /// a TCP connection and, for `https`, a TLS handshake that verifies the server's
+    /// certificate and host name against the OS trust store, each within the request
+    /// timeout. Nothing is sent over that connection; the first lock call makes the first
+    /// request (and fetches the first token).
     ///
     /// # Errors
     /// [`Config`](lockcore::ErrorKind::Config) when the HTTP client cannot be built, the
-    /// credentials would travel in clear, or a credentials file is unreadable or malformed.
+    /// credentials would travel in clear, a credentials file is unreadable or malformed,
+    /// or the endpoint is `https` in a build without the `tls` feature;
+    /// [`PermissionDenied`](lockcore::ErrorKind::PermissionDenied) when the TLS handshake
+    /// fails (an untrusted, expired or misnamed certificate: never worth retrying);
+    /// [`Unavailable`](lockcore::ErrorKind::Unavailable) when the endpoint cannot be
+    /// reached (refused, timed out, a name that does not resolve), naming it and why.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
     pub async fn connect(config: GcsConfig) -> Result<Self> {
-        Ok(Self {
-            client: GcsClient::new(config)?,
-        })
+        let client = GcsClient::new(config)?;
+        crate::security::reach(client.config()).await?;
+        Ok(Self { client })
     }
 
     /// A backend for a `gs://bucket/prefix[?endpoint=…]` URL.
@@ -443,9 +454,10 @@ impl LockBackend for GcsBackend {
         Ok(answer.date)
     }
 
-    /// The endpoint's scheme decides the transport; an `https` endpoint gets one probe
-    /// handshake for the version and cipher (verified against the OS trust store, as
-    /// reqwest does).
+    /// One check of the endpoint as `connect` makes it: TLS (with the version and cipher
+    /// negotiated) only when a handshake just verified the server's certificate and host
+    /// name against the OS trust store; `NotConnected` with the reason when it could not
+    /// be reached or the handshake failed; plaintext for `http`.
     async fn connection_security(&self) -> Result<Vec<lockcore::ConnectionSecurity>> {
         crate::security::report(self.config()).await
     }

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use tokio::sync::{Semaphore, SemaphorePermit};
 
 use crate::auth::Authorizer;
+use crate::body;
 use crate::config::GcsConfig;
 use crate::error::{Call, Failure, malformed_json, map_error, no_bucket, protocol};
 use crate::http::{http_client, is_loopback};
@@ -198,10 +199,7 @@ impl GcsClient {
             s if s.is_success() => {}
             s => return Err(map_error(Failure::Status(s.as_u16()), Call::Read)),
         }
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| map_error(Failure::Transport(e), Call::Read))?;
+        let body = read_body(response, body::LIST_PAGE, Call::Read).await?;
         ListPage::parse(&body, date)
     }
 
@@ -279,16 +277,27 @@ impl GcsClient {
         let reply = match read_status(status.as_u16()) {
             ReadStatus::Decided(reply) => reply,
             ReadStatus::Object => {
-                let body = response
-                    .bytes()
-                    .await
-                    .map_err(|e| map_error(Failure::Transport(e), call))?;
+                let body = read_body(response, body::OBJECT, call).await?;
                 Reply::Ok(parse_object(&body)?)
             }
             ReadStatus::Failed(code) => return Err(map_error(Failure::Status(code), call)),
         };
         Ok(Answer { reply, date })
     }
+}
+
+/// The body of a GCS reply, at most `limit` of it ([`body::read`]).
+pub(crate) async fn read_body(
+    response: reqwest::Response,
+    limit: body::Limit,
+    call: Call,
+) -> Result<Vec<u8>> {
+    body::read(response, limit)
+        .await
+        .map_err(|unread| match unread {
+            body::Unread::TooLarge(limit) => body::too_large(limit, call),
+            body::Unread::Transport(e) => map_error(Failure::Transport(e), call),
+        })
 }
 
 /// The server's clock reading: the reply's `Date` header.

@@ -25,7 +25,8 @@ pub(crate) enum Failure {
 /// | 401, 403 | `PermissionDenied` | permanent |
 /// | 408, 429, 5xx | `Unavailable` | temporary |
 /// | other status | `Protocol` | permanent |
-/// | connect error | `Unavailable` | temporary |
+/// | TLS handshake failed (untrusted or misnamed certificate) | `PermissionDenied` | permanent |
+/// | connect error (refused, timed out, no such host) | `Unavailable` | temporary |
 /// | timeout or broken reply on a write | `OutcomeUnknown` | temporary |
 /// | timeout or broken reply on a read | `Unavailable` | temporary |
 ///
@@ -46,22 +47,118 @@ pub(crate) fn map_error(failure: Failure, call: Call) -> Error {
             ErrorKind::Protocol,
             format!("GCS answered unexpected status {code}"),
         ),
-        Failure::Transport(e) if e.is_connect() => {
-            Error::unavailable("cannot connect to GCS").with_source(e.without_url())
-        }
-        Failure::Transport(e) => {
-            let what = if e.is_timeout() {
-                "timed out"
-            } else {
-                "failed"
-            };
-            let kind = match call {
-                Call::Write => ErrorKind::OutcomeUnknown,
-                Call::Read => ErrorKind::Unavailable,
-            };
-            Error::new(kind, format!("the GCS request {what}")).with_source(e.without_url())
-        }
+        Failure::Transport(e) => transport(e, call),
     }
+}
+
+/// A request that got no HTTP reply. A TLS handshake that failed (an untrusted or misnamed
+/// certificate) is [`PermissionDenied`](ErrorKind::PermissionDenied): retrying cannot make the server
+/// trusted, so lockcore's loops stop at once instead of retrying in silence. Not reaching
+/// the server (refused, timed out, no such host) is a temporary
+/// [`Unavailable`](ErrorKind::Unavailable) naming the cause; nothing was sent.
+fn transport(e: reqwest::Error, call: Call) -> Error {
+    let at = e.url().map(host_port).unwrap_or_default();
+    if e.is_connect() {
+        // Only while connecting: a TLS error on a connection already made (an alert
+        // after our request went out) leaves a write's outcome unknown, as below.
+        if let Some(refused) = tls_refusal(&e, &format!("GCS at {at}")) {
+            return refused.with_source(e.without_url());
+        }
+        let cause = connect_cause(&e);
+        return Error::unavailable(format!("cannot connect to GCS at {at} ({cause})"))
+            .with_source(e.without_url());
+    }
+    let what = if e.is_timeout() {
+        "timed out"
+    } else {
+        "failed"
+    };
+    let kind = match call {
+        Call::Write => ErrorKind::OutcomeUnknown,
+        Call::Read => ErrorKind::Unavailable,
+    };
+    Error::new(kind, format!("the GCS request to {at} {what}")).with_source(e.without_url())
+}
+
+/// `host:port` of a URL (no user, path or query).
+pub(crate) fn host_port(url: &url::Url) -> String {
+    let host = url.host_str().unwrap_or_default();
+    match url.port_or_known_default() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_owned(),
+    }
+}
+
+/// Why a connection could not be made, in a few words: `connection refused`, `timed out`,
+/// or the innermost cause's own text (a name that does not resolve, say).
+fn connect_cause(e: &reqwest::Error) -> String {
+    if e.is_timeout() {
+        return "timed out".to_owned();
+    }
+    let mut innermost = e.to_string();
+    let mut next = std::error::Error::source(e);
+    while let Some(cause) = next {
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            match io.kind() {
+                std::io::ErrorKind::ConnectionRefused => return "connection refused".to_owned(),
+                std::io::ErrorKind::TimedOut => return "timed out".to_owned(),
+                _ => {}
+            }
+        }
+        innermost = cause.to_string();
+        next = cause.source();
+    }
+    innermost
+}
+
+/// A TLS failure in `e`'s chain, worded by [`anylock_tls::diagnose`] (see [`tls_refused`]).
+#[cfg(feature = "tls")]
+pub(crate) fn tls_refusal(e: &(dyn std::error::Error + 'static), at: &str) -> Option<Error> {
+    let tls: &(dyn std::error::Error + 'static) = rustls_error(e)?;
+    anylock_tls::diagnose(tls).map(|diagnosed| tls_refused(at, diagnosed.message()))
+}
+
+/// The rustls error in `e`'s chain. reqwest's connector wraps it in two `io::Error`s, and
+/// `io::Error::source` skips what an `io::Error` wraps (it returns the inner error's
+/// source), so each `io::Error` is opened with `get_ref` (`anylock_tls::diagnose` opens
+/// one only).
+#[cfg(feature = "tls")]
+fn rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        let mut inner = e;
+        while let Some(wrapped) = inner
+            .downcast_ref::<std::io::Error>()
+            .and_then(std::io::Error::get_ref)
+        {
+            inner = wrapped;
+        }
+        if let Some(tls) = inner.downcast_ref::<rustls::Error>() {
+            return Some(tls);
+        }
+        next = e.source();
+    }
+    None
+}
+
+/// Without TLS no handshake ever fails.
+#[cfg(not(feature = "tls"))]
+pub(crate) fn tls_refusal(_: &(dyn std::error::Error + 'static), _: &str) -> Option<Error> {
+    None
+}
+
+/// A failed TLS handshake with `at` (`GCS at host:port`), as anylock-tls words it
+/// (`TLS handshake failed: …`): [`PermissionDenied`](ErrorKind::PermissionDenied), never
+/// retried. anylock-tls's advice for an untrusted certificate names the URL parameter
+/// `ca`, which `gs://` URLs do not take: GCS endpoints are verified against the OS trust
+/// store, so the advice says how to trust another CA there.
+#[cfg(feature = "tls")]
+pub(crate) fn tls_refused(at: &str, message: &str) -> Error {
+    const CA_ADVICE: &str = "check the URL parameter `ca`: without it the OS trust store is used";
+    const GCS_ADVICE: &str = "GCS endpoints are verified against the OS trust store: add \
+        the CA there, or name a PEM file of CAs in SSL_CERT_FILE";
+    let message = message.replace(CA_ADVICE, GCS_ADVICE);
+    Error::new(ErrorKind::PermissionDenied, format!("{at}: {message}"))
 }
 
 /// A reply that breaks the JSON API's promises.
@@ -91,6 +188,11 @@ pub(crate) fn http_client(e: &reqwest::Error) -> Error {
 /// A token endpoint (STS, IAM credentials, a subject token URL) that could not be reached.
 #[cfg(feature = "auth")]
 pub(crate) fn unreachable(what: &str, e: reqwest::Error) -> Error {
+    if e.is_connect()
+        && let Some(refused) = tls_refusal(&e, &format!("{what} failed"))
+    {
+        return refused.with_source(e.without_url());
+    }
     Error::unavailable(format!("{what} failed: cannot reach the endpoint"))
         .with_source(e.without_url())
 }

@@ -15,6 +15,7 @@ use reqwest::header::{HeaderMap, HeaderName, HeaderValue};
 use serde_json::{Map, Value, json};
 use url::Url;
 
+use crate::body::Unread;
 use crate::error::{broken_reply, missing_fields, refused, unreachable};
 use crate::token::{Fresh, STORAGE_SCOPE};
 
@@ -239,11 +240,23 @@ async fn answer(
 ) -> Result<Vec<u8>> {
     let response = reply.map_err(|e| unreachable(what, e))?;
     let status = response.status();
-    let body = response.bytes().await.map_err(|e| broken_reply(what, e))?;
-    if status.is_success() {
-        return Ok(body.to_vec());
+    match crate::body::read(response, crate::body::TOKEN).await {
+        Ok(body) if status.is_success() => Ok(body),
+        Ok(body) => Err(refused(what, status, &body, secrets)),
+        // A refusal is still a refusal; only its details are not read.
+        Err(Unread::TooLarge(_)) if !status.is_success() => {
+            Err(refused(what, status, b"", secrets))
+        }
+        Err(Unread::TooLarge(limit)) => Err(Error::new(
+            ErrorKind::Protocol,
+            format!(
+                "{what} failed: the reply is larger than the {} backend-gcs reads from a \
+                 token endpoint; it was not read",
+                crate::body::size(limit.bytes)
+            ),
+        )),
+        Err(Unread::Transport(e)) => Err(broken_reply(what, e)),
     }
-    Err(refused(what, status, &body, secrets))
 }
 
 /// Field readers whose errors name the file and the field, never a value.

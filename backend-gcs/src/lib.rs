@@ -50,6 +50,7 @@
 mod auth;
 mod backend;
 mod batching;
+mod body;
 mod client;
 mod config;
 mod error;
@@ -80,8 +81,21 @@ pub use token_command::PLAIN_TOKEN_LIFE;
 /// The URL schemes this crate opens.
 pub const SCHEMES: &[&str] = &["gs"];
 
-/// Opens the backend `url` names ([`GcsConfig::from_url`], then [`GcsConfig::build`]).
-/// No request is made: the first lock call authenticates and reaches the bucket.
+/// Every reply body this crate reads is bounded: what is bounded, and the most bytes read
+/// of it. A reply over its bound is refused before it is read when its `Content-Length`
+/// says so, else as soon as it passes the bound (a typed error naming the limit; see
+/// `docs/gcs.md`, "Reply limits"). GCS's own error replies are never read.
+pub const REPLY_LIMITS: &[(&str, usize)] = &[
+    (body::OBJECT.what, body::OBJECT.bytes),
+    (body::LIST_PAGE.what, body::LIST_PAGE.bytes),
+    (body::BATCH.what, body::BATCH.bytes),
+    (body::TOKEN.what, body::TOKEN.bytes),
+    (body::COMMAND_OUTPUT.what, body::COMMAND_OUTPUT.bytes),
+];
+
+/// Opens the backend `url` names ([`GcsConfig::from_url`], then [`GcsConfig::build`]):
+/// connects to the endpoint (TCP, and TLS verified for `https`), sending nothing; the
+/// first lock call authenticates and reaches the bucket.
 ///
 /// # Errors
 /// As [`GcsConfig::from_url`] and [`GcsBackend::connect`].

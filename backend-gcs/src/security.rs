@@ -1,29 +1,109 @@
-//! What `anylock check` reports about the connection: the transport the endpoint's scheme
-//! decides, the negotiated TLS version and cipher, and who GCS knows us as.
+//! How the backend reaches its endpoint: the check `connect` makes (a TCP connection, and
+//! for `https` a TLS handshake verified against the OS trust store, the roots and verifier
+//! reqwest uses on Linux), and what `anylock check` reports from the same check: the
+//! transport, the negotiated TLS version and cipher, and who GCS knows us as.
+//!
+//! Nothing is sent over the checking connection, credentials least of all: the first lock
+//! call is the first request.
 
-use lockcore::{Error, Result};
+use std::time::Duration;
+
+use lockcore::{Error, Result, Transport};
 
 use crate::auth::GcsAuth;
 use crate::config::GcsConfig;
+use crate::error::host_port;
 
-/// The endpoint's scheme decides the transport; an `https` endpoint gets one probe
-/// handshake for the version and cipher (verified against the OS trust store, as reqwest
-/// does).
-pub(crate) async fn report(config: &GcsConfig) -> Result<Vec<lockcore::ConnectionSecurity>> {
+/// Connects to the endpoint as `connect` does, within the request timeout (each step):
+/// TCP, then for `https` one TLS handshake. [`Transport::Tls`] only when that handshake
+/// verified the server's certificate and host name.
+///
+/// # Errors
+/// [`Unavailable`](lockcore::ErrorKind::Unavailable) (temporary) when the endpoint cannot
+/// be reached (refused, timed out, a name that does not resolve);
+/// [`PermissionDenied`](lockcore::ErrorKind::PermissionDenied) (permanent) when the TLS
+/// handshake fails (an untrusted, expired or misnamed certificate);
+/// [`Config`](lockcore::ErrorKind::Config) for an `https` endpoint in a build without the
+/// `tls` feature or with an empty OS trust store.
+pub(crate) async fn reach(config: &GcsConfig) -> Result<Transport> {
     let endpoint = url::Url::parse(config.endpoint())
         .map_err(|e| Error::invalid_input(format!("bad GCS endpoint: {e}")))?;
     let host = endpoint.host_str().unwrap_or_default().to_owned();
     let port = endpoint.port_or_known_default().unwrap_or(443);
-    let transport = if endpoint.scheme() == "https" {
-        lockcore::Transport::Tls(tls_details(&host, port, config.timeout()).await)
-    } else {
-        lockcore::Transport::Plaintext
+    let at = host_port(&endpoint);
+    tcp(&host, port, &at, config.timeout()).await?;
+    if endpoint.scheme() != "https" {
+        return Ok(Transport::Plaintext);
+    }
+    handshake(&host, port, &at, config.timeout())
+        .await
+        .map(Transport::Tls)
+}
+
+/// One report for the endpoint: [`reach`]'s transport, or why it could not be reached.
+pub(crate) async fn report(config: &GcsConfig) -> Result<Vec<lockcore::ConnectionSecurity>> {
+    let endpoint = url::Url::parse(config.endpoint())
+        .map_err(|e| Error::invalid_input(format!("bad GCS endpoint: {e}")))?;
+    let transport = match reach(config).await {
+        Ok(transport) => transport,
+        Err(e) if e.kind() == lockcore::ErrorKind::InvalidInput => return Err(e),
+        Err(e) => Transport::NotConnected(e.message().to_owned()),
     };
-    let report = lockcore::ConnectionSecurity::new(format!("{host}:{port}"), transport);
+    let report = lockcore::ConnectionSecurity::new(host_port(&endpoint), transport);
     Ok(vec![match identity(config.auth()) {
         Some(identity) => report.with_identity(identity),
         None => report,
     }])
+}
+
+/// A TCP connection to `host:port` within `timeout`, closed at once.
+async fn tcp(host: &str, port: u16, at: &str, timeout: Duration) -> Result<()> {
+    let cannot = |why: String| Error::unavailable(format!("cannot connect to GCS at {at} ({why})"));
+    match tokio::time::timeout(timeout, tokio::net::TcpStream::connect((host, port))).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Err(cannot("connection refused".to_owned()).with_source(e))
+        }
+        Ok(Err(e)) => Err(cannot(e.to_string()).with_source(e)),
+        Err(_) => Err(cannot(format!("timed out after {timeout:?}"))),
+    }
+}
+
+/// One TLS handshake with `host:port`, verified against the OS trust store.
+#[cfg(feature = "tls")]
+async fn handshake(
+    host: &str,
+    port: u16,
+    at: &str,
+    timeout: Duration,
+) -> Result<lockcore::TlsDetails> {
+    let verification = lockcore::Verification::Full;
+    let tls = anylock_tls::TlsFiles::default()
+        .load()
+        .and_then(|m| anylock_tls::client_config(&m, verification))?;
+    let preamble = anylock_tls::Preamble::None;
+    match anylock_tls::probe(host, port, host, tls, preamble, timeout).await {
+        Ok(n) => Ok(lockcore::TlsDetails::new(verification, false)
+            .with_roots("the OS trust store")
+            .with_negotiated(Some(n.version), Some(n.cipher))),
+        // anylock-tls words a failed handshake as `PermissionDenied`.
+        Err(e) if e.kind() == lockcore::ErrorKind::PermissionDenied => Err(
+            crate::error::tls_refused(&format!("GCS at {at}"), e.message()),
+        ),
+        Err(e) => Err(e),
+    }
+}
+
+/// Without the `tls` feature an `https` endpoint cannot be used at all.
+#[cfg(not(feature = "tls"))]
+async fn handshake(_: &str, _: u16, at: &str, _: Duration) -> Result<lockcore::TlsDetails> {
+    Err(Error::new(
+        lockcore::ErrorKind::Config,
+        format!(
+            "GCS at {at} is https, and this build has no TLS (backend-gcs's feature `tls`, \
+             on by default)"
+        ),
+    ))
 }
 
 /// Who GCS knows us as, in words that name no secret.
@@ -41,34 +121,6 @@ fn identity(auth: &GcsAuth) -> Option<String> {
             Some("an OAuth access token from GCS_TOKEN_COMMAND (bearer, renewed)".to_owned())
         }
     }
-}
-
-#[cfg(feature = "tls")]
-async fn tls_details(host: &str, port: u16, timeout: std::time::Duration) -> lockcore::TlsDetails {
-    let details = lockcore::TlsDetails::new(lockcore::Verification::Full, false)
-        .with_roots("the OS trust store");
-    let config = anylock_tls::TlsFiles::default()
-        .load()
-        .and_then(|m| anylock_tls::client_config(&m, lockcore::Verification::Full));
-    let Ok(config) = config else { return details };
-    match anylock_tls::probe(
-        host,
-        port,
-        host,
-        config,
-        anylock_tls::Preamble::None,
-        timeout,
-    )
-    .await
-    {
-        Ok(n) => details.with_negotiated(Some(n.version), Some(n.cipher)),
-        Err(_) => details,
-    }
-}
-
-#[cfg(not(feature = "tls"))]
-async fn tls_details(_: &str, _: u16, _: std::time::Duration) -> lockcore::TlsDetails {
-    lockcore::TlsDetails::new(lockcore::Verification::Full, false)
 }
 
 #[cfg(test)]

@@ -19,17 +19,20 @@ use crate::token::Fresh;
 
 /// How long a token printed as plain text is used before the command runs again.
 pub const PLAIN_TOKEN_LIFE: Duration = Duration::from_secs(300);
-/// The most stdout a command may print.
-const MAX_OUTPUT: usize = 64 * 1024;
+/// The most stdout a command may print ([`crate::body::COMMAND_OUTPUT`]).
+const MAX_OUTPUT: usize = crate::body::COMMAND_OUTPUT.bytes;
+/// How much of the end of stderr is kept (its last line is quoted).
+const STDERR_TAIL: usize = 4096;
 
 /// Runs `command` once and reads the token it prints.
 ///
 /// # Errors
-/// [`Config`](ErrorKind::Config) when `sh` cannot be started or the output is not a token;
+/// [`Config`](ErrorKind::Config) when `sh` cannot be started or the output is not a token
+/// (more than 64 KiB of it stops the command at once: it is killed, and no more is read);
 /// [`Unavailable`](ErrorKind::Unavailable) when the command fails or takes longer than
 /// `timeout` (it is killed).
 pub(crate) async fn run(command: &str, timeout: Duration) -> Result<Fresh> {
-    let child = tokio::process::Command::new("sh")
+    let mut child = tokio::process::Command::new("sh")
         .arg("-c")
         .arg(command)
         .stdin(Stdio::null())
@@ -45,25 +48,75 @@ pub(crate) async fn run(command: &str, timeout: Duration) -> Result<Fresh> {
             )
         })?;
     let group = child.id();
-    let output = match tokio::time::timeout(timeout, child.wait_with_output()).await {
-        Ok(output) => output.map_err(|e| {
-            Error::unavailable(format!("GCS_TOKEN_COMMAND's output could not be read: {e}"))
-        })?,
-        Err(_) => {
-            kill_group(group).await;
-            return Err(Error::unavailable(format!(
-                "GCS_TOKEN_COMMAND took longer than {timeout:?} and was killed"
-            )));
-        }
+    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
+    let work = async {
+        let stdout = async {
+            let out = read_at_most(stdout, MAX_OUTPUT + 1).await;
+            if out.as_ref().is_ok_and(|out| out.len() > MAX_OUTPUT) {
+                kill_group(group).await; // it has said too much: no need to wait
+            }
+            out
+        };
+        let (stdout, stderr) = tokio::join!(stdout, read_tail(stderr, STDERR_TAIL));
+        let status = child.wait().await;
+        (stdout, stderr, status)
     };
-    if !output.status.success() {
+    let Ok((stdout, stderr, status)) = tokio::time::timeout(timeout, work).await else {
+        kill_group(group).await;
         return Err(Error::unavailable(format!(
-            "GCS_TOKEN_COMMAND failed ({}){}",
-            output.status,
-            stderr_line(&output.stderr)
+            "GCS_TOKEN_COMMAND took longer than {timeout:?} and was killed"
+        )));
+    };
+    let unreadable = |e: std::io::Error| {
+        Error::unavailable(format!("GCS_TOKEN_COMMAND's output could not be read: {e}"))
+    };
+    let stdout = stdout.map_err(unreadable)?;
+    if stdout.len() > MAX_OUTPUT {
+        return parse_output(&stdout); // refused for its size, before its exit status
+    }
+    let status = status.map_err(unreadable)?;
+    if !status.success() {
+        return Err(Error::unavailable(format!(
+            "GCS_TOKEN_COMMAND failed ({status}){}",
+            stderr_line(&stderr.map_err(unreadable)?)
         )));
     }
-    parse_output(&output.stdout)
+    parse_output(&stdout)
+}
+
+/// Up to `max` bytes of `pipe`, reading no more.
+async fn read_at_most(
+    pipe: Option<impl tokio::io::AsyncRead + Unpin>,
+    max: usize,
+) -> std::io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let mut out = Vec::new();
+    if let Some(pipe) = pipe {
+        pipe.take(max as u64).read_to_end(&mut out).await?;
+    }
+    Ok(out)
+}
+
+/// The last `keep` bytes of `pipe`, read to its end.
+async fn read_tail(
+    pipe: Option<impl tokio::io::AsyncRead + Unpin>,
+    keep: usize,
+) -> std::io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let Some(mut pipe) = pipe else {
+        return Ok(Vec::new());
+    };
+    let (mut tail, mut buf) = (Vec::with_capacity(2 * keep), vec![0u8; keep]);
+    loop {
+        let n = pipe.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(tail);
+        }
+        tail.extend_from_slice(&buf[..n]);
+        if tail.len() > keep {
+            tail.drain(..tail.len() - keep);
+        }
+    }
 }
 
 /// Kills what the command left running (the child itself is killed on drop).

@@ -36,7 +36,7 @@ async fn harness() -> Option<FakeGcsHarness> {
     let bucket = format!("anylock-fake-{nanos}");
     // Building a backend first installs the rustls provider a plain reqwest client needs.
     drop(
-        GcsBackend::from_url("gs://provider-warmup")
+        GcsBackend::from_url(&format!("gs://{bucket}/?endpoint={url}"))
             .await
             .expect("backend"),
     );

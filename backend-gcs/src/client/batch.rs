@@ -110,10 +110,7 @@ impl GcsClient {
             .and_then(|v| v.to_str().ok())
             .unwrap_or_default()
             .to_owned();
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| map_error(Failure::Transport(e), Call::Write))?;
+        let body = super::read_body(response, crate::body::BATCH, Call::Write).await?;
         let answers = parse_reply(&content_type, &body, calls.len())?;
         let refused = answers.iter().any(|a| matches!(a, PartAnswer::Status(401)));
         if let (true, Some(token)) = (refused && self.auth.renews(), token) {

@@ -11,6 +11,10 @@ use gcs_test_server::GcsTestServer;
 use lockcore::Identity;
 use serde_json::{Value, json};
 
+pub mod huge;
+pub mod pki;
+pub mod tls_front;
+
 /// A test server with one bucket and a random prefix; the bucket's helpers (`Bucket`)
 /// are reachable through `Deref`.
 pub struct Gcs {
@@ -48,7 +52,7 @@ impl Gcs {
         // Building a backend first installs the rustls crypto provider that a plain
         // `reqwest::Client` needs under the `tls` feature.
         drop(
-            GcsBackend::from_url("gs://provider-warmup")
+            GcsBackend::from_url(&format!("gs://{bucket}/?endpoint={}", server.url()))
                 .await
                 .expect("backend"),
         );
