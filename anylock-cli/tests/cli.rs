@@ -267,7 +267,7 @@ fn bad_input_gets_one_clear_line() {
 }
 
 /// `-E` turns a conflict into an expected outcome, never an outage: with nothing to
-/// reach, the wait runs out with no holder seen and that is reported as the failure it is.
+/// reach, the backend cannot be opened, and that is reported as the failure it is.
 #[test]
 fn the_conflict_exit_code_never_hides_an_unreachable_backend() {
     let scene = Scene::local();
@@ -280,7 +280,7 @@ fn the_conflict_exit_code_never_hides_an_unreachable_backend() {
         format!("gs://bkt/?endpoint=http://127.0.0.1:{port}"),
     );
     let out = command.output().expect("run");
-    assert_eq!(code(&out), 124, "{:?}", stderr_lines(&out));
+    assert_eq!(code(&out), 125, "{:?}", stderr_lines(&out));
     assert!(!String::from_utf8_lossy(&out.stdout).contains("RAN"));
     assert_eq!(stderr_lines(&out).len(), 1, "{:?}", stderr_lines(&out));
 }

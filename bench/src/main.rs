@@ -78,16 +78,9 @@ use crate::system::{Ctx, Kind, System};
 fn main() -> ExitCode {
     let args = Args::parse();
     let _ = started();
-    // Building a GCS backend installs the rustls provider that plain reqwest clients need
-    // (the GCS test server and the gcslock-style loop build some).
-    let warmup = tokio::runtime::Builder::new_current_thread()
-        .build()
-        .map(|rt| rt.block_on(backend_gcs::GcsBackend::from_url("gs://provider-warmup")));
-    match warmup {
-        Err(e) => return fail(&e.into()),
-        Ok(Err(e)) => return fail(&e.into()),
-        Ok(Ok(_)) => {}
-    }
+    // The rustls provider that plain reqwest clients need (the GCS test server and the
+    // gcslock-style loop build some); a second install is refused, which is fine.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     if let Some(workload) = &args.profile {
         return match profile::run(&args, workload) {
             Ok(()) => ExitCode::SUCCESS,
