@@ -278,6 +278,12 @@ pub(crate) struct RunArgs {
     #[arg(long, env = "ANYLOCK_GRACE", value_parser = parse_duration)]
     pub(crate) grace: Option<Duration>,
 
+    /// Stop the command this much sooner than the server can expire the lease, on top of
+    /// 1 % of the TTL [default: 30ms, at most a quarter of the TTL]: raise it where timers
+    /// fire late (a loaded machine). Must leave more than half the TTL.
+    #[arg(long, env = "ANYLOCK_MARGIN", value_parser = parse_duration)]
+    pub(crate) margin: Option<Duration>,
+
     /// Hold the lock at least this long after it was acquired (ShedLock's lockAtLeastFor):
     /// if the command finishes sooner, the lease is left to expire then instead of being
     /// released, so a late run elsewhere does not repeat the job. At most the TTL.

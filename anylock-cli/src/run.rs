@@ -109,6 +109,9 @@ pub(crate) fn options(args: &RunArgs, config: &Config) -> Result<LockOptions, Er
     grace(args, config)?;
     let wait = wait_mode(args.waiting.no_wait, args.waiting.wait, config)?;
     let mut options = LockOptions::new(ttl).with_wait(wait);
+    if let Some(margin) = args.margin {
+        options = options.with_margin(margin);
+    }
     if let Some(note) = args.note.get() {
         options = options.with_note(note.clone());
     }

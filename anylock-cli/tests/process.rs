@@ -237,6 +237,18 @@ fn a_grace_not_shorter_than_the_ttl_is_refused() {
     assert_eq!(code(&out), 0, "{:?}", stderr_lines(&out));
 }
 
+/// `--margin` raises the drift allowance; one that leaves half the TTL or less is refused.
+#[test]
+fn a_margin_is_taken_and_one_eating_half_the_ttl_is_refused() {
+    let scene = Scene::local();
+    let out = scene.output(&["run", "job", "--ttl", "3s", "--margin", "2s", "--", "true"]);
+    let lines = stderr_lines(&out);
+    assert_eq!(code(&out), 2, "{lines:?}");
+    assert!(lines[0].contains("margin"), "{lines:?}");
+    let out = scene.output(&["run", "job", "--ttl", "3s", "--margin", "1s", "--", "true"]);
+    assert_eq!(code(&out), 0, "{:?}", stderr_lines(&out));
+}
+
 /// `memory:` locks live inside one process: two `anylock run` would both get the lock.
 #[test]
 fn the_memory_backend_is_refused() {

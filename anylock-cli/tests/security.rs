@@ -432,7 +432,10 @@ fn check_warns_when_credentials_travel_in_plaintext() {
     };
     // The harness's PostgreSQL trusts loopback: any password is accepted, none is checked.
     let url = url.replacen("postgres@", "postgres:plain-secret-123456@", 1);
-    assert!(url.contains("sslmode=disable"), "the harness's URL says no TLS: {url}");
+    assert!(
+        url.contains("sslmode=disable"),
+        "the harness's URL says no TLS: {url}"
+    );
     let check = clean(Command::new(BIN))
         .arg("check")
         .env("ANYLOCK_BACKEND", &url)

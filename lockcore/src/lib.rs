@@ -82,7 +82,7 @@ pub use locker::Locker;
 pub use memory::MemoryBackend;
 pub use name::{LockName, MAX_NAME_LEN};
 pub use note::{MAX_NOTE_LEN, Note, display_safe, is_unsafe_to_show, validate_prefix};
-pub use options::{LockOptions, MAX_REFRESH_FAILURES, WaitMode};
+pub use options::{DEFAULT_MARGIN, LockOptions, MAX_REFRESH_FAILURES, WaitMode};
 pub use permit_count::{MAX_PERMITS, Permits};
 pub use permits::limit_conflict;
 pub use security::{ConnectionSecurity, TlsDetails, Transport, Verification};

@@ -15,7 +15,7 @@ use crate::{
     LockName, LockOptions, Locker, LostReason, MemoryBackend, Result, WaitMode,
 };
 
-/// TTL 8 s: refresh every 1 s, drift 82 ms (1 % + 2 ms).
+/// TTL 8 s: refresh every 1 s, drift 110 ms (1 % + the 30 ms margin).
 fn options() -> LockOptions {
     LockOptions::new(ms(8000))
 }

@@ -4,7 +4,7 @@ use super::{Rig, ms};
 use crate::testing::Op;
 use crate::{Clock, Health, LockOptions, LostReason};
 
-/// TTL 800 ms: refresh every 100 ms, drift 10 ms.
+/// TTL 800 ms: refresh every 100 ms, drift 38 ms.
 fn rig_with_clock() -> (Rig, crate::ClockControl) {
     let mut rig = Rig::new(LockOptions::new(ms(800)));
     let (clock, control) = Clock::adjustable();

@@ -7,7 +7,7 @@ use super::{Rig, ms};
 use crate::testing::{Fault, Op};
 use crate::{ErrorKind, Health, LockBackend, LockName, LockOptions};
 
-/// TTL 800 ms: refresh every 100 ms, drift 10 ms.
+/// TTL 800 ms: refresh every 100 ms, drift 38 ms.
 fn rig() -> Rig {
     Rig::new(LockOptions::new(ms(800)))
 }
