@@ -190,3 +190,13 @@ impl Refusal {
 }
 
 impl std::error::Error for StoreRefused {}
+
+/// [`ErrorKind::Config`](lockcore::ErrorKind::Config): the file system refused to `what`
+/// `path`.
+pub(crate) fn cannot(what: &str, path: &std::path::Path, err: std::io::Error) -> lockcore::Error {
+    lockcore::Error::new(
+        lockcore::ErrorKind::Config,
+        format!("cannot {what} {}", path.display()),
+    )
+    .with_source(err)
+}

@@ -39,8 +39,10 @@ pub(crate) fn prepare(
     };
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
     let dir = dir.unwrap_or(Path::new("."));
-    trust.make_dirs(dir).map_err(|e| cannot("create", dir, e))?;
-    let dir = std::fs::canonicalize(dir).map_err(|e| cannot("resolve", dir, e))?;
+    trust
+        .make_dirs(dir)
+        .map_err(|e| crate::refusal::cannot("create", dir, e))?;
+    let dir = std::fs::canonicalize(dir).map_err(|e| crate::refusal::cannot("resolve", dir, e))?;
     check_filesystem(&dir, config, host)?;
     trust.check_directories(&dir)?;
     let db = dir.join(file);
@@ -64,7 +66,7 @@ fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
 fn check_filesystem(dir: &Path, config: &LocalConfig, host: &dyn Host) -> Result<(), Error> {
     let filesystem = host
         .filesystem(dir)
-        .map_err(|e| cannot("tell the filesystem of", dir, e))?;
+        .map_err(|e| crate::refusal::cannot("tell the filesystem of", dir, e))?;
     let Some(filesystem) = filesystem.shared_name() else {
         return Ok(());
     };
@@ -82,14 +84,6 @@ fn check_filesystem(dir: &Path, config: &LocalConfig, host: &dyn Host) -> Result
 }
 
 /// "cannot `what` `path`", a `Config` error with the cause.
-pub(crate) fn cannot(what: &str, path: &Path, err: std::io::Error) -> Error {
-    Error::new(
-        ErrorKind::Config,
-        format!("cannot {what} {}", path.display()),
-    )
-    .with_source(err)
-}
-
 #[cfg(test)]
 #[path = "store_tests.rs"]
 mod tests;

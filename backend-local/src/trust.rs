@@ -224,13 +224,13 @@ impl Trust {
             Ok(file) => {
                 if let Some((_, gid)) = &self.group {
                     std::os::unix::fs::fchown(&file, None, Some(*gid))
-                        .map_err(|e| crate::store::cannot("set the group of", db, e))?;
+                        .map_err(|e| crate::refusal::cannot("set the group of", db, e))?;
                 }
                 file.set_permissions(Permissions::from_mode(self.file_mode()))
-                    .map_err(|e| crate::store::cannot("set the mode of", db, e))?;
+                    .map_err(|e| crate::refusal::cannot("set the mode of", db, e))?;
             }
             Err(err) if err.kind() == io::ErrorKind::AlreadyExists => {}
-            Err(err) => return Err(crate::store::cannot("create", db, err)),
+            Err(err) => return Err(crate::refusal::cannot("create", db, err)),
         }
         self.check(db, Role::Database)
     }
@@ -238,7 +238,7 @@ impl Trust {
     /// Makes the holders directory if it is missing, then judges it.
     pub(crate) fn make_holders(&self, dir: &Path) -> Result<(), Error> {
         self.make_dir(dir)
-            .map_err(|e| crate::store::cannot("create", dir, e))?;
+            .map_err(|e| crate::refusal::cannot("create", dir, e))?;
         self.check(dir, Role::Holders)
     }
 
@@ -248,7 +248,7 @@ impl Trust {
         let meta = match fs::symlink_metadata(path) {
             Ok(meta) => meta,
             Err(err) if err.kind() == io::ErrorKind::NotFound => return Ok(()),
-            Err(err) => return Err(crate::store::cannot("read", path, err)),
+            Err(err) => return Err(crate::refusal::cannot("read", path, err)),
         };
         self.judge(&meta, role)
             .map_err(|refusal| StoreRefused::new(path, refusal).into_error())?;

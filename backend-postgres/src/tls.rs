@@ -8,8 +8,6 @@ use lockcore::url::Query;
 use lockcore::{Result, Verification};
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
-use crate::error::{config_error, invalid};
-
 /// The libpq (and sqlx) names of anylock's TLS file parameters, with the name they stand for.
 pub(crate) const ALIASES: &[(&str, &str)] = &[
     ("sslrootcert", "ca"),
@@ -73,7 +71,7 @@ impl TlsParams {
         if let Some((_, first)) = self.given.iter().find(|(c, _)| *c == canonical)
             && first != name
         {
-            return Err(invalid(format!(
+            return Err(lockcore::Error::invalid_input(format!(
                 "URL parameters `{first}` and `{name}` both name the `{canonical}` file; give one"
             )));
         }
@@ -152,15 +150,13 @@ impl TlsParams {
         let named: Vec<&str> = self.given.iter().map(|(_, n)| n.as_str()).collect();
         match mode {
             PgSslMode::Require if self.files.ca().is_some() => Ok((PgSslMode::VerifyCa, false)),
-            PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => {
-                Err(config_error(format!(
-                    "TLS parameter(s) {} given with sslmode={}, which may connect without TLS \
+            PgSslMode::Disable | PgSslMode::Allow | PgSslMode::Prefer => Err(config(format!(
+                "TLS parameter(s) {} given with sslmode={}, which may connect without TLS \
                      and does not check the server's certificate; use sslmode=verify-full \
                      (or verify-ca, require), or leave sslmode out",
-                    named.join(", "),
-                    mode_name(mode)
-                )))
-            }
+                named.join(", "),
+                mode_name(mode)
+            ))),
             other => Ok((other, false)),
         }
     }
@@ -186,7 +182,7 @@ fn weak_with_password(mode: PgSslMode) -> lockcore::Error {
         PgSslMode::Allow => "the driver (sqlx 0.9) never uses TLS under `allow`",
         _ => "`prefer` goes on without TLS when the server declines it, and checks no certificate",
     };
-    config_error(format!(
+    config(format!(
         "sslmode={} with a password (from the URL, PGPASSWORD or ~/.pgpass): {why}, so a \
          server without TLS, or an impostor in its place, would be sent the password in a \
          form it can read; use sslmode=verify-full (with `ca=FILE` when a private CA signs \
@@ -296,6 +292,11 @@ pub(crate) fn mode_name(mode: PgSslMode) -> &'static str {
         PgSslMode::VerifyCa => "verify-ca",
         PgSslMode::VerifyFull => "verify-full",
     }
+}
+
+/// [`ErrorKind::Config`](lockcore::ErrorKind::Config) with `message`.
+fn config(message: String) -> lockcore::Error {
+    lockcore::Error::new(lockcore::ErrorKind::Config, message)
 }
 
 #[cfg(test)]
