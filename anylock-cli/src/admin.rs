@@ -263,10 +263,57 @@ pub(crate) async fn check(url: Option<String>, json: bool, config: &Config) -> R
         "guarantees:   {}, fencing {:?}, waiters {:?}",
         g.exclusion, g.fencing, g.waiting
     ));
+    say_limits_and_clock(&url, &say, &mut report);
     if json {
         out!("{}", serde_json::Value::Object(report));
     }
     Ok(())
+}
+
+/// The bounds on the backend's replies, and the clock leases are measured on.
+fn say_limits_and_clock(
+    url: &BackendUrl,
+    say: &impl Fn(String),
+    report: &mut serde_json::Map<String, serde_json::Value>,
+) {
+    let limits = anylock::reply_limits(url).unwrap_or_default();
+    let shown: Vec<String> = limits
+        .iter()
+        .map(|(what, most)| match what.strip_suffix(" (count)") {
+            Some(what) => format!("{what} {}", grouped(*most)),
+            None => format!("{what} {} bytes", grouped(*most)),
+        })
+        .collect();
+    say(format!(
+        "reply limits: {}",
+        match shown.is_empty() {
+            true => "none needed (no server)".to_owned(),
+            false => shown.join("; "),
+        }
+    ));
+    let limits = limits
+        .iter()
+        .map(|(what, most)| ((*what).to_owned(), (*most).into()));
+    report.insert(
+        "reply_limits".into(),
+        serde_json::Value::Object(limits.collect()),
+    );
+    let clock = lockcore::Clock::system().suspend_source();
+    say(format!("lease clock:  {clock}"));
+    report.insert("lease_clock".into(), clock.into());
+}
+
+/// `n` with thousands grouped, for people: `1,048,576`.
+fn grouped(n: usize) -> String {
+    let digits = n.to_string();
+    let mut out = String::new();
+    for (i, digit) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(digit);
+    }
+    out
 }
 
 fn millis(d: Duration) -> f64 {

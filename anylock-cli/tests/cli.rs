@@ -517,3 +517,34 @@ fn check_refuses_a_redis_that_may_evict_lock_keys() {
         "{lines:?}"
     );
 }
+
+/// `check` says what the backend's replies are bounded to and which clock leases are
+/// measured on (one that counts a machine suspend), in text and JSON.
+#[test]
+fn check_shows_the_reply_limits_and_the_lease_clock() {
+    let Some(scene) = Scene::redis() else { return };
+    let out = scene.output(&["check"]);
+    assert_eq!(code(&out), 0, "{:?}", stderr_lines(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("reply limits: value 1,048,576 bytes;"),
+        "{text}"
+    );
+    assert!(
+        text.contains("lease clock:  CLOCK_BOOTTIME (counts suspend)"),
+        "{text}"
+    );
+    let out = scene.output(&["check", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(json["reply_limits"]["value"], 1_048_576, "{json}");
+    assert_eq!(
+        json["lease_clock"], "CLOCK_BOOTTIME (counts suspend)",
+        "{json}"
+    );
+    let local = Scene::local().output(&["check"]);
+    let text = String::from_utf8_lossy(&local.stdout);
+    assert!(
+        text.contains("reply limits: none needed (no server)"),
+        "{text}"
+    );
+}

@@ -120,6 +120,8 @@ struct Backend {
     open: Option<for<'a> fn(&'a str) -> Opening<'a>>,
     /// Its promises; `None` when the feature is off.
     guarantees: Option<fn() -> Guarantees>,
+    /// What its replies are bounded to (`(what, bytes)`); `None` when the feature is off.
+    reply_limits: Option<&'static [(&'static str, usize)]>,
 }
 
 /// A backend crate's `open` as a plain function pointer returning a boxed future.
@@ -152,6 +154,7 @@ const BACKENDS: &[Backend] = &[
         schemes: &[("local", "embedded SQLite (one machine)")],
         open: when!("local", opener!(backend_local)),
         guarantees: when!("local", backend_local::guarantees as fn() -> Guarantees),
+        reply_limits: when!("local", backend_local::REPLY_LIMITS),
     },
     Backend {
         name: "redis",
@@ -159,6 +162,7 @@ const BACKENDS: &[Backend] = &[
         schemes: &[("redis", "Redis"), ("rediss", "Redis over TLS")],
         open: when!("redis", opener!(backend_redis)),
         guarantees: when!("redis", backend_redis::guarantees as fn() -> Guarantees),
+        reply_limits: when!("redis", backend_redis::REPLY_LIMITS),
     },
     Backend {
         name: "redlock",
@@ -172,6 +176,7 @@ const BACKENDS: &[Backend] = &[
             "redis",
             backend_redis::redlock_guarantees as fn() -> Guarantees
         ),
+        reply_limits: when!("redis", backend_redis::REPLY_LIMITS),
     },
     Backend {
         name: "postgres",
@@ -182,6 +187,7 @@ const BACKENDS: &[Backend] = &[
             "postgres",
             backend_postgres::guarantees as fn() -> Guarantees
         ),
+        reply_limits: when!("postgres", backend_postgres::REPLY_LIMITS),
     },
     Backend {
         name: "etcd",
@@ -189,6 +195,7 @@ const BACKENDS: &[Backend] = &[
         schemes: &[("etcd", "etcd"), ("etcds", "etcd over TLS")],
         open: when!("etcd", opener!(backend_etcd)),
         guarantees: when!("etcd", backend_etcd::guarantees as fn() -> Guarantees),
+        reply_limits: when!("etcd", backend_etcd::REPLY_LIMITS),
     },
     Backend {
         name: "gcs",
@@ -196,6 +203,7 @@ const BACKENDS: &[Backend] = &[
         schemes: &[("gs", "Google Cloud Storage")],
         open: when!("gcs", opener!(backend_gcs)),
         guarantees: when!("gcs", backend_gcs::guarantees as fn() -> Guarantees),
+        reply_limits: when!("gcs", backend_gcs::REPLY_LIMITS),
     },
     Backend {
         name: "memory",
@@ -203,6 +211,7 @@ const BACKENDS: &[Backend] = &[
         schemes: &[("memory", "in-process memory")],
         open: Some(open_memory),
         guarantees: Some(memory_guarantees),
+        reply_limits: Some(&[]),
     },
 ];
 
@@ -262,6 +271,16 @@ fn unknown(url: &BackendUrl) -> Error {
         "unknown backend URL \"{url}\": the scheme must be one of {}",
         known.join(", ")
     ))
+}
+
+/// What the replies of the backend that opens `url` are bounded to, `(what, bytes)`:
+/// `None` for an unknown scheme or one whose cargo feature is off.
+pub fn reply_limits(url: &BackendUrl) -> Option<&'static [(&'static str, usize)]> {
+    let scheme = url.scheme();
+    BACKENDS
+        .iter()
+        .find(|b| b.schemes.iter().any(|(s, _)| *s == scheme))?
+        .reply_limits
 }
 
 /// The guarantees of every backend compiled into this build, by name, without connecting.

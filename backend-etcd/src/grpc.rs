@@ -186,12 +186,12 @@ impl Connection {
         KvClient::new(self.0.svc.clone()).max_decoding_message_size(MAX_KV_REPLY)
     }
 
-    /// A Lease client on this member's channel.
+    /// A Lease client on this member's channel (tonic's default bound per reply).
     pub(crate) fn lease(&self) -> LeaseClient<Svc> {
         LeaseClient::new(self.0.svc.clone())
     }
 
-    /// A Watch client on this member's channel.
+    /// A Watch client on this member's channel (tonic's default bound per reply).
     fn watch_client(&self) -> WatchClient<Svc> {
         WatchClient::new(self.0.svc.clone())
     }
@@ -343,7 +343,11 @@ const RESET_STREAMS_FOR: Duration = Duration::from_secs(60);
 /// The largest KV reply read (gRPC's default is 4 MiB). A semaphore's attempt reads all
 /// its slots in one Range: 10,000 permits (lockcore's most) with 512-byte notes and long
 /// names are up to about 30 MB; other replies are far smaller.
-const MAX_KV_REPLY: usize = 64 * 1024 * 1024;
+/// tonic's bound on one decoded gRPC message where none is set (the Lease, Watch and
+/// Auth clients).
+pub(crate) const MAX_TONIC_REPLY: usize = 4 * 1024 * 1024;
+
+pub(crate) const MAX_KV_REPLY: usize = 64 * 1024 * 1024;
 
 /// The endpoint for `url` (`http://` or, with TLS, `https://`): HTTP/2 keep-alive pings
 /// every 10 s (also when idle), 5 s to answer, the connect timeout, and reset streams

@@ -108,6 +108,16 @@ pub use lockcore;
 /// The URL schemes this crate opens (`etcds` is TLS).
 pub const SCHEMES: &[&str] = &[config::SCHEME, config::TLS_SCHEME];
 
+/// Every reply this crate reads is bounded: what is bounded, and the most bytes decoded of
+/// it (a larger gRPC message fails the call with a typed error).
+pub const REPLY_LIMITS: &[(&str, usize)] = &[
+    (
+        "one KV reply (a grant, a range, a listing page)",
+        grpc::MAX_KV_REPLY,
+    ),
+    ("one lease, watch or auth reply", grpc::MAX_TONIC_REPLY),
+];
+
 /// Opens the backend `url` names: parses it ([`EtcdConfig::from_url`]) and connects to
 /// every member ([`EtcdConfig::build`]).
 ///

@@ -62,6 +62,10 @@ use lockcore::{LockBackend, Result};
 /// The URL schemes this crate opens.
 pub const SCHEMES: &[&str] = &[config::SCHEME];
 
+/// No reply comes from a server: the store is a file of this machine, opened only when it
+/// passes the ownership and permission checks (`docs/local.md`).
+pub const REPLY_LIMITS: &[(&str, usize)] = &[];
+
 /// Opens the backend `url` names (`local:` or `local:/path/locks.sqlite3`): parses it
 /// ([`LocalConfig::from_url`]) and opens the database ([`LocalConfig::build`]).
 ///

@@ -137,7 +137,8 @@ pub use redlock::{RedlockBackend, RedlockConfig, guarantees as redlock_guarantee
 /// Redis server?") and closes the connection before the client allocates for it; the next
 /// call opens a new one. The largest legitimate replies are a semaphore's 10,000 permits
 /// with their notes (about 11 MB, 40,001 values) and a listing page (about 500 keys); see
-/// `docs/redis.md`, "Reply limits".
+/// `docs/redis.md`, "Reply limits". Each limit is in bytes, or a count where its name
+/// ends in "(count)".
 pub const REPLY_LIMITS: &[(&str, usize)] = limits::ALL;
 
 /// URL schemes of the single-instance backend (`rediss` is TLS).

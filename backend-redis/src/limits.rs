@@ -55,14 +55,14 @@ pub(crate) const MAX_PAGES: usize = 1_000_000;
 
 /// The limits in the order of [`REPLY_LIMITS`](crate::REPLY_LIMITS).
 pub(crate) const ALL: &[(&str, usize)] = &[
-    ("value (bytes)", MAX_VALUE),
-    ("error text or status line (bytes)", MAX_LINE),
-    ("elements of one array, set or map", MAX_ELEMENTS),
-    ("values in one reply", MAX_VALUES),
-    ("one reply (bytes)", MAX_REPLY),
-    ("the replies to one batch of commands (bytes)", MAX_BATCH),
-    ("held locks in one listing, per node", MAX_LISTED),
-    ("SCAN pages of one listing", MAX_PAGES),
+    ("value", MAX_VALUE),
+    ("error text or status line", MAX_LINE),
+    ("elements of one array, set or map (count)", MAX_ELEMENTS),
+    ("values in one reply (count)", MAX_VALUES),
+    ("one reply", MAX_REPLY),
+    ("the replies to one batch of commands", MAX_BATCH),
+    ("held locks in one listing, per node (count)", MAX_LISTED),
+    ("SCAN pages of one listing (count)", MAX_PAGES),
 ];
 
 /// Which limit a reply broke, or that it is not RESP at all.
