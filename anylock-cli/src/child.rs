@@ -13,6 +13,8 @@ use tokio::time::{Instant, sleep, timeout};
 
 use lockcore::Clock;
 
+use crate::watchdog::Watchdog;
+
 use crate::cli::Leftovers;
 use crate::supervisor::{self, Plan};
 use crate::{exit, group};
@@ -83,8 +85,14 @@ impl Child {
     /// SIGTERM to the whole group, SIGKILL to whatever is left after `grace` (at once if
     /// `grace` is zero), grandchildren that outlive the command included. Returns once the
     /// group is gone. The grace is measured on `clock`, the lease's (a suspend during it
-    /// counts, as it does on the server).
-    pub(crate) async fn stop(&mut self, grace: Duration, clock: &Clock) {
+    /// counts, as it does on the server). `watchdog` keeps watching until the supervisor
+    /// has exited or the grace is over, and is dropped before the group is reaped.
+    pub(crate) async fn stop(
+        &mut self,
+        grace: Duration,
+        clock: &Clock,
+        watchdog: Option<Watchdog>,
+    ) {
         if !grace.is_zero() {
             let deadline = clock.now() + grace;
             self.signal_group(Signal::SIGTERM);
@@ -92,9 +100,12 @@ impl Child {
                 _ = self.inner.wait() => {}
                 () = clock.sleep_until(deadline) => {}
             }
+            drop(watchdog);
             while self.group_alive() && clock.now() < deadline {
                 sleep(Duration::from_millis(50)).await;
             }
+        } else {
+            drop(watchdog);
         }
         self.kill_group().await;
     }

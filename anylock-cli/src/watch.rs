@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use lockcore::{Clock, ErrorKind, LockGuard, LostReason};
 use nix::sys::signal::{Signal, raise};
-use tokio::time::{Instant, Interval, interval};
+use tokio::time::Instant;
 
 use crate::child::{self, Child};
 use crate::cli::RunArgs;
@@ -23,15 +23,11 @@ pub(crate) const SIGNALS: [Signal; 5] = [
     Signal::SIGCONT,
 ];
 
-/// How often the lease's validity is sampled, to bound the grace after a loss.
-const SAMPLE: Duration = Duration::from_millis(100);
-
 /// What ended one round of supervision.
 enum Event {
     Exited(std::io::Result<std::process::ExitStatus>),
     Lost(LostReason),
     Signal(Signal),
-    Sample,
 }
 
 /// Runs the command under `guard` until it exits or the lock is lost; returns the exit
@@ -54,55 +50,42 @@ pub(crate) async fn supervise(
             return exit::FAILED;
         }
     };
-    // The latest moment the lease is known valid until, sampled while it is held: once it
-    // is lost, lockcore reports no validity any more. The watchdog kills the group at that
-    // moment, even if this loop is late.
-    let mut valid_until = clock.now() + guard.remaining_validity();
-    let watchdog = Watchdog::start(child.group(), guard.remaining_validity());
-    let mut sample = interval(SAMPLE);
+    // The watchdog kills the group at the lease's deadline even if this loop is late; it
+    // is dropped before the supervisor could be reaped and the lease released.
+    let deadline = guard.deadline();
+    let mut watchdog = Some(Watchdog::start(child.group(), deadline.clone()));
     loop {
-        let reason = match next_event(&mut child, &guard, &mut signals, &mut sample).await {
-            Event::Sample if guard.is_held() => {
-                let left = guard.remaining_validity();
-                valid_until = clock.now() + left;
-                watchdog.extend(left);
-                continue;
-            }
-            Event::Sample => continue,
+        let reason = match next_event(&mut child, &guard, &mut signals).await {
             Event::Signal(sig) => match on_signal(&child, &guard, sig) {
                 Ok(()) => continue,
                 Err(reason) => reason,
             },
             Event::Lost(reason) => reason,
-            Event::Exited(_) if watchdog.fired() => LostReason::ValidityExpired,
             Event::Exited(status) => {
-                return finish(child, guard, &args.name, status, hold_until, clock).await;
+                let fired = watchdog.take().is_some_and(|w| w.fired());
+                if !fired {
+                    return finish(child, guard, &args.name, status, hold_until, clock).await;
+                }
+                LostReason::ValidityExpired
             }
         };
-        let left = valid_until.saturating_duration_since(clock.now());
-        let grace = effective_grace(grace, &reason, left);
         let ending = Ending {
             name: &args.name,
             reason: &reason,
-            grace,
+            // What the lease had left by its last deadline, lost or not.
+            grace: effective_grace(grace, &reason, deadline.left()),
             hold_until,
             clock,
         };
-        return stop_on_loss(child, guard, ending).await;
+        return stop_on_loss(child, guard, ending, watchdog).await;
     }
 }
 
-async fn next_event(
-    child: &mut Child,
-    guard: &LockGuard,
-    signals: &mut Signals,
-    sample: &mut Interval,
-) -> Event {
+async fn next_event(child: &mut Child, guard: &LockGuard, signals: &mut Signals) -> Event {
     tokio::select! {
         status = child.wait() => Event::Exited(status),
         reason = guard.lost() => Event::Lost(reason),
         sig = signals.next() => Event::Signal(sig),
-        _ = sample.tick() => Event::Sample,
     }
 }
 
@@ -184,7 +167,12 @@ struct Ending<'a> {
     clock: &'a Clock,
 }
 
-async fn stop_on_loss(mut child: Child, guard: LockGuard, ending: Ending<'_>) -> u8 {
+async fn stop_on_loss(
+    mut child: Child,
+    guard: LockGuard,
+    ending: Ending<'_>,
+    watchdog: Option<Watchdog>,
+) -> u8 {
     let Ending {
         name,
         reason,
@@ -201,7 +189,7 @@ async fn stop_on_loss(mut child: Child, guard: LockGuard, ending: Ending<'_>) ->
         )
     };
     note!("anylock: lock {name} lost ({reason}); stopping the command ({how})");
-    child.stop(grace, clock).await;
+    child.stop(grace, clock, watchdog).await;
     if hold_until.is_some_and(|until| until > clock.now()) {
         // `--hold-at-least`: a lease lost to failed refreshes may still be held by the
         // server; releasing it could free the lock before the time asked. Let it expire.

@@ -1,19 +1,26 @@
 //! The watchdog: a thread that SIGKILLs the command's process group once the lease's
-//! validity has passed on `CLOCK_BOOTTIME`, whatever the async runtime is doing.
+//! local validity deadline has passed, whatever the async runtime is doing.
 //!
 //! The supervision loop (`watch.rs`) stops the command when the guard reports the lease
 //! lost, which it learns on the runtime: within [`lockcore::RESUME_CHECK`] after a machine
 //! resumes from a suspend, and late if the runtime is starved. The watchdog is the
-//! backstop for both: it sleeps on a timer of the clock that counts a suspend, which the
-//! kernel fires as the machine resumes, and it kills from its own thread with one system
-//! call. Linux only (`timerfd` on `CLOCK_BOOTTIME`); elsewhere it does nothing, and the
-//! supervision loop alone stops the command.
+//! backstop for both. It reads the guard's [`Deadline`] (on the guard's clock, which
+//! counts a suspend) and sleeps until then, at most [`RECHECK`] at a time, on a timer of
+//! `CLOCK_BOOTTIME`, which the kernel fires as the machine resumes; past the deadline it
+//! kills from its own thread with one system call. It must be dropped before the lease is
+//! released and before the command's supervisor is reaped (its group id is then free).
+//! Linux only (`timerfd`); elsewhere it does nothing, and the supervision loop alone
+//! stops the command.
 
-use std::time::Duration;
-
+use lockcore::Deadline;
 use nix::unistd::Pid;
 
-/// Kills `group` once the lease runs out; moved later with [`Watchdog::extend`].
+/// The longest the watchdog sleeps before reading the deadline again (a refresh moves it
+/// later; one that granted a shorter TTL, sooner).
+#[cfg(target_os = "linux")]
+const RECHECK: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Kills `group` once the lease's deadline passes.
 #[derive(Debug)]
 pub(crate) struct Watchdog {
     #[cfg(target_os = "linux")]
@@ -21,31 +28,26 @@ pub(crate) struct Watchdog {
 }
 
 impl Watchdog {
-    /// Starts watching: `group` is killed `left` from now unless extended. Without a
-    /// timer (not Linux, or the kernel refused one) it watches nothing.
-    pub(crate) fn start(group: Pid, left: Duration) -> Self {
+    /// Starts watching `deadline` for `group`. Without a timer (not Linux, or the kernel
+    /// refused one) it watches nothing, and says so.
+    pub(crate) fn start(group: Pid, deadline: Deadline) -> Self {
         #[cfg(target_os = "linux")]
         {
-            let inner = linux::Inner::start(group, left)
-                .map_err(|err| tracing::debug!(%err, "no watchdog: cannot make a timer"))
+            let inner = linux::Inner::start(group, deadline)
+                .map_err(|err| {
+                    note!(
+                        "anylock: warning: no watchdog ({err}): after a machine suspend the \
+                         command is stopped within 100 ms of the resume, not at once"
+                    );
+                })
                 .ok();
             Self { inner }
         }
         #[cfg(not(target_os = "linux"))]
         {
-            let _ = (group, left);
+            let _ = (group, deadline);
             Self {}
         }
-    }
-
-    /// The lease is valid for `left` from now.
-    pub(crate) fn extend(&self, left: Duration) {
-        #[cfg(target_os = "linux")]
-        if let Some(inner) = &self.inner {
-            inner.extend(left);
-        }
-        #[cfg(not(target_os = "linux"))]
-        let _ = left;
     }
 
     /// Whether the watchdog killed the group.
@@ -64,23 +66,23 @@ impl Watchdog {
 #[cfg(target_os = "linux")]
 mod linux {
     use std::sync::Arc;
-    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::thread::JoinHandle;
     use std::time::Duration;
 
+    use lockcore::Deadline;
     use nix::sys::signal::{Signal, killpg};
     use nix::sys::time::TimeSpec;
     use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
     use nix::unistd::Pid;
 
-    /// Deadline value that tells the thread to end.
-    const STOP: i64 = i64::MIN;
+    use super::RECHECK;
 
     #[derive(Debug)]
     struct Shared {
         timer: TimerFd,
-        /// On `CLOCK_BOOTTIME`, in nanoseconds; [`STOP`] to end.
-        deadline: AtomicI64,
+        deadline: Deadline,
+        stop: AtomicBool,
         fired: AtomicBool,
         group: Pid,
     }
@@ -92,30 +94,23 @@ mod linux {
     }
 
     impl Inner {
-        pub(super) fn start(group: Pid, left: Duration) -> nix::Result<Self> {
+        pub(super) fn start(group: Pid, deadline: Deadline) -> std::io::Result<Self> {
             let timer = TimerFd::new(ClockId::CLOCK_BOOTTIME, TimerFlags::TFD_CLOEXEC)?;
             let shared = Arc::new(Shared {
                 timer,
-                deadline: AtomicI64::new(after(left)),
+                deadline,
+                stop: AtomicBool::new(false),
                 fired: AtomicBool::new(false),
                 group,
             });
             let watched = Arc::clone(&shared);
             let thread = std::thread::Builder::new()
                 .name("anylock-watchdog".into())
-                .spawn(move || watch(&watched))
-                .map_err(|_| nix::Error::EAGAIN)?;
+                .spawn(move || watch(&watched))?;
             Ok(Self {
                 shared,
                 thread: Some(thread),
             })
-        }
-
-        /// A later deadline only: the thread wakes at the one it armed and re-arms.
-        pub(super) fn extend(&self, left: Duration) {
-            self.shared
-                .deadline
-                .fetch_max(after(left), Ordering::SeqCst);
         }
 
         pub(super) fn fired(&self) -> bool {
@@ -125,9 +120,10 @@ mod linux {
 
     impl Drop for Inner {
         fn drop(&mut self) {
-            self.shared.deadline.store(STOP, Ordering::SeqCst);
-            // A deadline in the past wakes the thread at once.
-            let _ = arm(&self.shared.timer, 1);
+            self.shared.stop.store(true, Ordering::SeqCst);
+            // A deadline in the past wakes the thread at once; a thread that armed its own
+            // timer after this sees `stop` before it waits.
+            let _ = arm(&self.shared.timer, Duration::from_nanos(1));
             if let Some(thread) = self.thread.take() {
                 let _ = thread.join();
             }
@@ -136,52 +132,47 @@ mod linux {
 
     fn watch(shared: &Shared) {
         loop {
-            let deadline = shared.deadline.load(Ordering::SeqCst);
-            if deadline == STOP || arm(&shared.timer, deadline).is_err() {
-                return;
-            }
-            if shared.timer.wait().is_err() {
-                return;
-            }
-            let deadline = shared.deadline.load(Ordering::SeqCst);
-            if deadline == STOP {
-                return;
-            }
-            if now() >= deadline {
+            // The boot clock first: the deadline below errs early, never late.
+            let Some(boot) = now() else { return };
+            let left = shared.deadline.left();
+            if left.is_zero() {
                 shared.fired.store(true, Ordering::SeqCst);
                 let _ = killpg(shared.group, Signal::SIGKILL);
+                return;
+            }
+            if arm(&shared.timer, boot + left.min(RECHECK)).is_err()
+                || shared.stop.load(Ordering::SeqCst)
+                || shared.timer.wait().is_err()
+                || shared.stop.load(Ordering::SeqCst)
+            {
                 return;
             }
         }
     }
 
-    fn arm(timer: &TimerFd, at: i64) -> nix::Result<()> {
-        let at = TimeSpec::from_duration(Duration::from_nanos(u64::try_from(at).unwrap_or(1)));
-        timer.set(
-            Expiration::OneShot(at),
-            TimerSetTimeFlags::TFD_TIMER_ABSTIME,
-        )
+    fn arm(timer: &TimerFd, at: Duration) -> nix::Result<()> {
+        let at = Expiration::OneShot(TimeSpec::from_duration(at));
+        timer.set(at, TimerSetTimeFlags::TFD_TIMER_ABSTIME)
     }
 
-    /// `CLOCK_BOOTTIME` now, in nanoseconds.
-    fn now() -> i64 {
-        nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).map_or(i64::MAX, |t| {
-            t.tv_sec()
-                .saturating_mul(1_000_000_000)
-                .saturating_add(t.tv_nsec())
-        })
-    }
-
-    fn after(left: Duration) -> i64 {
-        now().saturating_add(i64::try_from(left.as_nanos()).unwrap_or(i64::MAX))
+    /// `CLOCK_BOOTTIME` now.
+    fn now() -> Option<Duration> {
+        let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_BOOTTIME).ok()?;
+        Some(Duration::new(
+            u64::try_from(t.tv_sec()).ok()?,
+            u32::try_from(t.tv_nsec()).ok()?,
+        ))
     }
 }
 
 #[cfg(all(test, target_os = "linux"))]
 mod tests {
-    use std::os::unix::process::CommandExt;
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
     use std::process::Command;
-    use std::time::Instant;
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+
+    use lockcore::{LockOptions, Locker, MemoryBackend};
 
     use super::*;
 
@@ -197,32 +188,52 @@ mod tests {
         Pid::from_raw(i32::try_from(child.id()).expect("pid"))
     }
 
+    /// A lease nothing refreshes (TTL 300 ms, refreshed only by a keeper that never runs:
+    /// the runtime is blocked in this thread) is killed at its deadline.
     #[test]
-    fn kills_the_group_when_the_lease_runs_out() {
+    fn kills_the_group_at_the_deadline_of_a_lease_nobody_refreshes() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let locker = Locker::new(Arc::new(MemoryBackend::new()))
+            .with_options(LockOptions::new(Duration::from_millis(300)));
+        let guard = runtime.block_on(locker.acquire("job")).expect("free");
         let mut child = sleeper();
-        let watchdog = Watchdog::start(group(&child), Duration::from_millis(100));
         let started = Instant::now();
+        let watchdog = Watchdog::start(group(&child), guard.deadline());
         let status = child.wait().expect("wait");
-        assert_eq!(
-            std::os::unix::process::ExitStatusExt::signal(&status),
-            Some(9)
+        assert_eq!(status.signal(), Some(9));
+        assert!(
+            started.elapsed() < Duration::from_millis(300),
+            "killed at the deadline"
         );
-        assert!(started.elapsed() >= Duration::from_millis(90));
         assert!(watchdog.fired());
     }
 
+    /// A refreshed lease, whatever its TTL (down to 50 ms: refreshed every 6 ms), is never
+    /// killed; a dropped watchdog kills nothing.
     #[test]
-    fn an_extended_lease_is_not_killed_and_a_dropped_watchdog_kills_nothing() {
-        let mut child = sleeper();
-        let watchdog = Watchdog::start(group(&child), Duration::from_millis(100));
-        for _ in 0..6 {
-            std::thread::sleep(Duration::from_millis(50));
-            watchdog.extend(Duration::from_millis(100));
+    fn a_refreshed_lease_is_not_killed_and_a_dropped_watchdog_kills_nothing() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        for ttl in [50, 1000] {
+            let locker = Locker::new(Arc::new(MemoryBackend::new()))
+                .with_options(LockOptions::new(Duration::from_millis(ttl)));
+            let guard = runtime.block_on(locker.acquire("job")).expect("free");
+            let mut child = sleeper();
+            let watchdog = Watchdog::start(group(&child), guard.deadline());
+            std::thread::sleep(Duration::from_millis(3 * ttl.max(200)));
+            assert!(!watchdog.fired(), "TTL {ttl} ms: killed while refreshed");
+            drop(watchdog);
+            runtime.block_on(guard.release()).expect("released");
+            std::thread::sleep(Duration::from_millis(2 * ttl));
+            assert!(child.try_wait().expect("try_wait").is_none(), "killed");
+            child.kill().expect("kill");
+            child.wait().expect("wait");
         }
-        drop(watchdog);
-        std::thread::sleep(Duration::from_millis(200));
-        assert!(child.try_wait().expect("try_wait").is_none(), "killed");
-        child.kill().expect("kill");
-        child.wait().expect("wait");
     }
 }

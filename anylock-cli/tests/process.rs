@@ -237,7 +237,8 @@ fn a_grace_not_shorter_than_the_ttl_is_refused() {
     assert_eq!(code(&out), 0, "{:?}", stderr_lines(&out));
 }
 
-/// `--margin` raises the drift allowance; one that leaves half the TTL or less is refused.
+/// `--margin` raises the drift allowance; one that leaves half the TTL or less, or one below
+/// the default, is refused.
 #[test]
 fn a_margin_is_taken_and_one_eating_half_the_ttl_is_refused() {
     let scene = Scene::local();
@@ -246,6 +247,20 @@ fn a_margin_is_taken_and_one_eating_half_the_ttl_is_refused() {
     assert_eq!(code(&out), 2, "{lines:?}");
     assert!(lines[0].contains("margin"), "{lines:?}");
     let out = scene.output(&["run", "job", "--ttl", "3s", "--margin", "1s", "--", "true"]);
+    assert_eq!(code(&out), 0, "{:?}", stderr_lines(&out));
+    // It may only be raised: no option weakens the default.
+    let out = scene.output(&["run", "job", "--ttl", "3s", "--margin", "0ms", "--", "true"]);
+    let lines = stderr_lines(&out);
+    assert_eq!(code(&out), 2, "{lines:?}");
+    assert!(lines[0].contains("below the default"), "{lines:?}");
+}
+
+/// A short lease, refreshed every 15 ms, is not killed by the watchdog: it follows the
+/// guard's deadline as refreshes move it, not a sample of it.
+#[test]
+fn a_short_refreshed_lease_runs_its_command_to_the_end() {
+    let scene = Scene::local();
+    let out = scene.output(&["run", "job", "--ttl", "120ms", "--", "sleep", "1"]);
     assert_eq!(code(&out), 0, "{:?}", stderr_lines(&out));
 }
 

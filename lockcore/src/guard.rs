@@ -121,6 +121,16 @@ impl LockGuard {
             .saturating_duration_since(self.shared.clock.now())
     }
 
+    /// A handle to this lease's local validity deadline, for code that must act at that
+    /// deadline from outside the async runtime (`anylock run`'s watchdog thread). Unlike
+    /// [`remaining_validity`](Self::remaining_validity), it ignores the health: a lost
+    /// lease keeps its last deadline, past which the server may have let someone else in.
+    pub fn deadline(&self) -> Deadline {
+        Deadline {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
     /// Resolves when the lease is lost, with the reason.
     ///
     /// # Cancel safety
@@ -291,6 +301,30 @@ impl Drop for LockGuard {
                 tracing::debug!(lock = %self.name, "no runtime to release a dropped guard; it expires by its TTL")
             }
         }
+    }
+}
+
+/// A lease's local validity deadline, readable from any thread ([`LockGuard::deadline`]).
+#[derive(Clone)]
+pub struct Deadline {
+    shared: Arc<Held>,
+}
+
+impl Deadline {
+    /// How long until the lease's local validity deadline, on the locker's
+    /// [`Clock`](crate::Clock), whatever its health: a refresh moves it later; zero once
+    /// it has passed.
+    pub fn left(&self) -> Duration {
+        let validity = self.shared.validity();
+        validity.saturating_duration_since(self.shared.clock.now())
+    }
+}
+
+impl fmt::Debug for Deadline {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Deadline")
+            .field("left", &self.left())
+            .finish()
     }
 }
 

@@ -74,7 +74,7 @@ pub use error::{Error, Result};
 pub use guarantees::{
     Durability, Exclusion, ExpiryClock, Fairness, Fencing, Guarantees, Semaphores, Waiting,
 };
-pub use guard::LockGuard;
+pub use guard::{Deadline, LockGuard};
 pub use identity::{AUTO_PREFIX, Identity, MAX_NAMED_LEN, MAX_TASK_LEN, NAMED_PREFIX};
 pub use invalid::Invalid;
 pub use kind::{ErrorKind, RetryStatus};
