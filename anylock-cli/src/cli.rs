@@ -280,7 +280,8 @@ pub(crate) struct RunArgs {
 
     /// Stop the command this much sooner than the server can expire the lease, on top of
     /// 1 % of the TTL [default: 30ms, at most a quarter of the TTL]: raise it where timers
-    /// fire late (a loaded machine). Must leave more than half the TTL.
+    /// fire late (a loaded machine). It may only be raised, and must leave more than half
+    /// the TTL.
     #[arg(long, env = "ANYLOCK_MARGIN", value_parser = parse_duration)]
     pub(crate) margin: Option<Duration>,
 

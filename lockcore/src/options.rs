@@ -15,7 +15,8 @@ pub const MAX_REFRESH_FAILURES: u32 = 100;
 /// holder fire before the next holder can enter even when they fire late. About twice the
 /// latest wake measured on a 2-core machine with 8 processes spinning (14.5 ms on the async
 /// runtime, 7.6 ms on `anylock run`'s watchdog thread; `anylock-cli`'s `kill_lateness`
-/// example measures it). A TTL under 120 ms gets a quarter of its TTL instead.
+/// example measures it). A TTL under 120 ms gets a quarter of its TTL instead: such short
+/// leases keep less slack than late timers may need on a loaded machine.
 pub const DEFAULT_MARGIN: Duration = Duration::from_millis(30);
 
 /// How long [`Locker::acquire`](crate::Locker::acquire) waits for a held lock.
@@ -108,7 +109,8 @@ impl LockOptions {
 
     /// Sets the margin added to TTL×1% in the drift allowance (default [`DEFAULT_MARGIN`]):
     /// raise it where the holder's timers may fire later than that (a loaded machine), so
-    /// that it stops before the server can let the next holder in.
+    /// that it stops before the server can let the next holder in. A margin below the
+    /// default is refused by [`validate`](Self::validate).
     pub fn with_margin(mut self, margin: Duration) -> Self {
         self.margin = Some(margin);
         self
@@ -165,10 +167,12 @@ impl LockOptions {
     /// Valkey") plus the margin (explicit, or [`DEFAULT_MARGIN`] but at most a quarter of
     /// the TTL).
     pub fn drift(&self) -> Duration {
-        let margin = self
-            .margin
-            .unwrap_or_else(|| DEFAULT_MARGIN.min(self.ttl / 4));
+        let margin = self.margin.unwrap_or_else(|| self.default_margin());
         self.drift.unwrap_or(self.ttl / 100 + margin)
+    }
+
+    fn default_margin(&self) -> Duration {
+        DEFAULT_MARGIN.min(self.ttl / 4)
     }
 
     /// The wait mode.
@@ -209,6 +213,12 @@ impl LockOptions {
     pub fn validate(&self) -> Result<(), Error> {
         self.lease_ttl()?;
         self.validate_refresh()?;
+        if let Some(margin) = self.margin.filter(|m| *m < self.default_margin()) {
+            return Err(Error::invalid_input(format!(
+                "margin {margin:?} is below the default {:?}: it may only be raised",
+                self.default_margin()
+            )));
+        }
         let drift = self.drift();
         if drift >= self.ttl / 2 {
             return Err(Error::invalid_input(format!(
@@ -330,6 +340,10 @@ mod tests {
             (
                 LockOptions::new(ttl).with_drift(ms(4000)),
                 "less than half the TTL",
+            ),
+            (
+                LockOptions::new(ttl).with_margin(ms(29)),
+                "below the default",
             ),
             (
                 LockOptions::new(ttl).with_attempt_timeout(Duration::ZERO),
