@@ -192,7 +192,7 @@ fn a_suspend_past_the_lease_kills_the_command_at_resume(how: How) {
     let frozen = Instant::now();
     let next = start_next_holder(&scene, &redis, how);
     redis.proxy.set_fault(Fault::Blackhole);
-    skip.set(frozen.elapsed());
+    skip.add(frozen.elapsed());
     freezer.thaw();
     check_no_overlap(&scene, run, next);
 }
@@ -228,7 +228,7 @@ fn ctrl_z_then_a_suspend_then_fg_kills_the_stopped_command() {
     let stopped = Instant::now();
     let next = start_next_holder(&scene, &redis, How::Lock);
     redis.proxy.set_fault(Fault::Blackhole);
-    skip.set(stopped.elapsed());
+    skip.add(stopped.elapsed());
     send(run.id(), Signal::SIGCONT);
     check_no_overlap(&scene, run, next);
 }

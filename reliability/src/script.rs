@@ -171,7 +171,7 @@ async fn suspend(group: &Group, w: Workload) -> Result<String, String> {
     group.links[at].set_all(LinkFault::Blackhole);
     sleep(w.ttl * 3 / 2).await;
     let stood = frozen.elapsed();
-    skip.set(stood);
+    skip.add(stood);
     freezer.thaw();
     sleep(w.ttl).await;
     group.links[at].set_all(LinkFault::Pass);

@@ -5,8 +5,8 @@
 //! `CLOCK_BOOTTIME`, the wall clock and every lock server's clock run on. A test gets the
 //! same picture with [`MonotonicSkip`]: the process runs with `c/monotonic_skip.c`
 //! preloaded (built here with the C compiler the workspace already needs), the test stops
-//! it with SIGSTOP, and before SIGCONT stores the stopped time, which the process's
-//! monotonic clock then lags behind by.
+//! it (SIGSTOP, or [`Freezer`] for no signal at all), and before continuing it adds the
+//! stopped time to the skip, which the process's monotonic clock then lags behind by.
 
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -55,15 +55,21 @@ impl MonotonicSkip {
         ]
     }
 
-    /// Makes the processes' monotonic clock run `by` behind the real one (in total: a
-    /// second call replaces the first).
-    pub fn set(&self, by: Duration) {
-        let nanos = i64::try_from(by.as_nanos()).expect("a skip under 292 years");
+    /// Makes the process's monotonic clock skip `by` more (a suspend of that long): the
+    /// skips add up, as suspends do.
+    pub fn add(&self, by: Duration) {
+        let mut total = [0; 8];
         let file = std::fs::OpenOptions::new()
+            .read(true)
             .write(true)
             .open(&self.file)
             .expect("open the skip file");
-        file.write_all_at(&nanos.to_ne_bytes(), 0)
+        file.read_exact_at(&mut total, 0).expect("read the skip");
+        let by = i64::try_from(by.as_nanos()).expect("a skip under 292 years");
+        let total = i64::from_ne_bytes(total)
+            .checked_add(by)
+            .expect("a skip under 292 years");
+        file.write_all_at(&total.to_ne_bytes(), 0)
             .expect("write the skip");
     }
 }
