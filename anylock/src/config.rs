@@ -223,6 +223,7 @@ fn read_config_file(path: &Path) -> Result<(String, u32), Error> {
             "not a regular file (a FIFO, device or directory cannot be a config file)",
         ));
     }
+    refuse_others_control(&meta).map_err(|why| refuse(&why))?;
     let too_big = || refuse("larger than 1 MiB, the most a config file may hold");
     if meta.len() > MAX_CONFIG_LEN {
         return Err(too_big());
@@ -234,6 +235,40 @@ fn read_config_file(path: &Path) -> Result<(String, u32), Error> {
     }
     let text = String::from_utf8(bytes).map_err(|_| refuse("not UTF-8 text"))?;
     Ok((text, permission_bits(&meta)))
+}
+
+/// Whoever can write the config file chooses the backend anylock locks on (their own
+/// server, another store): a file another user owns (but root), or that group or others
+/// may write, is refused, as ssh refuses such a config.
+#[cfg(unix)]
+fn refuse_others_control(meta: &std::fs::Metadata) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me && meta.uid() != 0 {
+        return Err(format!(
+            "owned by another user (uid {}): whoever owns it chooses the backend; use a \
+             config file of your own",
+            meta.uid()
+        ));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "writable by {} (mode {:03o}): whoever can write it chooses the backend; \
+             chmod go-w the file",
+            if meta.mode() & 0o002 != 0 {
+                "others"
+            } else {
+                "its group"
+            },
+            meta.mode() & 0o777
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn refuse_others_control(_: &std::fs::Metadata) -> Result<(), String> {
+    Ok(())
 }
 
 #[cfg(unix)]
@@ -405,6 +440,26 @@ mod tests {
         );
     }
 
+    /// Whoever can write the config file chooses the backend: a file group or others may
+    /// write, or another user owns, is refused (the owner check when run as root, as CI is).
+    #[test]
+    fn a_file_others_can_write_or_own_is_refused() {
+        let scratch = Scratch::new();
+        for mode in [0o620, 0o602, 0o666, 0o660] {
+            let path = scratch.file(&format!("w-{mode:o}.toml"), "backend = \"local:\"", mode);
+            let err = Config::load(&path).expect_err("writable by others");
+            assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+            assert!(err.to_string().contains("chmod go-w"), "{err}");
+        }
+        let path = scratch.file("theirs.toml", "backend = \"local:\"", 0o644);
+        if nix::unistd::geteuid().is_root() {
+            let nobody = Some(nix::unistd::Uid::from_raw(65534));
+            nix::unistd::chown(&path, nobody, None).expect("chown");
+            let err = Config::load(&path).expect_err("another user's");
+            assert!(err.to_string().contains("owned by another user"), "{err}");
+        }
+    }
+
     /// A backend secret in a file that group or others can read is refused, naming the file
     /// and the fix; the same file owner-only loads, and a file with no secret may be shared.
     #[test]
@@ -417,7 +472,7 @@ mod tests {
             "backend = \"etcd://h:2379/p?pasword=hunter2\"",
         ];
         for (i, text) in secrets.iter().enumerate() {
-            for mode in [0o644, 0o640, 0o604, 0o660] {
+            for mode in [0o644, 0o640, 0o604] {
                 let path = scratch.file(&format!("s{i}-{mode:o}.toml"), text, mode);
                 let err = Config::load(&path).expect_err("readable by others");
                 assert_eq!(err.kind(), ErrorKind::Config, "{err}");
