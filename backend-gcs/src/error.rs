@@ -115,7 +115,16 @@ fn connect_cause(e: &reqwest::Error) -> String {
 #[cfg(feature = "tls")]
 pub(crate) fn tls_refusal(e: &(dyn std::error::Error + 'static), at: &str) -> Option<Error> {
     let tls: &(dyn std::error::Error + 'static) = rustls_error(e)?;
-    anylock_tls::diagnose(tls).map(|diagnosed| tls_refused(at, diagnosed.message()))
+    let diagnosed = anylock_tls::diagnose(tls)?;
+    // A refused certificate is permanent; anything else TLS met (a corrupted record) is
+    // worth another attempt, and stays as anylock-tls worded it.
+    if diagnosed.kind() != ErrorKind::PermissionDenied {
+        return Some(Error::new(
+            diagnosed.kind(),
+            format!("{at}: {}", diagnosed.message()),
+        ));
+    }
+    Some(tls_refused(at, diagnosed.message()))
 }
 
 /// The rustls error in `e`'s chain. reqwest's connector wraps it in two `io::Error`s, and

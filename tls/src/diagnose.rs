@@ -2,9 +2,11 @@
 
 use lockcore::{Error, ErrorKind};
 
-/// Finds a TLS failure in `err`'s source chain and words it as a
-/// [`PermissionDenied`](ErrorKind::PermissionDenied) error that names TLS, what failed and
-/// what to do; `None` when the chain holds no TLS failure. Context (backend, lock) is not
+/// Finds a TLS failure in `err`'s source chain and words it as an error that names TLS,
+/// what failed and what to do: [`PermissionDenied`](ErrorKind::PermissionDenied) when a
+/// certificate was refused (either side's), else [`Unavailable`](ErrorKind::Unavailable)
+/// (a corrupted record, an unexpected message: worth another attempt); `None` when the
+/// chain holds no TLS failure. Context (backend, lock) is not
 /// copied: add it as for any other error.
 pub fn diagnose(err: &(dyn std::error::Error + 'static)) -> Option<Error> {
     let mut next = Some(err);
@@ -62,7 +64,12 @@ fn explain(err: &rustls::Error) -> Error {
              common protocol version or cipher)"
                 .to_owned()
         }
-        other => format!("{other}"),
+        // A corrupted record, a middlebox's garbage, a peer that misbehaved once: nothing
+        // about who the server or client is, so worth another attempt (and a refresh that
+        // meets it degrades the lease rather than losing it).
+        other => {
+            return Error::new(ErrorKind::Unavailable, format!("TLS failed: {other}"));
+        }
     };
     Error::new(
         ErrorKind::PermissionDenied,
