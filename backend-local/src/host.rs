@@ -15,8 +15,8 @@ use crate::filesystem::Filesystem;
 pub(crate) trait Host: Send + Sync + fmt::Debug {
     /// This boot's identifier (see [`boot_id`]).
     fn boot_id(&self) -> &str;
-    /// `CLOCK_MONOTONIC` in ms: stops while the machine is suspended, like the guard's
-    /// clock (tokio's `Instant`). `None` off Linux.
+    /// `CLOCK_MONOTONIC` in ms: stops while the machine is suspended, for every process
+    /// of the store alike. `None` off Linux.
     fn monotonic_ms(&self) -> Option<i64>;
     /// `CLOCK_BOOTTIME` in ms: counts suspend. `None` off Linux. Only tests read it: it
     /// is the clock expiry must not use (see [`expiry_now_ms`]).
@@ -91,10 +91,10 @@ pub(crate) fn require_boot_id(host: &dyn Host) -> Result<(), lockcore::Error> {
 /// (shared by every process, immune to NTP steps, reset by a reboot, which the boot id
 /// catches), else the wall clock.
 ///
-/// Not `CLOCK_BOOTTIME`: it counts time spent suspended, and the guard's clock (tokio's
-/// `Instant`, `CLOCK_MONOTONIC`) does not, so after a resume contenders would take over a
-/// lease its holder still believes valid. On one clock, a suspend stops every lease and
-/// every guard alike.
+/// Not `CLOCK_BOOTTIME`: it counts time spent suspended, so a lease would end during a
+/// laptop's sleep and a contender take it as the machine wakes. On `CLOCK_MONOTONIC` a
+/// suspend stops every lease of the store alike. (The holder's guard counts the suspend
+/// and gives the lease up after a long one: early, never unsafe.)
 pub(crate) fn expiry_now_ms(host: &dyn Host) -> i64 {
     if host.boot_id() != WALL_CLOCK
         && let Some(ms) = host.monotonic_ms()

@@ -70,17 +70,16 @@ async fn after_a_suspend_longer_than_the_ttl_contenders_wait_while_the_holder_is
     assert!(boot_moved >= Some(60_000), "{boot_moved:?}");
     assert!(mono_moved < Some(10_000), "{mono_moved:?}");
 
-    assert!(
-        guard.is_held(),
-        "the guard's clock does not count the suspend"
-    );
+    // Only the store's clocks were suspended here, not lockcore's: the guard's own
+    // reading of a suspend is lockcore's concern (tests/suspend.rs there).
+    assert!(guard.is_held(), "the guard's clock was left alone");
     let stolen = contender.try_acquire("job").await.expect("call");
     let healthy = guard.is_held();
     let _ = std::fs::remove_dir_all(&dir);
     if let Some(stolen) = stolen {
         panic!(
             "a contender got the lock (token {:?}) while the holder's guard says held \
-             ({healthy}): expiry counted the suspend, the guard did not",
+             ({healthy}): the store's expiry counted the suspend",
             stolen.fence_token()
         );
     }

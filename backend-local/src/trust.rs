@@ -19,8 +19,9 @@
 //!   creates in them belongs to the group. New directories are `2770`, files `0660`,
 //!   liveness files `0640` (members probe each other's). Only a member (or root) may ask.
 //!
-//! Symbolic links are never followed: the store's directory is resolved once
-//! (`canonicalize`) and SQLite opens that path, which holds no link; the database, the
+//! No link is followed inside the store: the store's directory is resolved once
+//! (`canonicalize`, which follows links in the path given) and SQLite opens that path,
+//! which holds no link; the database, the
 //! holders directory and SQLite's files beside the database are refused when they are
 //! links (SQLite itself opens them with `O_NOFOLLOW`); liveness files are opened with
 //! `O_NOFOLLOW`. The checks read `lstat` before SQLite opens a path: only someone who

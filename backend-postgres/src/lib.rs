@@ -72,14 +72,14 @@ pub use {lockcore, sqlx};
 /// Both hold before the server is verified, whenever the connection asks for TLS: the
 /// server's answer to the `SSLRequest` is one byte (sqlx reads no more), and rustls
 /// refuses a TLS handshake message over 64 KiB (its `MAX_HANDSHAKE_SIZE`). Under
-/// `verify-full` and `verify-ca`, the default with a password or TLS files, nothing else
+/// `verify-full` and `verify-ca` (`verify-full` is the default over TCP), nothing else
 /// is read from a server whose certificate did not verify, so an impostor can make the
 /// client hold little more than this.
 ///
 /// Nothing else is bounded: sqlx 0.9 reads each PostgreSQL message whole, whatever
 /// length its header claims (up to 4 GiB), before the backend sees it, and offers no
-/// hook to stop it. A verified server, and any server under `disable`, `require` or
-/// libpq's `prefer` (the default without a password), can make the client buffer what it
+/// hook to stop it. A verified server, and any server under an explicit `disable`,
+/// `require` or `prefer`, can make the client buffer what it
 /// sends (twice over in plaintext); inside TLS sqlx zero-fills the buffer a header
 /// announces, so a header alone costs 4 GiB (measured in docs/postgres.md).
 pub const REPLY_LIMITS: &[(&str, usize)] = &[

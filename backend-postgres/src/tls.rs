@@ -255,7 +255,7 @@ impl TlsSetup {
     pub(crate) fn remedy(&self, declined: bool) -> Option<String> {
         let files = self.client_certificate || self.roots != "the OS trust store";
         let default = if self.defaulted {
-            ", the default for a URL with a password and no sslmode,"
+            ", the default over TCP without an sslmode,"
         } else {
             ""
         };

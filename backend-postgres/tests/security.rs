@@ -131,7 +131,7 @@ async fn a_password_without_sslmode_has_the_server_verified() {
         "not signed by a CA we trust",
     );
     for fragment in [
-        "the default for a URL with a password",
+        "the default over TCP without an sslmode",
         "ca=FILE",
         "sslmode=disable",
     ] {
