@@ -363,3 +363,19 @@ fn diagnose_finds_a_tls_error_behind_io_and_other_errors() {
     let plain = std::io::Error::new(std::io::ErrorKind::ConnectionRefused, "refused");
     assert!(diagnose(&plain).is_none());
 }
+
+/// Only a refused certificate is permanent: a corrupted record is worth another attempt,
+/// so a refresh that meets one degrades the lease instead of losing it.
+#[test]
+fn a_tls_failure_that_refuses_no_certificate_is_temporary() {
+    for other in [
+        rustls::Error::DecryptError,
+        rustls::Error::BadMaxFragmentSize,
+    ] {
+        let found = diagnose(&other).expect("a TLS failure");
+        assert_eq!(found.kind(), ErrorKind::Unavailable, "{found}");
+        assert!(found.is_temporary(), "{found}");
+    }
+    let refused = rustls::Error::InvalidCertificate(rustls::CertificateError::Expired);
+    assert!(!diagnose(&refused).expect("refused").is_temporary());
+}
