@@ -34,6 +34,7 @@
 //! `Debug` output of a [`BackendUrl`] or [`Config`], nor in errors from this crate.
 
 mod config;
+mod config_file;
 mod table;
 mod url;
 
@@ -48,7 +49,8 @@ use std::sync::Arc;
 
 use lockcore::MemoryBackend;
 
-pub use config::{Config, DEFAULT_URL, MAX_CONFIG_LEN};
+pub use config::{Config, DEFAULT_URL};
+pub use config_file::MAX_CONFIG_LEN;
 pub use lockcore;
 pub use lockcore::{
     Backoff, ConnectionSecurity, Durability, Error, ErrorKind, Exclusion, ExpiryClock, Fairness,
