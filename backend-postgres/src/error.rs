@@ -71,6 +71,11 @@ pub(crate) fn map_error(err: sqlx::Error, effect: Effect) -> Error {
 /// [`map_error`], naming `who` in authentication and privilege failures.
 pub(crate) fn map_error_as(err: sqlx::Error, effect: Effect, who: Option<&Who>) -> Error {
     if let Some(tls) = tls_failure(&err, who.map(|w| &w.tls)) {
+        // A TLS error worth another attempt, after a write went out: its outcome is unknown.
+        if tls.kind() == ErrorKind::Unavailable && matches!(effect, Effect::Write) {
+            let unknown = Error::new(ErrorKind::OutcomeUnknown, tls.message().to_owned());
+            return unknown.with_source(err);
+        }
         return tls.with_source(err);
     }
     let (kind, status, message) = match &err {
@@ -144,9 +149,9 @@ pub(crate) fn classify_sqlstate(code: &str) -> (ErrorKind, RetryStatus) {
     }
 }
 
-/// A TLS failure in a sqlx error, worded by [`anylock_tls::diagnose`] as
-/// [`ErrorKind::PermissionDenied`], with what to do under `setup` when known; `None` when
-/// `err` is not about TLS.
+/// A TLS failure in a sqlx error, worded by [`anylock_tls::diagnose`] (a refusal is
+/// [`ErrorKind::PermissionDenied`], with what to do under `setup` when known; a garbled
+/// record is temporary); `None` when `err` is not about TLS.
 ///
 /// sqlx reports a failed handshake as `Error::Io` wrapping the `rustls::Error` (rustls'
 /// `complete_io` puts it in an `io::Error`). `Error::Io` is `#[error(transparent)]`, whose
@@ -177,6 +182,8 @@ pub(crate) fn tls_failure(err: &sqlx::Error, setup: Option<&TlsSetup>) -> Option
         },
         _ => return None,
     };
+    // The sslmode advice is for a refusal, never for a garbled record.
+    let setup = setup.filter(|_| diagnosed.kind() == ErrorKind::PermissionDenied);
     Some(match setup.and_then(|s| s.remedy(declined)) {
         Some(remedy) => Error::new(
             diagnosed.kind(),

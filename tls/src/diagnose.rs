@@ -3,10 +3,10 @@
 use lockcore::{Error, ErrorKind};
 
 /// Finds a TLS failure in `err`'s source chain and words it as an error that names TLS,
-/// what failed and what to do: [`PermissionDenied`](ErrorKind::PermissionDenied) when a
-/// certificate was refused (either side's), else [`Unavailable`](ErrorKind::Unavailable)
-/// (a corrupted record, an unexpected message: worth another attempt); `None` when the
-/// chain holds no TLS failure. Context (backend, lock) is not
+/// what failed and what to do: [`Unavailable`](ErrorKind::Unavailable) for what another
+/// attempt may not meet (a corrupted record, an unexpected message), else
+/// [`PermissionDenied`](ErrorKind::PermissionDenied) (a refused certificate, either side's;
+/// no common protocol); `None` when the chain holds no TLS failure. Context (backend, lock) is not
 /// copied: add it as for any other error.
 pub fn diagnose(err: &(dyn std::error::Error + 'static)) -> Option<Error> {
     let mut next = Some(err);
@@ -67,9 +67,15 @@ fn explain(err: &rustls::Error) -> Error {
         // A corrupted record, a middlebox's garbage, a peer that misbehaved once: nothing
         // about who the server or client is, so worth another attempt (and a refresh that
         // meets it degrades the lease rather than losing it).
-        other => {
-            return Error::new(ErrorKind::Unavailable, format!("TLS failed: {other}"));
+        rustls::Error::DecryptError
+        | rustls::Error::InvalidMessage(_)
+        | rustls::Error::PeerMisbehaved(_)
+        | rustls::Error::AlertReceived(Alert::BadRecordMac | Alert::DecodeError) => {
+            return Error::new(ErrorKind::Unavailable, format!("TLS failed: {err}"));
         }
+        // A certificate refused by alert, no common version or protocol, a local setting:
+        // another attempt meets the same.
+        other => format!("{other}"),
     };
     Error::new(
         ErrorKind::PermissionDenied,

@@ -364,18 +364,23 @@ fn diagnose_finds_a_tls_error_behind_io_and_other_errors() {
     assert!(diagnose(&plain).is_none());
 }
 
-/// Only a refused certificate is permanent: a corrupted record is worth another attempt,
-/// so a refresh that meets one degrades the lease instead of losing it.
+/// A corrupted record is worth another attempt, so a refresh that meets one degrades the
+/// lease instead of losing it; a refused certificate (by either side) or a local setting
+/// is permanent.
 #[test]
 fn a_tls_failure_that_refuses_no_certificate_is_temporary() {
-    for other in [
-        rustls::Error::DecryptError,
-        rustls::Error::BadMaxFragmentSize,
-    ] {
+    let garbled = rustls::Error::InvalidMessage(rustls::InvalidMessage::InvalidContentType);
+    for other in [rustls::Error::DecryptError, garbled] {
         let found = diagnose(&other).expect("a TLS failure");
         assert_eq!(found.kind(), ErrorKind::Unavailable, "{found}");
         assert!(found.is_temporary(), "{found}");
     }
-    let refused = rustls::Error::InvalidCertificate(rustls::CertificateError::Expired);
-    assert!(!diagnose(&refused).expect("refused").is_temporary());
+    let expired = rustls::Error::InvalidCertificate(rustls::CertificateError::Expired);
+    let alerted = rustls::Error::AlertReceived(rustls::AlertDescription::CertificateExpired);
+    for refused in [expired, alerted, rustls::Error::BadMaxFragmentSize] {
+        assert!(
+            !diagnose(&refused).expect("refused").is_temporary(),
+            "{refused}"
+        );
+    }
 }
