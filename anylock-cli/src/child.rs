@@ -86,26 +86,26 @@ impl Child {
     /// `grace` is zero), grandchildren that outlive the command included. Returns once the
     /// group is gone. The grace is measured on `clock`, the lease's (a suspend during it
     /// counts, as it does on the server). `watchdog` keeps watching until the supervisor
-    /// has exited or the grace is over, and is dropped before the group is reaped.
+    /// has exited or the grace is over, and is stopped before the final SIGKILL.
     pub(crate) async fn stop(
         &mut self,
         grace: Duration,
         clock: &Clock,
         watchdog: Option<Watchdog>,
     ) {
+        let deadline = clock.now() + grace;
         if !grace.is_zero() {
-            let deadline = clock.now() + grace;
             self.signal_group(Signal::SIGTERM);
             tokio::select! {
                 _ = self.inner.wait() => {}
                 () = clock.sleep_until(deadline) => {}
             }
-            drop(watchdog);
-            while self.group_alive() && clock.now() < deadline {
-                sleep(Duration::from_millis(50)).await;
-            }
-        } else {
-            drop(watchdog);
+        }
+        if let Some(watchdog) = watchdog {
+            watchdog.stop();
+        }
+        while self.group_alive() && clock.now() < deadline {
+            sleep(Duration::from_millis(50)).await;
         }
         self.kill_group().await;
     }

@@ -62,7 +62,7 @@ pub(crate) async fn supervise(
             },
             Event::Lost(reason) => reason,
             Event::Exited(status) => {
-                let fired = watchdog.take().is_some_and(|w| w.fired());
+                let fired = watchdog.take().is_some_and(Watchdog::stop);
                 if !fired {
                     return finish(child, guard, &args.name, status, hold_until, clock).await;
                 }

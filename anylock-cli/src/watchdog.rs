@@ -7,8 +7,9 @@
 //! backstop for both. It reads the guard's [`Deadline`] (on the guard's clock, which
 //! counts a suspend) and sleeps until then, at most [`RECHECK`] at a time, on a timer of
 //! `CLOCK_BOOTTIME`, which the kernel fires as the machine resumes; past the deadline it
-//! kills from its own thread with one system call. It must be dropped before the lease is
-//! released and before the command's supervisor is reaped (its group id is then free).
+//! kills from its own thread with one system call. It is stopped as soon as the command's
+//! supervisor is seen to exit (the runtime reaps it then; its group id is free a moment
+//! later), and before the lease is released.
 //! Linux only (`timerfd`); elsewhere it does nothing, and the supervision loop alone
 //! stops the command.
 
@@ -50,11 +51,12 @@ impl Watchdog {
         }
     }
 
-    /// Whether the watchdog killed the group.
-    pub(crate) fn fired(&self) -> bool {
+    /// Stops watching (the thread has ended when this returns); whether it killed the
+    /// group.
+    pub(crate) fn stop(self) -> bool {
         #[cfg(target_os = "linux")]
         {
-            self.inner.as_ref().is_some_and(linux::Inner::fired)
+            self.inner.is_some_and(linux::Inner::stop)
         }
         #[cfg(not(target_os = "linux"))]
         {
@@ -113,13 +115,12 @@ mod linux {
             })
         }
 
-        pub(super) fn fired(&self) -> bool {
+        pub(super) fn stop(mut self) -> bool {
+            self.end();
             self.shared.fired.load(Ordering::SeqCst)
         }
-    }
 
-    impl Drop for Inner {
-        fn drop(&mut self) {
+        fn end(&mut self) {
             self.shared.stop.store(true, Ordering::SeqCst);
             // A deadline in the past wakes the thread at once; a thread that armed its own
             // timer after this sees `stop` before it waits.
@@ -130,12 +131,21 @@ mod linux {
         }
     }
 
+    impl Drop for Inner {
+        fn drop(&mut self) {
+            self.end();
+        }
+    }
+
     fn watch(shared: &Shared) {
         loop {
             // The boot clock first: the deadline below errs early, never late.
             let Some(boot) = now() else { return };
             let left = shared.deadline.left();
             if left.is_zero() {
+                if shared.stop.load(Ordering::SeqCst) {
+                    return;
+                }
                 shared.fired.store(true, Ordering::SeqCst);
                 let _ = killpg(shared.group, Signal::SIGKILL);
                 return;
@@ -204,11 +214,18 @@ mod tests {
         let watchdog = Watchdog::start(group(&child), guard.deadline());
         let status = child.wait().expect("wait");
         assert_eq!(status.signal(), Some(9));
+        // The deadline is 267 ms after the grant (300 ms less the 33 ms allowance): killed
+        // at it, not before, and before the server could let the next holder in.
+        let killed = started.elapsed();
         assert!(
-            started.elapsed() < Duration::from_millis(300),
-            "killed at the deadline"
+            killed >= Duration::from_millis(200),
+            "killed early, at {killed:?}"
         );
-        assert!(watchdog.fired());
+        assert!(
+            killed < Duration::from_millis(300),
+            "killed late, at {killed:?}"
+        );
+        assert!(watchdog.stop());
     }
 
     /// A refreshed lease, whatever its TTL (down to 50 ms: refreshed every 6 ms), is never
@@ -227,8 +244,7 @@ mod tests {
             let mut child = sleeper();
             let watchdog = Watchdog::start(group(&child), guard.deadline());
             std::thread::sleep(Duration::from_millis(3 * ttl.max(200)));
-            assert!(!watchdog.fired(), "TTL {ttl} ms: killed while refreshed");
-            drop(watchdog);
+            assert!(!watchdog.stop(), "TTL {ttl} ms: killed while refreshed");
             runtime.block_on(guard.release()).expect("released");
             std::thread::sleep(Duration::from_millis(2 * ttl));
             assert!(child.try_wait().expect("try_wait").is_none(), "killed");

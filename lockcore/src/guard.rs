@@ -127,7 +127,7 @@ impl LockGuard {
     /// lease keeps its last deadline, past which the server may have let someone else in.
     pub fn deadline(&self) -> Deadline {
         Deadline {
-            shared: Arc::clone(&self.shared),
+            shared: Arc::downgrade(&self.shared),
         }
     }
 
@@ -305,18 +305,23 @@ impl Drop for LockGuard {
 }
 
 /// A lease's local validity deadline, readable from any thread ([`LockGuard::deadline`]).
+/// It holds nothing of the lease alive.
 #[derive(Clone)]
 pub struct Deadline {
-    shared: Arc<Held>,
+    shared: std::sync::Weak<Held>,
 }
 
 impl Deadline {
     /// How long until the lease's local validity deadline, on the locker's
     /// [`Clock`](crate::Clock), whatever its health: a refresh moves it later; zero once
-    /// it has passed.
+    /// it has passed, and once the lease has ended for this process.
     pub fn left(&self) -> Duration {
-        let validity = self.shared.validity();
-        validity.saturating_duration_since(self.shared.clock.now())
+        let Some(shared) = self.shared.upgrade() else {
+            return Duration::ZERO;
+        };
+        shared
+            .validity()
+            .saturating_duration_since(shared.clock.now())
     }
 }
 

@@ -101,7 +101,7 @@ impl LockOptions {
     }
 
     /// Sets the whole drift allowance subtracted from local validity (default TTL×1% +
-    /// the margin), instead of [`with_margin`](Self::with_margin).
+    /// the margin), instead of [`with_margin`](Self::with_margin); it may only be raised.
     pub fn with_drift(mut self, drift: Duration) -> Self {
         self.drift = Some(drift);
         self
@@ -217,6 +217,13 @@ impl LockOptions {
             return Err(Error::invalid_input(format!(
                 "margin {margin:?} is below the default {:?}: it may only be raised",
                 self.default_margin()
+            )));
+        }
+        let least = self.ttl / 100 + self.default_margin();
+        if let Some(drift) = self.drift.filter(|d| *d < least) {
+            return Err(Error::invalid_input(format!(
+                "drift allowance {drift:?} is below the default {least:?} (1% of the TTL \
+                 plus the margin): it may only be raised"
             )));
         }
         let drift = self.drift();
@@ -343,6 +350,10 @@ mod tests {
             ),
             (
                 LockOptions::new(ttl).with_margin(ms(29)),
+                "below the default",
+            ),
+            (
+                LockOptions::new(ttl).with_drift(ms(100)),
                 "below the default",
             ),
             (

@@ -3,6 +3,8 @@
 //! clock ahead of the runtime's by that time. (The lock tests emulate the reading; this
 //! one checks the reading itself, `CLOCK_BOOTTIME` against `CLOCK_MONOTONIC`.)
 
+#![cfg(target_os = "linux")]
+
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 use std::time::Duration;

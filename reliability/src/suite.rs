@@ -310,9 +310,9 @@ mod tests {
     fn the_full_plan_covers_every_applicable_fault_once() {
         let plan = Plan::full();
         let count = |p: Primitive| plan.cells.iter().filter(|c| c.primitive == p).count();
-        assert_eq!(count(Primitive::Lock), 47, "{:?}", plan.cells);
-        // Every lock fault but Redlock's nine (no semaphores).
-        assert_eq!(count(Primitive::Permits), 47 - 9, "{:?}", plan.cells);
+        assert_eq!(count(Primitive::Lock), 52, "{:?}", plan.cells);
+        // Every lock fault but Redlock's ten (no semaphores).
+        assert_eq!(count(Primitive::Permits), 52 - 10, "{:?}", plan.cells);
         assert_eq!(count(Primitive::Leader), 3 * Kind::ALL.len());
         for cell in &plan.cells {
             assert!(cell.fault.applies_to(cell.kind));
