@@ -372,15 +372,13 @@ mod tests {
         // Group write: refused for a shared group, taken for the owner's private group
         // (root's own here, as a user's own on Debian).
         let shared = scratch.file("g-shared.toml", "backend = \"local:\"", 0o664);
-        let nogroup = Some(nix::unistd::Gid::from_raw(65534));
-        nix::unistd::chown(&shared, None, nogroup).expect("chgrp");
+        std::os::unix::fs::chown(&shared, None, Some(65534)).expect("chgrp");
         let err = Config::load(&shared).expect_err("writable by a shared group");
         assert!(err.to_string().contains("chmod go-w"), "{err}");
         let private = scratch.file("g-private.toml", "backend = \"local:\"", 0o664);
         Config::load(&private).expect("the owner's private group");
         let theirs = scratch.file("theirs.toml", "backend = \"local:\"", 0o644);
-        let nobody = Some(nix::unistd::Uid::from_raw(65534));
-        nix::unistd::chown(&theirs, nobody, None).expect("chown");
+        std::os::unix::fs::chown(&theirs, Some(65534), None).expect("chown");
         let err = Config::load(&theirs).expect_err("another user's");
         assert!(err.to_string().contains("owned by another user"), "{err}");
     }
