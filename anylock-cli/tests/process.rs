@@ -255,12 +255,14 @@ fn a_margin_is_taken_and_one_eating_half_the_ttl_is_refused() {
     assert!(lines[0].contains("below the default"), "{lines:?}");
 }
 
-/// A short lease, refreshed every 15 ms, is not killed by the watchdog: it follows the
-/// guard's deadline as refreshes move it, not a sample of it.
+/// A refreshed lease runs its command to the end, past the first deadline (0.96 s after the
+/// grant): the watchdog follows the guard's deadline as refreshes move it. That it reads
+/// it often enough for a TTL of 50 ms is the watchdog's own test; here the TTL leaves each
+/// refresh of the local store 125 ms to answer, which a loaded machine keeps.
 #[test]
-fn a_short_refreshed_lease_runs_its_command_to_the_end() {
+fn a_refreshed_lease_runs_its_command_to_the_end() {
     let scene = Scene::local();
-    let out = scene.output(&["run", "job", "--ttl", "120ms", "--", "sleep", "1"]);
+    let out = scene.output(&["run", "job", "--ttl", "1s", "--", "sleep", "2"]);
     assert_eq!(code(&out), 0, "{:?}", stderr_lines(&out));
 }
 
