@@ -10,6 +10,7 @@ mod arithmetic;
 mod batch;
 mod clock;
 mod context;
+mod election;
 mod grants;
 mod inline;
 mod keeper;
