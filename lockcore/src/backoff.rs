@@ -233,6 +233,9 @@ mod tests {
                 .validate()
                 .is_err()
         );
+        Backoff::new(ms(1), MAX_BACKOFF_CAP)
+            .validate()
+            .expect("a cap at the limit is valid");
         Backoff::default().validate().expect("default valid");
     }
 }

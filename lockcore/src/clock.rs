@@ -299,6 +299,23 @@ mod tests {
     }
 
     #[test]
+    fn a_clock_debugs_its_kind_offset_and_suspended_time() {
+        let system = format!("{:?}", Clock::system());
+        assert!(system.starts_with("Clock::system(suspended "), "{system}");
+        let (clock, control) = Clock::adjustable();
+        control.jump_back(Duration::from_secs(2));
+        let clock = format!("{clock:?}");
+        assert!(
+            clock.starts_with("Clock::adjustable(offset -2000000000 ns, suspended "),
+            "{clock}"
+        );
+        assert_eq!(
+            format!("{control:?}"),
+            "ClockControl(offset -2000000000 ns)"
+        );
+    }
+
+    #[test]
     fn shifting_never_panics() {
         let at = Instant::now();
         assert!(shift(at, -i128::from(u64::MAX)) <= at);
