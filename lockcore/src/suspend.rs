@@ -10,9 +10,11 @@
 //! forwards (the guard then gives up early, which is safe).
 //!
 //! The reading only grows, in whole milliseconds (rounded down: a suspend counts up to a
-//! millisecond short, which the drift allowance's margin covers). The two clocks are read
-//! one after the other; a pair that a preemption stretched is read again, and the base is
-//! the least of three pairs, so the noise stays far below a millisecond and never adds up.
+//! millisecond short, which the drift allowance's margin covers). The boot clock is read
+//! between two monotonic reads, and a triple that a preemption stretched is read again.
+//! Each side's error is one way: the base is taken from the later monotonic read (it can
+//! only err low) and every later reading from the earlier one (it can only err high), so a
+//! stretched triple makes a suspend count early or a little long, never short.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,8 +46,7 @@ pub(crate) struct Suspended {
 impl Suspended {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self {
-            // Each pair errs upwards (below), so the least is the closest.
-            base: (0..3).map(|_| gap()).min().unwrap_or(0),
+            base: gap().0,
             seen_ms: AtomicU64::new(0),
             #[cfg(test)]
             fake: None,
@@ -79,7 +80,7 @@ impl Suspended {
         if let Some(fake) = &self.fake {
             return fake.load(Ordering::Relaxed);
         }
-        let grown = gap().saturating_sub(self.base).max(0);
+        let grown = gap().1.saturating_sub(self.base).max(0);
         u64::try_from(grown / 1_000_000).unwrap_or(u64::MAX)
     }
 }
@@ -101,21 +102,29 @@ impl FakeSuspend {
     }
 }
 
-/// Boot clock minus monotonic clock, in nanoseconds, from a tight pair of readings.
-fn gap() -> i128 {
-    let mut last = 0;
-    for _ in 0..3 {
+/// Boot clock minus monotonic clock, in nanoseconds: a bound below and one above.
+fn gap() -> (i128, i128) {
+    bounds(std::iter::repeat_with(|| {
         let first = monotonic();
         let boot = boot();
-        let then = monotonic();
-        // `boot - first` errs only upwards (boot is read after first): a suspend counted
-        // a few microseconds early, never late.
-        last = boot - first;
+        (first, boot, monotonic())
+    }))
+}
+
+/// The bounds of the gap from up to three `(monotonic, boot, monotonic)` triples, stopping
+/// at the first tight one: `boot - then` errs only low, `boot - first` only high (the boot
+/// clock was read between the two), and the tightest of each is kept.
+fn bounds(triples: impl Iterator<Item = (i128, i128, i128)>) -> (i128, i128) {
+    let mut low = i128::MIN;
+    let mut high = i128::MAX;
+    for (first, boot, then) in triples.take(3) {
+        low = low.max(boot - then);
+        high = high.min(boot - first);
         if then - first <= TIGHT.as_nanos() as i128 {
             break;
         }
     }
-    last
+    (low, high)
 }
 
 #[cfg(any(target_os = "linux", target_os = "android"))]
@@ -159,6 +168,25 @@ mod tests {
         let suspended = Suspended::new();
         std::thread::sleep(Duration::from_millis(20));
         assert_eq!(suspended.get(), Duration::ZERO);
+    }
+
+    /// A triple stretched by a preemption (5 ms between the two monotonic reads, the boot
+    /// clock read at either end) gives a base that is never above the true gap and a
+    /// reading never below it: a suspend counts early, never short.
+    #[test]
+    fn a_stretched_reading_errs_towards_counting_a_suspend() {
+        const GAP: i128 = 1_000_000_000;
+        const STRETCH: i128 = 5_000_000;
+        let at_start = (0, GAP, STRETCH);
+        let at_end = (0, GAP + STRETCH, STRETCH);
+        for triple in [at_start, at_end] {
+            let (low, high) = bounds(std::iter::repeat(triple));
+            assert!(low <= GAP && high >= GAP, "{triple:?}: {low}..{high}");
+        }
+        // A tight triple after a stretched one narrows the bound above to the true gap.
+        let tight = (10_000_000, GAP + 10_000_000, 10_000_010);
+        let (low, high) = bounds([at_end, tight].into_iter());
+        assert_eq!((low, high), (GAP, GAP));
     }
 
     #[test]
