@@ -167,6 +167,15 @@ impl Refusal {
                      ?shared_group=GROUP (docs/local.md)"
                 )
             }
+            // A sticky directory (/tmp) is shared on purpose: never advise changing it.
+            Self::WritableByOthers { mode } if mode & 0o1000 != 0 => write!(
+                f,
+                "its mode {mode:04o} lets other users create files in it (a shared \
+                 directory such as /tmp), and they could take or break your locks; use a \
+                 directory only you can write (local: alone is \
+                 ~/.local/state/anylock/locks.sqlite3); for a store shared by a group, \
+                 add ?shared_group=GROUP (docs/local.md)"
+            ),
             Self::WritableByOthers { mode } => write!(
                 f,
                 "its mode {mode:04o} lets other users write it, and they could take or \

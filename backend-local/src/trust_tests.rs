@@ -65,6 +65,14 @@ fn a_private_store_takes_only_what_nobody_else_can_write() {
         judged(&trust, &sticky, Role::Directory),
         Err(Refusal::WritableByOthers { mode: 0o1777 })
     );
+    // A store in /tmp: the advice is a directory of one's own, never a chmod of /tmp.
+    let advice = Refusal::WritableByOthers { mode: 0o1777 }.to_string();
+    assert!(
+        !advice.contains("chmod") && advice.contains("a directory only you can write"),
+        "{advice}"
+    );
+    let advice = Refusal::WritableByOthers { mode: 0o775 }.to_string();
+    assert!(advice.contains("chmod go-w"), "{advice}");
     assert_eq!(
         judged(&trust, &sticky, Role::Ancestor),
         Ok(()),
