@@ -19,8 +19,9 @@ use crate::liveness::{Held, HolderDir, Probe};
 /// Cross-process locks on one machine, with no server: a lease table in a SQLite file.
 ///
 /// - Expiry is judged on the machine's monotonic clock (`CLOCK_MONOTONIC`), which every
-///   process shares, which NTP cannot step, and which stops during suspend exactly as the
-///   guard's clock does. Off Linux, the wall clock. A lease written under another boot
+///   process shares, which NTP cannot step, and which stops during suspend; the guard's
+///   clock counts a suspend, so after a resume the holder gives up before the store frees
+///   the lease. Off Linux, the wall clock. A lease written under another boot
 ///   (before a reboot, or by another host or sandbox sharing the file) lasts until its
 ///   expiry on the wall clock, the one clock two boots share.
 /// - Each holder holds a kernel lock (`flock`) on a file of its own while it holds the

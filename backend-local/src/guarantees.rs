@@ -28,7 +28,8 @@ pub fn guarantees() -> Guarantees {
              user could change is refused unless it is a group store (?shared_group=). \
              Expiry uses the \
              machine's monotonic clock, shared by every process and stopped during \
-             suspend like the guard's (off Linux: the wall clock, which NTP can step). \
+             suspend (off Linux: the wall clock, which NTP can step); the guard's clock \
+             counts a suspend, so after a resume the holder gives up first. \
              A holder whose kernel lock \
              (flock) is gone, with every process that inherited it, is taken over at once, \
              in any PID namespace; nothing else ends a lease early. A lease written under \
