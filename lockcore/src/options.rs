@@ -101,7 +101,8 @@ impl LockOptions {
     }
 
     /// Sets the whole drift allowance subtracted from local validity (default TTL×1% +
-    /// the margin), instead of [`with_margin`](Self::with_margin); it may only be raised.
+    /// the margin); TTL×1% + the margin still holds where it is larger, and a drift below
+    /// the default is refused by [`validate`](Self::validate).
     pub fn with_drift(mut self, drift: Duration) -> Self {
         self.drift = Some(drift);
         self
@@ -163,12 +164,13 @@ impl LockOptions {
         self.max_refresh_failures
     }
 
-    /// The drift allowance: explicit, or TTL×1% (the Redlock page, "Distributed Locks with
-    /// Valkey") plus the margin (explicit, or [`DEFAULT_MARGIN`] but at most a quarter of
-    /// the TTL).
+    /// The drift allowance: TTL×1% (the Redlock page, "Distributed Locks with Valkey")
+    /// plus the margin (explicit, or [`DEFAULT_MARGIN`] but at most a quarter of the TTL),
+    /// or an explicit drift where that is larger (neither setting lowers the other).
     pub fn drift(&self) -> Duration {
         let margin = self.margin.unwrap_or_else(|| self.default_margin());
-        self.drift.unwrap_or(self.ttl / 100 + margin)
+        let derived = self.ttl / 100 + margin;
+        self.drift.map_or(derived, |drift| drift.max(derived))
     }
 
     fn default_margin(&self) -> Duration {
@@ -375,6 +377,25 @@ mod tests {
         ok.validate().expect("3 x 1 s fits in 3 s");
         let bad = LockOptions::new(ttl).with_refresh_interval(ms(1001));
         assert!(bad.validate().is_err());
+    }
+
+    /// An explicit drift and a raised margin: the larger allowance holds, whatever the
+    /// order they were set in.
+    #[test]
+    fn a_drift_never_lowers_a_raised_margin_nor_the_reverse() {
+        let ttl = LockOptions::new(Duration::from_secs(10));
+        let margin = Duration::from_millis(500);
+        let small = Duration::from_millis(200);
+        let large = Duration::from_secs(2);
+        let derived = Duration::from_millis(600);
+        for options in [
+            ttl.clone().with_margin(margin).with_drift(small),
+            ttl.clone().with_drift(small).with_margin(margin),
+        ] {
+            assert_eq!(options.drift(), derived, "{options:?}");
+        }
+        let options = ttl.with_margin(margin).with_drift(large);
+        assert_eq!(options.drift(), large);
     }
 
     #[test]
