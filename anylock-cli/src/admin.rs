@@ -43,7 +43,10 @@ pub(crate) async fn status(name: &str, json: bool, config: &Config) -> Result<bo
     let backend = crate::select::connect(&crate::select::backend_url(config)?).await?;
     let holder = Locker::new(backend).inspect(&name).await?;
     match (&holder, json) {
-        (_, true) => out!("{}", status_json(&name, holder.as_ref())),
+        (_, true) => out!(
+            "{}",
+            crate::terminal::json(&status_json(&name, holder.as_ref()))
+        ),
         (Some(holder), false) => out!("{}", describe(name.as_str(), holder)),
         (None, false) => out!("{name} is free"),
     }
@@ -60,10 +63,9 @@ pub(crate) async fn permits_status(name: &str, json: bool, config: &Config) -> R
         let permits: Vec<serde_json::Value> = (holders.iter())
             .map(|h| to_json(HeldLock::new(name.clone(), h.clone())))
             .collect();
-        out!(
-            "{}",
-            serde_json::json!({ "name": name, "held": !holders.is_empty(), "permits": permits })
-        );
+        let value =
+            serde_json::json!({ "name": name, "held": !holders.is_empty(), "permits": permits });
+        out!("{}", crate::terminal::json(&value));
     } else if holders.is_empty() {
         out!("semaphore {name}: no permit is held");
     } else {
@@ -95,7 +97,10 @@ pub(crate) async fn list(prefix: &str, json: bool, config: &Config) -> Result<()
     let backend = crate::select::connect(&crate::select::backend_url(config)?).await?;
     let held = Locker::new(backend).list(prefix).await?;
     if json {
-        out!("{}", serde_json::Value::from_iter(held.iter().map(to_json)));
+        out!(
+            "{}",
+            crate::terminal::json(&serde_json::Value::from_iter(held.iter().map(to_json)))
+        );
         return Ok(());
     }
     if held.is_empty() {
@@ -185,7 +190,7 @@ fn confirm(prompt: &str) -> Result<bool, Error> {
 pub(crate) fn guarantees(json: bool) {
     let rows = anylock::compiled_guarantees();
     if json {
-        out!("{}", guarantees_json(&rows));
+        out!("{}", crate::terminal::json(&guarantees_json(&rows)));
         return;
     }
     {
@@ -265,7 +270,10 @@ pub(crate) async fn check(url: Option<String>, json: bool, config: &Config) -> R
     ));
     say_limits_and_clock(&url, &say, &mut report);
     if json {
-        out!("{}", serde_json::Value::Object(report));
+        out!(
+            "{}",
+            crate::terminal::json(&serde_json::Value::Object(report))
+        );
     }
     Ok(())
 }

@@ -38,7 +38,7 @@ pub(crate) async fn leader(
 
 fn show(name: &LockName, leader: Option<&Leader>, json: bool) {
     if json {
-        out!("{}", leader_json(name, leader));
+        out!("{}", crate::terminal::json(&leader_json(name, leader)));
     } else {
         out!("{}", describe(name, leader));
     }

@@ -40,6 +40,27 @@ pub(crate) fn clean(text: &str) -> Cow<'_, str> {
     )
 }
 
+/// `value` as one line of JSON that is safe on a terminal and means the same: serde
+/// escapes C0 controls, and every other character [unsafe to show](is_unsafe_to_show)
+/// (DEL, C1 controls such as U+009B, a CSI; invisible and direction-changing characters)
+/// is written as a `\uXXXX` escape, which a JSON reader decodes back to it.
+pub(crate) fn json(value: &serde_json::Value) -> String {
+    let text = value.to_string();
+    if !text.chars().any(is_unsafe_to_show) {
+        return text;
+    }
+    let mut safe = String::with_capacity(text.len() + 16);
+    for c in text.chars() {
+        if is_unsafe_to_show(c) {
+            // Every such character is in the Basic Multilingual Plane: one escape.
+            let _ = fmt::Write::write_fmt(&mut safe, format_args!("\\u{:04x}", u32::from(c)));
+        } else {
+            safe.push(c);
+        }
+    }
+    safe
+}
+
 /// Writes `args` as one clean line on stderr (`note!`). A failed write (stderr's reader
 /// has gone) is ignored: the exit code is still `anylock`'s own.
 pub(crate) fn line(args: fmt::Arguments<'_>) {
@@ -111,6 +132,18 @@ mod tests {
             "evil\u{fffd}]0;pwned\u{fffd}\u{fffd}[2J  anylock: fake \u{fffd}31m\u{fffd}x"
         );
         assert!(matches!(clean("host/42 ✓ ok"), Cow::Borrowed(_)));
+    }
+
+    /// JSON output keeps every character of the data, but none that a terminal acts on.
+    #[test]
+    fn json_escapes_what_a_terminal_would_act_on_and_reads_back_the_same() {
+        let planted = "evil\x1b]0;pwned\x07\u{7f}\u{9b}2J\u{202e}x\u{feff} ✓";
+        let value = serde_json::json!({ "owner": planted, "n": 1 });
+        let shown = json(&value);
+        assert!(!shown.chars().any(is_unsafe_to_show), "{shown}");
+        assert!(shown.contains("\\u009b") && shown.contains("\\u202e") && shown.contains('✓'));
+        let read: serde_json::Value = serde_json::from_str(&shown).expect("valid JSON");
+        assert_eq!(read, value);
     }
 
     /// A log line arrives as one write with its newline; only that newline is kept.
