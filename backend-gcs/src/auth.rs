@@ -226,6 +226,17 @@ impl Authorizer {
     }
 }
 
+/// The most a credentials or subject-token file may hold (they hold a few KiB).
+#[cfg(feature = "auth")]
+pub(crate) const MAX_CREDENTIALS_FILE: u64 = 1 << 20;
+
+/// A regular file of at most [`MAX_CREDENTIALS_FILE`] bytes: a FIFO or `/dev/zero` named
+/// as credentials is refused, never waited on or read without end.
+#[cfg(feature = "auth")]
+pub(crate) fn read_small_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    anylock_tls::read_regular_file(path, MAX_CREDENTIALS_FILE)
+}
+
 /// A credentials file as a JSON object.
 #[cfg(feature = "auth")]
 fn read_credentials(path: &std::path::Path) -> Result<serde_json::Map<String, serde_json::Value>> {
@@ -235,8 +246,8 @@ fn read_credentials(path: &std::path::Path) -> Result<serde_json::Map<String, se
             format!("cannot use the credentials file {}: {why}", path.display()),
         )
     };
-    let text = std::fs::read_to_string(path).map_err(|e| config(e.to_string()))?;
-    match serde_json::from_str(&text) {
+    let bytes = read_small_file(path).map_err(|e| config(e.to_string()))?;
+    match serde_json::from_slice(&bytes) {
         Ok(serde_json::Value::Object(file)) => Ok(file),
         // serde_json's message names a line and column, never the text.
         Ok(_) => Err(config("it is not a JSON object".to_owned())),
@@ -284,6 +295,34 @@ mod tests {
             err.to_string().contains("/nonexistent/anylock-key.json"),
             "{err}"
         );
+    }
+
+    /// A FIFO would hang the start and `/dev/zero` fill memory: both are refused at once,
+    /// as is a file over the limit.
+    #[cfg(all(feature = "auth", unix))]
+    #[test]
+    fn a_credentials_file_that_is_no_small_regular_file_is_refused() {
+        let dir = std::env::temp_dir().join(format!("anylock-gcs-creds-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let fifo = dir.join("fifo.json");
+        let _ = std::fs::remove_file(&fifo);
+        let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+        assert!(made.expect("mkfifo").success());
+        let big = dir.join("big.json");
+        std::fs::File::create(&big)
+            .and_then(|f| f.set_len(MAX_CREDENTIALS_FILE + 1))
+            .expect("sparse file");
+        for (path, why) in [
+            (fifo.clone(), "not a regular file"),
+            (PathBuf::from("/dev/zero"), "not a regular file"),
+            (big.clone(), "more than the 1048576"),
+        ] {
+            let auth = GcsAuth::ServiceAccountKey(path.clone());
+            let err = Authorizer::new(auth, Duration::from_secs(1)).expect_err("refused");
+            assert_eq!(err.kind(), ErrorKind::Config);
+            assert!(err.to_string().contains(why), "{path:?}: {err}");
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]

@@ -104,15 +104,18 @@ impl ExternalAccount {
 
     async fn subject_token(&self, http: &reqwest::Client) -> Result<String> {
         let text = match &self.source {
-            SubjectSource::File(path) => tokio::fs::read_to_string(path).await.map_err(|e| {
-                Error::new(
-                    ErrorKind::Config,
-                    format!(
-                        "cannot read the subject token file {} (credential_source.file): {e}",
-                        path.display()
-                    ),
-                )
-            })?,
+            SubjectSource::File(path) => {
+                let bytes = crate::auth::read_small_file(path).map_err(|e| {
+                    Error::new(
+                        ErrorKind::Config,
+                        format!(
+                            "cannot read the subject token file {} (credential_source.file): {e}",
+                            path.display()
+                        ),
+                    )
+                })?;
+                String::from_utf8_lossy(&bytes).into_owned()
+            }
             SubjectSource::Url { url, headers } => {
                 let reply = http.get(url.clone()).headers(headers.clone()).send().await;
                 let body =

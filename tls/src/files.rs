@@ -220,37 +220,61 @@ impl TlsMaterial {
 /// 250 KiB.
 pub const MAX_FILE_LEN: u64 = 4 << 20;
 
-/// Reads a regular file of at most [`MAX_FILE_LEN`] bytes: a FIFO would block forever and
-/// `/dev/zero` would fill memory.
+/// Reads a regular file of at most [`MAX_FILE_LEN`] bytes.
 fn read_file(param: &str, path: &Path) -> Result<Vec<u8>> {
-    use std::io::Read as _;
-    let refuse = |why: String| {
+    read_regular_file(path, MAX_FILE_LEN).map_err(|e| {
         Error::new(
             ErrorKind::Config,
             format!(
-                "cannot read the file of URL parameter `{param}` ({}): {why}",
+                "cannot read the file of URL parameter `{param}` ({}): {e}",
                 path.display()
             ),
         )
-    };
-    let meta = std::fs::metadata(path).map_err(|e| refuse(e.to_string()))?;
+    })
+}
+
+/// Reads `path` whole if it is a regular file of at most `limit` bytes: a FIFO would
+/// block for ever and `/dev/zero` would fill memory. The file is opened without blocking
+/// and judged on what was opened, so a path swapped for a FIFO after a check cannot hang
+/// the read. The error (`InvalidData` for what is refused) names the limit.
+///
+/// # Errors
+/// The open's or the read's, or a refusal: not a regular file, or longer than `limit`.
+pub fn read_regular_file(path: &Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let refuse = |why: String| std::io::Error::new(std::io::ErrorKind::InvalidData, why);
+    let file = open_nonblocking(path)?;
+    let meta = file.metadata()?;
     if !meta.is_file() {
         return Err(refuse("not a regular file".to_owned()));
     }
-    if meta.len() > MAX_FILE_LEN {
+    if meta.len() > limit {
         return Err(refuse(format!(
-            "{} bytes, more than a certificate file holds ({MAX_FILE_LEN} at most)",
+            "{} bytes, more than the {limit} such a file may hold",
             meta.len()
         )));
     }
     let mut bytes = Vec::new();
-    std::fs::File::open(path)
-        .and_then(|f| f.take(MAX_FILE_LEN + 1).read_to_end(&mut bytes))
-        .map_err(|e| refuse(e.to_string()))?;
-    if bytes.len() as u64 > MAX_FILE_LEN {
-        return Err(refuse("it grew while being read".to_owned()));
+    file.take(limit + 1).read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > limit {
+        return Err(refuse(format!(
+            "it grew past {limit} bytes while being read"
+        )));
     }
     Ok(bytes)
+}
+
+#[cfg(unix)]
+fn open_nonblocking(path: &Path) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    (std::fs::OpenOptions::new().read(true))
+        .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+        .open(path)
+}
+
+#[cfg(not(unix))]
+fn open_nonblocking(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::File::open(path)
 }
 
 fn read_certificates(param: &str, path: &Path) -> Result<PemCertificates> {

@@ -31,7 +31,9 @@ mod verifier;
 
 pub use config::{client_config, roots_description};
 pub use diagnose::diagnose;
-pub use files::{ClientIdentity, MAX_FILE_LEN, PARAMS, PemCertificates, TlsFiles, TlsMaterial};
+pub use files::{
+    ClientIdentity, MAX_FILE_LEN, PARAMS, PemCertificates, TlsFiles, TlsMaterial, read_regular_file,
+};
 pub use probe::{Negotiated, Preamble, probe};
 
 #[cfg(test)]

@@ -212,7 +212,7 @@ fn unusable_files_are_named() {
         .load()
         .expect_err("too big");
     assert!(
-        message(&err).contains("more than a certificate file holds"),
+        message(&err).contains(&format!("more than the {MAX_FILE_LEN} such a file")),
         "{err}"
     );
 
