@@ -319,6 +319,11 @@ impl Deadline {
         let Some(shared) = self.shared.upgrade() else {
             return Duration::ZERO;
         };
+        // Released (or left) here: no longer this process's lease, whoever still holds
+        // the record of it.
+        if matches!(shared.current(), Health::Released) {
+            return Duration::ZERO;
+        }
         shared
             .validity()
             .saturating_duration_since(shared.clock.now())

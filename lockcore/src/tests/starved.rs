@@ -216,3 +216,26 @@ async fn a_guard_seen_lost_never_comes_back_body() {
     assert!(guard.cancellation_token().is_cancelled());
     drop(backend.owner.lock().expect("lock").take());
 }
+
+/// A guard's `Deadline` reads the validity left, follows refreshes, and reads zero once
+/// the lease has ended here; its `Debug` says what it reads.
+#[test]
+fn a_deadline_reads_the_validity_left_and_zero_once_released() {
+    crate::tests::bounded(a_deadline_reads_the_validity_left_body);
+}
+
+async fn a_deadline_reads_the_validity_left_body() {
+    let locker = crate::Locker::new(std::sync::Arc::new(crate::MemoryBackend::new()))
+        .with_options(crate::LockOptions::new(ms(1000)));
+    let guard = locker.acquire("job").await.expect("free");
+    let deadline = guard.deadline();
+    // TTL 1000 ms less the drift allowance (10 ms + the 30 ms margin).
+    assert_eq!(deadline.left(), ms(960));
+    assert_eq!(format!("{deadline:?}"), "Deadline { left: 960ms }");
+    tokio::time::sleep(ms(100)).await;
+    assert_eq!(deadline.left(), guard.remaining_validity());
+    tokio::time::sleep(ms(2000)).await;
+    assert!(deadline.left() > ms(800), "refreshes move it later");
+    guard.release().await.expect("released");
+    assert_eq!(deadline.left(), std::time::Duration::ZERO);
+}
