@@ -41,3 +41,21 @@ pub(crate) fn same_grant(asked: &Lease, refreshed: Lease) -> Result<Lease> {
         ),
     ))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A step of exactly a millisecond is a grid; below that, and before the origin, `due`
+    /// stands.
+    #[test]
+    fn snaps_back_to_the_grid_from_a_millisecond_step() {
+        let origin = Instant::now();
+        let ms = Duration::from_millis;
+        let due = origin + Duration::from_micros(2500);
+        assert_eq!(snap(origin, due, ms(1)), origin + ms(2));
+        assert_eq!(snap(origin, origin + ms(25), ms(10)), origin + ms(20));
+        assert_eq!(snap(origin, due, Duration::from_micros(999)), due);
+        assert_eq!(snap(origin + ms(5), origin, ms(1)), origin);
+    }
+}

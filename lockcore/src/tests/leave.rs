@@ -314,3 +314,25 @@ async fn a_slow_leaving_refresh_within_the_timeout_succeeds_body() {
     let lease = guard.leave_for(ms(5000)).await.expect("answered in 50 ms");
     assert_eq!(lease.ttl().get(), ms(5000));
 }
+
+#[test]
+fn a_lease_may_be_left_for_the_longest_ttl_and_not_a_moment_longer() {
+    crate::tests::bounded(a_lease_may_be_left_for_the_longest_ttl_body);
+}
+
+async fn a_lease_may_be_left_for_the_longest_ttl_body() {
+    let rig = rig();
+    let guard = rig.locker.acquire("job").await.expect("free");
+    let lease = guard
+        .leave_for(crate::MAX_TTL)
+        .await
+        .expect("the limit is allowed");
+    assert_eq!(lease.ttl().get(), crate::MAX_TTL);
+    assert!(!free(&rig).await);
+    let other = rig.rival().acquire("other").await.expect("free");
+    let err = other
+        .leave_for(crate::MAX_TTL + ms(1))
+        .await
+        .expect_err("above the limit");
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+}
