@@ -226,17 +226,6 @@ impl Authorizer {
     }
 }
 
-/// The most a credentials or subject-token file may hold (they hold a few KiB).
-#[cfg(feature = "auth")]
-pub(crate) const MAX_CREDENTIALS_FILE: u64 = 1 << 20;
-
-/// A regular file of at most [`MAX_CREDENTIALS_FILE`] bytes: a FIFO or `/dev/zero` named
-/// as credentials is refused, never waited on or read without end.
-#[cfg(feature = "auth")]
-pub(crate) fn read_small_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
-    anylock_tls::read_regular_file(path, MAX_CREDENTIALS_FILE)
-}
-
 /// A credentials file as a JSON object.
 #[cfg(feature = "auth")]
 fn read_credentials(path: &std::path::Path) -> Result<serde_json::Map<String, serde_json::Value>> {
@@ -246,7 +235,7 @@ fn read_credentials(path: &std::path::Path) -> Result<serde_json::Map<String, se
             format!("cannot use the credentials file {}: {why}", path.display()),
         )
     };
-    let bytes = read_small_file(path).map_err(|e| config(e.to_string()))?;
+    let bytes = crate::body::read_small_file(path).map_err(|e| config(e.to_string()))?;
     match serde_json::from_slice(&bytes) {
         Ok(serde_json::Value::Object(file)) => Ok(file),
         // serde_json's message names a line and column, never the text.
@@ -310,7 +299,7 @@ mod tests {
         assert!(made.expect("mkfifo").success());
         let big = dir.join("big.json");
         std::fs::File::create(&big)
-            .and_then(|f| f.set_len(MAX_CREDENTIALS_FILE + 1))
+            .and_then(|f| f.set_len(crate::body::MAX_CREDENTIALS_FILE + 1))
             .expect("sparse file");
         for (path, why) in [
             (fifo.clone(), "not a regular file"),

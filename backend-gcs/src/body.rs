@@ -138,3 +138,14 @@ pub(crate) fn size(bytes: usize) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// The most a credentials or subject-token file may hold (they hold a few KiB).
+#[cfg(feature = "auth")]
+pub(crate) const MAX_CREDENTIALS_FILE: u64 = 1 << 20;
+
+/// A regular file of at most [`MAX_CREDENTIALS_FILE`] bytes: a FIFO or `/dev/zero` named
+/// as credentials is refused, never waited on or read without end.
+#[cfg(feature = "auth")]
+pub(crate) fn read_small_file(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+    anylock_tls::read_regular_file(path, MAX_CREDENTIALS_FILE)
+}

@@ -105,7 +105,7 @@ impl ExternalAccount {
     async fn subject_token(&self, http: &reqwest::Client) -> Result<String> {
         let text = match &self.source {
             SubjectSource::File(path) => {
-                let bytes = crate::auth::read_small_file(path).map_err(|e| {
+                let bytes = crate::body::read_small_file(path).map_err(|e| {
                     Error::new(
                         ErrorKind::Config,
                         format!(
