@@ -240,6 +240,12 @@ async fn the_deadline_cuts_a_later_attempt_in_flight_body() {
     assert_eq!(err.kind(), ErrorKind::Timeout);
     assert_eq!(start.elapsed(), ms(700));
     assert_eq!(rig.faulty.calls(Op::Acquire), 2, "held once, then hung");
+    // Ended by the wait, as any wait that runs out: it names the holder last seen.
+    assert!(err.holder().is_some(), "{err}");
+    assert!(
+        err.message().starts_with("gave up after 700ms; held by "),
+        "{err}"
+    );
 }
 
 #[test]

@@ -101,3 +101,16 @@ async fn an_unmoved_adjustable_clock_refreshes_on_schedule_body() {
     assert!(guard.is_held());
     assert!(guard.remaining_validity() > ms(600));
 }
+
+/// `Locker::clock` is the clock the locker's guards follow: the one it was given.
+#[test]
+fn the_locker_hands_out_the_clock_its_guards_follow() {
+    crate::tests::bounded(the_locker_hands_out_the_clock_its_guards_follow_body);
+}
+
+async fn the_locker_hands_out_the_clock_its_guards_follow_body() {
+    let (rig, control) = rig_with_clock();
+    let before = rig.locker.clock().now();
+    control.jump_forward(ms(5_000));
+    assert_eq!(rig.locker.clock().now(), before + ms(5_000));
+}
