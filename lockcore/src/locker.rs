@@ -356,8 +356,8 @@ impl Locker {
         // The attempt's own timeout counts from when it was sent, not from when this call
         // began waiting for the owner's slot.
         let own_limit = Instant::now() + options.acquire_timeout();
+        // A try-once attempt is always a first one: its limit becomes its own.
         let limit = match limit {
-            _ if options.wait() == WaitMode::TryOnce => Some(own_limit),
             Some(limit) if first => Some(limit.max(own_limit)),
             limit => limit,
         };

@@ -277,3 +277,31 @@ async fn an_attempt_that_waited_for_its_owners_slot_still_gets_its_full_timeout_
     assert!(matches!(second, Ok(None)), "a real answer: {second:?}");
     assert!(matches!(first.await.expect("join"), Ok(None)));
 }
+
+/// A zero wait right after an abandoned try still gets its one real try: its first attempt
+/// waits for the abandoned attempt's slot (up to the attempt timeout) rather than being
+/// refused at once because the slot was busy.
+#[test]
+fn a_zero_wait_after_an_abandoned_try_waits_for_its_slot() {
+    crate::tests::bounded(a_zero_wait_after_an_abandoned_try_waits_for_its_slot_body);
+}
+
+async fn a_zero_wait_after_an_abandoned_try_waits_for_its_slot_body() {
+    let rig = Rig::new(slow_attempts());
+    let locker = rig.locker.clone().with_identity(Identity::unique());
+    // The first attempt answers after 1.5 s: the try gives up at its 1 s attempt timeout.
+    rig.faulty.script(Op::Acquire, [Fault::Delay(ms(1500))]);
+    let once = slow_attempts().with_wait(WaitMode::TryOnce);
+    let tried = locker.acquire_with("job", &once).await;
+    let err = tried.expect_err("gave up at the attempt timeout");
+    assert_eq!(err.kind(), crate::ErrorKind::OutcomeUnknown);
+    let start = tokio::time::Instant::now();
+    let zero = slow_attempts().with_wait(WaitMode::Timeout(ms(0)));
+    let guard = locker
+        .acquire_with("job", &zero)
+        .await
+        .expect("its one try ran");
+    assert!(start.elapsed() >= ms(500), "it waited for the late attempt");
+    assert_exclusive(&rig, &guard).await;
+    guard.release().await.expect("released");
+}
