@@ -379,6 +379,25 @@ mod tests {
         assert!(bad.validate().is_err());
     }
 
+    /// Every limit is inclusive: the default margin and drift set explicitly, an attempt
+    /// timeout and a wait of exactly `MAX_TTL` are all valid; `with_ttl` sets the TTL.
+    #[test]
+    fn settings_at_their_limits_are_valid() {
+        let base = LockOptions::new(Duration::from_secs(10));
+        let margin = base.drift() - Duration::from_millis(100);
+        for options in [
+            base.clone().with_margin(margin),
+            base.clone().with_drift(base.drift()),
+            base.clone().with_attempt_timeout(MAX_TTL),
+            base.clone().with_wait(WaitMode::Timeout(MAX_TTL)),
+        ] {
+            assert!(options.validate().is_ok(), "{options:?}");
+        }
+        let longer = base.with_ttl(Duration::from_secs(20));
+        assert_eq!(longer.ttl(), Duration::from_secs(20));
+        assert_eq!(longer.refresh_interval(), Duration::from_millis(2500));
+    }
+
     /// An explicit drift and a raised margin: the larger allowance holds, whatever the
     /// order they were set in.
     #[test]
