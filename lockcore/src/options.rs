@@ -390,6 +390,10 @@ mod tests {
             base.clone().with_drift(base.drift()),
             base.clone().with_attempt_timeout(MAX_TTL),
             base.clone().with_wait(WaitMode::Timeout(MAX_TTL)),
+            (base
+                .clone()
+                .with_refresh_interval(Duration::from_millis(50)))
+            .with_max_refresh_failures(MAX_REFRESH_FAILURES),
         ] {
             assert!(options.validate().is_ok(), "{options:?}");
         }
