@@ -60,11 +60,12 @@ fn main() -> ExitCode {
     }
 }
 
-/// The workspace root (the parent of this crate's directory).
+/// The workspace root (two levels above this crate's directory, `lab/xtask`).
 fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("xtask lives in the workspace")
+        .ancestors()
+        .nth(2)
+        .expect("xtask lives in lab/ of the workspace")
         .to_path_buf()
 }
 

@@ -234,7 +234,7 @@ granted while N other holders' permits were valid by their own checks, and *ente
 N open* a section entered while N others were open at the register.\n\n\
 The fenced register refuses any begin, read or write whose token is lower than the highest \
 it has accepted (checking reads too is what protects a read-modify-write). The checker is \
-unit-tested on histories that contain each violation (`reliability/src/checker/tests.rs`), \
+unit-tested on histories that contain each violation (`lab/reliability/src/checker/tests.rs`), \
 three valid permits of two among them.\n";
 
 #[cfg(test)]
